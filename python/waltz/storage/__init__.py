@@ -1,0 +1,26 @@
+"""The storage engine: crash-safe segment logs of partitions in a storage directory."""
+
+from waltz._native import (
+    Partition,
+    PartitionInfo,
+    Record,
+    RecordBatch,
+    RecordHeader,
+    ReqId,
+    ScanChunk,
+    Storage,
+)
+from waltz.storage.scan import iter_scan, scan_to_arrow
+
+__all__ = [
+    "Partition",
+    "PartitionInfo",
+    "Record",
+    "RecordBatch",
+    "RecordHeader",
+    "ReqId",
+    "ScanChunk",
+    "Storage",
+    "iter_scan",
+    "scan_to_arrow",
+]

@@ -1,0 +1,234 @@
+//! The file-system seam. Every byte the engine reads or writes goes through `FileSystem` and
+//! `FileHandle`, so tests can inject write, sync and space failures without touching the kernel.
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub trait FileHandle: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// fdatasync: data and the metadata needed to read it back (the size) are durable.
+    fn sync_data(&self) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+
+    /// Reads exactly `buf.len()` bytes unless the file ends first; returns the count read.
+    fn read_full_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+}
+
+pub trait FileSystem: Send + Sync {
+    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>>;
+    /// Creates a new file, failing if it exists.
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    fn create_dir(&self, path: &Path) -> io::Result<()>;
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// fsync of a directory, so that creations, renames and deletions inside it survive a crash.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+    fn exists(&self, path: &Path) -> bool;
+}
+
+pub struct StdFile(File);
+
+impl FileHandle for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+}
+
+#[derive(Default)]
+pub struct StdFs;
+
+impl FileSystem for StdFs {
+    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
+        let f = OpenOptions::new().read(true).write(writable).open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Arc::new(StdFile(f)))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            out.push(entry?.path());
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}
+
+/// A `StdFs` that fails on command: the n-th and later syncs, or writes once a byte budget is
+/// spent (disk full). Used by the Rust unit tests; Python tests use strace fault injection.
+#[derive(Default)]
+pub struct FaultFs {
+    /// Syncs left before every further sync fails with EIO; negative means never fail.
+    pub syncs_before_eio: Arc<AtomicI64>,
+    /// Bytes that may still be written before writes fail with ENOSPC; u64::MAX means unlimited.
+    pub write_budget: Arc<AtomicU64>,
+}
+
+impl FaultFs {
+    pub fn new() -> Self {
+        FaultFs {
+            syncs_before_eio: Arc::new(AtomicI64::new(-1)),
+            write_budget: Arc::new(AtomicU64::new(u64::MAX)),
+        }
+    }
+}
+
+struct FaultFile {
+    inner: StdFile,
+    syncs_before_eio: Arc<AtomicI64>,
+    write_budget: Arc<AtomicU64>,
+}
+
+impl FileHandle for FaultFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let budget = self.write_budget.load(Ordering::SeqCst);
+        if budget != u64::MAX {
+            if (buf.len() as u64) > budget {
+                // A full disk accepts a prefix of the write, as a real one may.
+                self.inner.write_all_at(&buf[..budget as usize], offset)?;
+                self.write_budget.store(0, Ordering::SeqCst);
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.write_budget.store(budget - buf.len() as u64, Ordering::SeqCst);
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let left = self.syncs_before_eio.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if left > 0 {
+            self.syncs_before_eio.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+impl FileSystem for FaultFs {
+    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
+        let f = OpenOptions::new().read(true).write(writable).open(path)?;
+        Ok(Arc::new(FaultFile {
+            inner: StdFile(f),
+            syncs_before_eio: self.syncs_before_eio.clone(),
+            write_budget: self.write_budget.clone(),
+        }))
+    }
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Arc::new(FaultFile {
+            inner: StdFile(f),
+            syncs_before_eio: self.syncs_before_eio.clone(),
+            write_budget: self.write_budget.clone(),
+        }))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        StdFs.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove_file(path)
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        StdFs.create_dir(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        StdFs.sync_dir(path)
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        StdFs.list_dir(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        StdFs.exists(path)
+    }
+}
+
+/// Writes a complete file under a temporary name, syncs it, renames it into place and syncs the
+/// directory, so the file is either absent or whole after a crash.
+pub fn write_file_atomically(fs: &dyn FileSystem, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = tmp_path(path);
+    if fs.exists(&tmp) {
+        fs.remove_file(&tmp)?;
+    }
+    let f = fs.create_new(&tmp)?;
+    f.write_all_at(bytes, 0)?;
+    f.sync_data()?;
+    drop(f);
+    fs.rename(&tmp, path)?;
+    fs.sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}

@@ -1,0 +1,783 @@
+//! Waltz's native core. The modules hold plain Rust; this file is only the Python bindings.
+pub mod control;
+pub mod error;
+pub mod fs;
+pub mod partition;
+pub mod record;
+pub mod segment;
+pub mod storage;
+
+#[cfg(feature = "python")]
+mod python {
+    use crate::control::{format_uuid, PartitionInfo};
+    use crate::error::Error;
+    use crate::partition::{default_options, Columns, PartitionOptions};
+    use crate::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
+    use crate::segment::RecoveryMode;
+    use crate::storage;
+    use pyo3::create_exception;
+    use pyo3::exceptions::PyException;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    create_exception!(_native, WaltzError, PyException, "Root of every Waltz error.");
+    create_exception!(_native, StorageError, WaltzError, "An error of the storage engine.");
+    create_exception!(_native, StorageIOError, StorageError, "A read, write or sync failed.");
+    create_exception!(_native, CorruptionError, StorageError, "Data on disk fails its checks.");
+    create_exception!(_native, ClusterKeyMismatch, StorageError, "The files belong to another cluster.");
+    create_exception!(_native, PartitionCountMismatch, StorageError, "The storage has another partition count.");
+    create_exception!(_native, NonDenseAppendError, StorageError, "Appended ids do not continue the log.");
+    create_exception!(_native, RecordTooLargeError, StorageError, "A record exceeds the maximum size.");
+    create_exception!(_native, BelowLogStartError, StorageError, "The id was removed by retention.");
+    create_exception!(_native, PartitionFailedError, StorageError, "A write or sync failed; reopen the partition.");
+    create_exception!(_native, PartitionNotFoundError, StorageError, "No such partition here.");
+    create_exception!(_native, StorageExistsError, StorageError, "The directory is already a storage directory.");
+    create_exception!(_native, NotInitialisedError, StorageError, "The directory is not a storage directory.");
+    create_exception!(_native, ReadOnlyError, StorageError, "The storage was opened read-only.");
+    create_exception!(_native, PartitionClosedError, StorageError, "The partition handle was closed.");
+    create_exception!(_native, InvalidArgumentError, WaltzError, "An argument is out of range.");
+    create_exception!(_native, InternalError, WaltzError, "A bug: an invariant of the engine failed.");
+
+    fn to_py(e: Error) -> PyErr {
+        let msg = e.to_string();
+        match e {
+            Error::Io { .. } => StorageIOError::new_err(msg),
+            Error::Corruption { .. } => CorruptionError::new_err(msg),
+            Error::ClusterKeyMismatch { .. } => ClusterKeyMismatch::new_err(msg),
+            Error::PartitionCountMismatch { .. } => PartitionCountMismatch::new_err(msg),
+            Error::NonDenseAppend { .. } => NonDenseAppendError::new_err(msg),
+            Error::RecordTooLarge { .. } => RecordTooLargeError::new_err(msg),
+            Error::BelowLogStart { .. } => BelowLogStartError::new_err(msg),
+            Error::PartitionFailed { .. } => PartitionFailedError::new_err(msg),
+            Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. } => PartitionNotFoundError::new_err(msg),
+            Error::AlreadyExists { .. } => StorageExistsError::new_err(msg),
+            Error::NotInitialised { .. } => NotInitialisedError::new_err(msg),
+            Error::InvalidArgument(_) => InvalidArgumentError::new_err(msg),
+            Error::Closed { .. } => PartitionClosedError::new_err(msg),
+            Error::ReadOnly => ReadOnlyError::new_err(msg),
+        }
+    }
+
+    /// Runs engine work without the GIL; a panic becomes InternalError instead of unwinding
+    /// into the interpreter.
+    fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> crate::error::Result<T> + Send) -> PyResult<T> {
+        match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+            Ok(r) => r.map_err(to_py),
+            Err(p) => {
+                let what = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(InternalError::new_err(format!("internal error in the storage engine: {what}")))
+            }
+        }
+    }
+
+    fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
+        if let Ok(b) = obj.getattr("bytes") {
+            if let Ok(v) = b.extract::<Vec<u8>>() {
+                if let Ok(k) = <[u8; 16]>::try_from(v.as_slice()) {
+                    return Ok(k);
+                }
+            }
+        }
+        if let Ok(s) = obj.extract::<String>() {
+            let hex: String = s.chars().filter(|c| *c != '-').collect();
+            if hex.len() == 32 {
+                let mut k = [0u8; 16];
+                let mut ok = true;
+                for i in 0..16 {
+                    match u8::from_str_radix(&hex[2 * i..2 * i + 2], 16) {
+                        Ok(v) => k[i] = v,
+                        Err(_) => ok = false,
+                    }
+                }
+                if ok {
+                    return Ok(k);
+                }
+            }
+            return Err(InvalidArgumentError::new_err(format!("not a UUID: {s:?}")));
+        }
+        if let Ok(v) = obj.extract::<Vec<u8>>() {
+            if let Ok(k) = <[u8; 16]>::try_from(v.as_slice()) {
+                return Ok(k);
+            }
+        }
+        Err(InvalidArgumentError::new_err("cluster key must be a uuid.UUID, a UUID string or 16 bytes"))
+    }
+
+    fn parse_req_id(obj: &Bound<'_, PyAny>) -> PyResult<ReqId> {
+        if let Ok(r) = obj.cast::<PyReqId>() {
+            return Ok(r.borrow().0);
+        }
+        let (client_id, generation, partition_id, sequence): (i32, i32, i32, i32) = obj.extract().map_err(|_| {
+            InvalidArgumentError::new_err("req_id must be a ReqId or a tuple (client_id, generation, partition_id, sequence)")
+        })?;
+        Ok(ReqId {
+            client_id,
+            generation,
+            partition_id,
+            sequence,
+        })
+    }
+
+    /// Identifies a client request: client id, generation, partition id and sequence number.
+    #[pyclass(name = "ReqId", module = "waltz._native", frozen, eq, hash, skip_from_py_object)]
+    #[derive(Clone, PartialEq, Eq, Hash)]
+    pub struct PyReqId(ReqId);
+
+    #[pymethods]
+    impl PyReqId {
+        #[new]
+        fn new(client_id: i32, generation: i32, partition_id: i32, sequence: i32) -> Self {
+            PyReqId(ReqId {
+                client_id,
+                generation,
+                partition_id,
+                sequence,
+            })
+        }
+        #[getter]
+        fn client_id(&self) -> i32 {
+            self.0.client_id
+        }
+        #[getter]
+        fn generation(&self) -> i32 {
+            self.0.generation
+        }
+        #[getter]
+        fn partition_id(&self) -> i32 {
+            self.0.partition_id
+        }
+        #[getter]
+        fn sequence(&self) -> i32 {
+            self.0.sequence
+        }
+        fn as_tuple(&self) -> (i32, i32, i32, i32) {
+            (self.0.client_id, self.0.generation, self.0.partition_id, self.0.sequence)
+        }
+        fn __repr__(&self) -> String {
+            format!(
+                "ReqId(client_id={}, generation={}, partition_id={}, sequence={})",
+                self.0.client_id, self.0.generation, self.0.partition_id, self.0.sequence
+            )
+        }
+    }
+
+    /// A transaction's metadata: id, ReqId and the application's header.
+    #[pyclass(name = "RecordHeader", module = "waltz._native", frozen, eq, skip_from_py_object)]
+    #[derive(Clone, PartialEq)]
+    pub struct PyRecordHeader {
+        #[pyo3(get)]
+        txid: i64,
+        #[pyo3(get)]
+        req_id: PyReqId,
+        #[pyo3(get)]
+        header: i32,
+    }
+
+    impl From<RecordHeader> for PyRecordHeader {
+        fn from(h: RecordHeader) -> Self {
+            PyRecordHeader {
+                txid: h.txid,
+                req_id: PyReqId(h.req_id),
+                header: h.header,
+            }
+        }
+    }
+
+    #[pymethods]
+    impl PyRecordHeader {
+        fn __repr__(&self) -> String {
+            format!("RecordHeader(txid={}, req_id={}, header={})", self.txid, self.req_id.__repr__(), self.header)
+        }
+    }
+
+    /// A stored transaction: id, ReqId, header and data.
+    #[pyclass(name = "Record", module = "waltz._native", frozen)]
+    pub struct PyRecord {
+        #[pyo3(get)]
+        txid: i64,
+        #[pyo3(get)]
+        req_id: PyReqId,
+        #[pyo3(get)]
+        header: i32,
+        #[pyo3(get)]
+        data: Py<PyBytes>,
+    }
+
+    impl PyRecord {
+        fn new(py: Python<'_>, r: Record) -> Self {
+            PyRecord {
+                txid: r.txid,
+                req_id: PyReqId(r.req_id),
+                header: r.header,
+                data: PyBytes::new(py, &r.data).unbind(),
+            }
+        }
+    }
+
+    #[pymethods]
+    impl PyRecord {
+        fn __repr__(&self, py: Python<'_>) -> String {
+            format!(
+                "Record(txid={}, req_id={}, header={}, data=<{} bytes>)",
+                self.txid,
+                self.req_id.__repr__(),
+                self.header,
+                self.data.bind(py).as_bytes().len()
+            )
+        }
+        fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> bool {
+            match other.cast::<PyRecord>() {
+                Ok(o) => {
+                    let o = o.get();
+                    o.txid == self.txid
+                        && o.req_id == self.req_id
+                        && o.header == self.header
+                        && o.data.bind(py).as_bytes() == self.data.bind(py).as_bytes()
+                }
+                Err(_) => false,
+            }
+        }
+    }
+
+    /// Records packed once (data contiguous, checksums computed) so they can be appended at any
+    /// transaction id, any number of times, without touching Python objects per record.
+    #[pyclass(name = "RecordBatch", module = "waltz._native")]
+    #[derive(Default)]
+    pub struct PyRecordBatch {
+        data: Vec<u8>,
+        spans: Vec<(ReqId, i32, usize, usize, u32)>,
+    }
+
+    impl PyRecordBatch {
+        fn records(&self) -> Vec<NewRecord<'_>> {
+            self.spans
+                .iter()
+                .map(|&(req_id, header, start, len, crc)| NewRecord {
+                    req_id,
+                    header,
+                    data: &self.data[start..start + len],
+                    data_crc: Some(crc),
+                })
+                .collect()
+        }
+        fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
+            let start = self.data.len();
+            self.data.extend_from_slice(data);
+            self.spans.push((req_id, header, start, data.len(), crc32(data)));
+        }
+    }
+
+    #[pymethods]
+    impl PyRecordBatch {
+        #[new]
+        #[pyo3(signature = (records=None))]
+        fn new(records: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+            let mut b = PyRecordBatch::default();
+            if let Some(rs) = records {
+                for item in rs.try_iter()? {
+                    let item = item?;
+                    let (r, h, d) = unpack_record(&item)?;
+                    b.push(r, h, &d);
+                }
+            }
+            Ok(b)
+        }
+        /// Adds one record: its ReqId, header and data.
+        fn add(&mut self, req_id: &Bound<'_, PyAny>, header: i32, data: &[u8]) -> PyResult<()> {
+            let r = parse_req_id(req_id)?;
+            self.push(r, header, data);
+            Ok(())
+        }
+        fn __len__(&self) -> usize {
+            self.spans.len()
+        }
+        #[getter]
+        fn nbytes(&self) -> usize {
+            self.data.len()
+        }
+    }
+
+    fn unpack_record(item: &Bound<'_, PyAny>) -> PyResult<(ReqId, i32, Vec<u8>)> {
+        let t = item
+            .cast::<PyTuple>()
+            .map_err(|_| InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"))?;
+        if t.len() != 3 {
+            return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
+        }
+        let r = parse_req_id(&t.get_item(0)?)?;
+        let h: i32 = t.get_item(1)?.extract()?;
+        let d: Vec<u8> = t.get_item(2)?.extract()?;
+        Ok((r, h, d))
+    }
+
+    /// A scanned range as columns: little-endian arrays plus packed data and i32 offsets, the
+    /// buffers of an Arrow binary column.
+    #[pyclass(name = "ScanChunk", module = "waltz._native", frozen)]
+    pub struct PyScanChunk(Columns);
+
+    fn le_bytes<'py, T: Copy>(py: Python<'py>, v: &[T]) -> Bound<'py, PyBytes> {
+        // Native endianness is what Arrow and numpy expect; the engine only runs little-endian.
+        let n = std::mem::size_of_val(v);
+        let p = v.as_ptr() as *const u8;
+        PyBytes::new(py, unsafe { std::slice::from_raw_parts(p, n) })
+    }
+
+    #[pymethods]
+    impl PyScanChunk {
+        fn __len__(&self) -> usize {
+            self.0.txids.len()
+        }
+        #[getter]
+        fn first_txid(&self) -> Option<i64> {
+            self.0.txids.first().copied()
+        }
+        #[getter]
+        fn last_txid(&self) -> Option<i64> {
+            self.0.txids.last().copied()
+        }
+        /// The column buffers: txid (int64), header, client_id, generation, partition, sequence
+        /// (int32), offsets (int32, n + 1) and payload.
+        fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            let c = &self.0;
+            d.set_item("txid", le_bytes(py, &c.txids))?;
+            d.set_item("header", le_bytes(py, &c.headers))?;
+            d.set_item("client_id", le_bytes(py, &c.client_ids))?;
+            d.set_item("generation", le_bytes(py, &c.generations))?;
+            d.set_item("partition", le_bytes(py, &c.req_partitions))?;
+            d.set_item("sequence", le_bytes(py, &c.sequences))?;
+            d.set_item("offsets", le_bytes(py, &c.offsets))?;
+            d.set_item("payload", PyBytes::new(py, &c.payload))?;
+            Ok(d)
+        }
+        #[getter]
+        fn payload_nbytes(&self) -> usize {
+            self.0.payload.len()
+        }
+    }
+
+    /// Session information a partition keeps in the control file.
+    #[pyclass(name = "PartitionInfo", module = "waltz._native", frozen, eq, skip_from_py_object)]
+    #[derive(Clone, PartialEq)]
+    pub struct PyPartitionInfo {
+        #[pyo3(get)]
+        session_id: i64,
+        #[pyo3(get)]
+        low_water_mark: i64,
+        #[pyo3(get)]
+        local_low_water_mark: i64,
+    }
+
+    impl From<PartitionInfo> for PyPartitionInfo {
+        fn from(i: PartitionInfo) -> Self {
+            PyPartitionInfo {
+                session_id: i.session_id,
+                low_water_mark: i.low_water_mark,
+                local_low_water_mark: i.local_low_water_mark,
+            }
+        }
+    }
+
+    #[pymethods]
+    impl PyPartitionInfo {
+        fn __repr__(&self) -> String {
+            format!(
+                "PartitionInfo(session_id={}, low_water_mark={}, local_low_water_mark={})",
+                self.session_id, self.low_water_mark, self.local_low_water_mark
+            )
+        }
+    }
+
+    fn options(
+        segment_size: u64,
+        checkpoint_interval: u64,
+        max_record_size: usize,
+        read_only: bool,
+        recovery: &str,
+    ) -> PyResult<PartitionOptions> {
+        if segment_size < 4096 {
+            return Err(InvalidArgumentError::new_err("segment_size must be at least 4096 bytes"));
+        }
+        if checkpoint_interval == 0 {
+            return Err(InvalidArgumentError::new_err("checkpoint_interval must be positive"));
+        }
+        if max_record_size == 0 || max_record_size > (1 << 30) {
+            return Err(InvalidArgumentError::new_err("max_record_size must be between 1 byte and 1 GiB"));
+        }
+        let mode = match recovery {
+            "strict" => RecoveryMode::Strict,
+            "truncate" => RecoveryMode::TruncateAtCorruption,
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "recovery must be 'strict' or 'truncate', not {other:?}"
+                )))
+            }
+        };
+        let mut o = default_options();
+        o.segment_size = segment_size;
+        o.recover.checkpoint_interval = checkpoint_interval;
+        o.recover.max_record_size = max_record_size;
+        o.recover.read_only = read_only;
+        o.recover.mode = mode;
+        Ok(o)
+    }
+
+    /// A storage directory: the control file and the partitions' segment files.
+    #[pyclass(name = "Storage", module = "waltz._native", frozen)]
+    pub struct PyStorage(Arc<storage::Storage>);
+
+    #[pymethods]
+    impl PyStorage {
+        /// Initialises `path` as a storage directory of the given cluster.
+        #[staticmethod]
+        #[pyo3(signature = (path, cluster_key, partition_count, *, segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20))]
+        fn create(
+            py: Python<'_>,
+            path: PathBuf,
+            cluster_key: &Bound<'_, PyAny>,
+            partition_count: i32,
+            segment_size: u64,
+            checkpoint_interval: u64,
+            max_record_size: usize,
+        ) -> PyResult<Self> {
+            let key = parse_key(cluster_key)?;
+            let o = options(segment_size, checkpoint_interval, max_record_size, false, "strict")?;
+            let s = run(py, move || storage::Storage::create(&path, key, partition_count, o))?;
+            Ok(PyStorage(Arc::new(s)))
+        }
+
+        /// Opens an existing storage directory, checking the cluster key and partition count
+        /// when given.
+        #[staticmethod]
+        #[pyo3(signature = (path, cluster_key=None, partition_count=None, *, read_only=false, recovery="strict", segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20))]
+        #[allow(clippy::too_many_arguments)]
+        fn open(
+            py: Python<'_>,
+            path: PathBuf,
+            cluster_key: Option<&Bound<'_, PyAny>>,
+            partition_count: Option<i32>,
+            read_only: bool,
+            recovery: &str,
+            segment_size: u64,
+            checkpoint_interval: u64,
+            max_record_size: usize,
+        ) -> PyResult<Self> {
+            let key = cluster_key.map(parse_key).transpose()?;
+            let o = options(segment_size, checkpoint_interval, max_record_size, read_only, recovery)?;
+            let s = run(py, move || storage::Storage::open(&path, key, partition_count, o))?;
+            Ok(PyStorage(Arc::new(s)))
+        }
+
+        #[getter]
+        fn path(&self) -> PathBuf {
+            self.0.path.clone()
+        }
+        #[getter]
+        fn cluster_key(&self) -> String {
+            format_uuid(&self.0.cluster_key)
+        }
+        #[getter]
+        fn partition_count(&self) -> i32 {
+            self.0.partition_count
+        }
+        #[getter]
+        fn creation_time_ms(&self) -> i64 {
+            self.0.creation_ms()
+        }
+        fn partition_ids(&self, py: Python<'_>) -> PyResult<Vec<i32>> {
+            let s = self.0.clone();
+            run(py, move || s.partition_ids())
+        }
+        fn add_partition(&self, py: Python<'_>, partition_id: i32) -> PyResult<()> {
+            let s = self.0.clone();
+            run(py, move || s.add_partition(partition_id))
+        }
+        #[pyo3(signature = (partition_id, *, delete_files=false))]
+        fn remove_partition(&self, py: Python<'_>, partition_id: i32, delete_files: bool) -> PyResult<()> {
+            let s = self.0.clone();
+            run(py, move || s.remove_partition(partition_id, delete_files))
+        }
+        fn partition(&self, py: Python<'_>, partition_id: i32) -> PyResult<PyPartition> {
+            let s = self.0.clone();
+            Ok(PyPartition(run(py, move || s.partition(partition_id))?))
+        }
+        fn reopen_partition(&self, py: Python<'_>, partition_id: i32) -> PyResult<PyPartition> {
+            let s = self.0.clone();
+            Ok(PyPartition(run(py, move || s.reopen_partition(partition_id))?))
+        }
+        /// Reopens a partition cutting it at the first corrupt record (and everything after).
+        fn repair_partition(&self, py: Python<'_>, partition_id: i32) -> PyResult<PyPartition> {
+            let s = self.0.clone();
+            Ok(PyPartition(run(py, move || s.repair_partition(partition_id))?))
+        }
+        fn close_partition(&self, partition_id: i32) {
+            self.0.close_partition(partition_id)
+        }
+        fn partition_info(&self, py: Python<'_>, partition_id: i32) -> PyResult<PyPartitionInfo> {
+            let s = self.0.clone();
+            Ok(run(py, move || s.partition_info(partition_id))?.into())
+        }
+        fn set_low_water_mark(&self, py: Python<'_>, partition_id: i32, session_id: i64, low_water_mark: i64) -> PyResult<PyPartitionInfo> {
+            let s = self.0.clone();
+            Ok(run(py, move || s.set_low_water_mark(partition_id, session_id, low_water_mark))?.into())
+        }
+        fn set_partition_info(
+            &self,
+            py: Python<'_>,
+            partition_id: i32,
+            session_id: i64,
+            low_water_mark: i64,
+            local_low_water_mark: i64,
+        ) -> PyResult<()> {
+            let s = self.0.clone();
+            let info = PartitionInfo {
+                session_id,
+                low_water_mark,
+                local_low_water_mark,
+            };
+            run(py, move || s.set_partition_info(partition_id, info))
+        }
+        fn __repr__(&self) -> String {
+            format!(
+                "Storage(path={:?}, cluster_key={}, partition_count={})",
+                self.0.path,
+                format_uuid(&self.0.cluster_key),
+                self.0.partition_count
+            )
+        }
+    }
+
+    /// One partition's log.
+    #[pyclass(name = "Partition", module = "waltz._native", frozen)]
+    pub struct PyPartition(Arc<crate::partition::Partition>);
+
+    #[pymethods]
+    impl PyPartition {
+        #[getter]
+        fn id(&self) -> i32 {
+            self.0.id
+        }
+        #[getter]
+        fn max_transaction_id(&self) -> i64 {
+            self.0.max_txid()
+        }
+        #[getter]
+        fn first_transaction_id(&self) -> i64 {
+            self.0.first_txid()
+        }
+        #[getter]
+        fn segment_count(&self) -> usize {
+            self.0.segment_count()
+        }
+        /// Why the partition refuses appends, or None while it is healthy.
+        #[getter]
+        fn failed(&self) -> Option<String> {
+            self.0.is_failed()
+        }
+        fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let s = self.0.stats();
+            let d = PyDict::new(py);
+            d.set_item("appends", s.appends)?;
+            d.set_item("records", s.records)?;
+            d.set_item("bytes", s.bytes)?;
+            d.set_item("syncs", s.syncs)?;
+            Ok(d)
+        }
+        /// What opening the partition found and did.
+        #[getter]
+        fn recovery<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let r = &self.0.recovery;
+            let d = PyDict::new(py);
+            d.set_item("segments", r.segments)?;
+            d.set_item("scanned_records", r.scanned_records)?;
+            d.set_item("torn_bytes", r.torn_bytes)?;
+            d.set_item(
+                "corruption_cut",
+                r.corruption_cut.as_ref().map(|(p, o)| (p.to_string_lossy().into_owned(), *o)),
+            )?;
+            d.set_item("finished_truncation", r.finished_truncation)?;
+            let paths = |v: &Vec<PathBuf>| v.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>();
+            d.set_item("removed_files", paths(&r.removed_files))?;
+            d.set_item("foreign_files", paths(&r.foreign_files))?;
+            Ok(d)
+        }
+
+        /// Appends records as transactions `first_txid`, `first_txid + 1`, ...; returns the last
+        /// id once it is durable (fdatasync returned). `records` is a RecordBatch or a sequence
+        /// of (req_id, header, data) tuples.
+        fn append(&self, py: Python<'_>, first_txid: i64, records: &Bound<'_, PyAny>) -> PyResult<i64> {
+            let p = self.0.clone();
+            if let Ok(batch) = records.cast::<PyRecordBatch>() {
+                let batch = batch.borrow();
+                let recs = batch.records();
+                return run(py, move || p.append(first_txid, &recs));
+            }
+            // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
+            let mut metas = Vec::new();
+            let mut holders: Vec<Bound<'_, PyBytes>> = Vec::new();
+            let mut copies: Vec<Vec<u8>> = Vec::new();
+            for item in records.try_iter()? {
+                let item = item?;
+                let t = item
+                    .cast::<PyTuple>()
+                    .map_err(|_| InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"))?;
+                if t.len() != 3 {
+                    return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
+                }
+                let r = parse_req_id(&t.get_item(0)?)?;
+                let h: i32 = t.get_item(1)?.extract()?;
+                let d = t.get_item(2)?;
+                match d.cast_into::<PyBytes>() {
+                    Ok(b) => {
+                        metas.push((r, h, true, holders.len()));
+                        holders.push(b);
+                    }
+                    Err(e) => {
+                        let v: Vec<u8> = e.into_inner().extract().map_err(|_| {
+                            InvalidArgumentError::new_err("record data must be bytes or a bytes-like object")
+                        })?;
+                        metas.push((r, h, false, copies.len()));
+                        copies.push(v);
+                    }
+                }
+            }
+            let slices: Vec<&[u8]> = holders.iter().map(|b| b.as_bytes()).collect();
+            let recs: Vec<NewRecord<'_>> = metas
+                .iter()
+                .map(|&(req_id, header, is_bytes, i)| NewRecord {
+                    req_id,
+                    header,
+                    data: if is_bytes { slices[i] } else { copies[i].as_slice() },
+                    data_crc: None,
+                })
+                .collect();
+            run(py, move || p.append(first_txid, &recs))
+        }
+
+        /// Drops every transaction after `txid`; returns the new max transaction id.
+        fn truncate(&self, py: Python<'_>, txid: i64) -> PyResult<i64> {
+            let p = self.0.clone();
+            run(py, move || p.truncate(txid))
+        }
+
+        /// Retention: deletes whole segments holding only ids below `txid`; returns the new
+        /// first transaction id.
+        fn drop_segments_before(&self, py: Python<'_>, txid: i64) -> PyResult<i64> {
+            let p = self.0.clone();
+            run(py, move || p.drop_segments_before(txid))
+        }
+
+        fn read_record(&self, py: Python<'_>, txid: i64) -> PyResult<Option<PyRecord>> {
+            let p = self.0.clone();
+            let r = run(py, move || p.read_record(txid))?;
+            Ok(r.map(|r| PyRecord::new(py, r)))
+        }
+
+        fn read_header(&self, py: Python<'_>, txid: i64) -> PyResult<Option<PyRecordHeader>> {
+            let p = self.0.clone();
+            Ok(run(py, move || p.read_header(txid))?.map(Into::into))
+        }
+
+        #[pyo3(signature = (txid, max_count=1000, max_bytes=4<<20))]
+        fn read_records<'py>(&self, py: Python<'py>, txid: i64, max_count: usize, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+            let p = self.0.clone();
+            let rs = run(py, move || p.read_records(txid, max_count, max_bytes))?;
+            PyList::new(py, rs.into_iter().map(|r| PyRecord::new(py, r)))
+        }
+
+        #[pyo3(signature = (txid, max_count=1000))]
+        fn read_headers(&self, py: Python<'_>, txid: i64, max_count: usize) -> PyResult<Vec<PyRecordHeader>> {
+            let p = self.0.clone();
+            Ok(run(py, move || p.read_headers(txid, max_count))?.into_iter().map(Into::into).collect())
+        }
+
+        /// Reads `start..=end` (end defaults to the max transaction id) as a ScanChunk, stopping
+        /// before `max_bytes` of data or `max_count` records; call again from the next id.
+        #[pyo3(signature = (start, end=None, max_count=1<<20, max_bytes=16<<20))]
+        fn scan(&self, py: Python<'_>, start: i64, end: Option<i64>, max_count: usize, max_bytes: usize) -> PyResult<PyScanChunk> {
+            if max_bytes > i32::MAX as usize {
+                return Err(InvalidArgumentError::new_err("max_bytes must fit Arrow's int32 offsets"));
+            }
+            let p = self.0.clone();
+            let end = end.unwrap_or(i64::MAX);
+            Ok(PyScanChunk(run(py, move || p.scan(start, end, max_count, max_bytes))?))
+        }
+
+        fn __repr__(&self) -> String {
+            format!(
+                "Partition(id={}, first_transaction_id={}, max_transaction_id={})",
+                self.0.id,
+                self.0.first_txid(),
+                self.0.max_txid()
+            )
+        }
+    }
+
+    /// The benchmark reference ("raw ceiling"): appends `payload` to a new file at `path`
+    /// `iterations` times, each write followed by fdatasync, in a minimal native loop. Returns
+    /// each iteration's latency in nanoseconds.
+    #[pyfunction]
+    fn raw_append_loop(py: Python<'_>, path: PathBuf, payload: Vec<u8>, iterations: usize) -> PyResult<Vec<u64>> {
+        run(py, move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::Io { path: path.clone(), source: e })?;
+            let mut out = Vec::with_capacity(iterations);
+            for _ in 0..iterations {
+                let t = std::time::Instant::now();
+                f.write_all(&payload)
+                    .and_then(|_| f.sync_data())
+                    .map_err(|e| Error::Io { path: path.clone(), source: e })?;
+                out.push(t.elapsed().as_nanos() as u64);
+            }
+            Ok(out)
+        })
+    }
+
+    #[pymodule]
+    fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let py = m.py();
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add_function(wrap_pyfunction!(raw_append_loop, m)?)?;
+        m.add_class::<PyStorage>()?;
+        m.add_class::<PyPartition>()?;
+        m.add_class::<PyReqId>()?;
+        m.add_class::<PyRecord>()?;
+        m.add_class::<PyRecordHeader>()?;
+        m.add_class::<PyRecordBatch>()?;
+        m.add_class::<PyScanChunk>()?;
+        m.add_class::<PyPartitionInfo>()?;
+        for (name, ty) in [
+            ("WaltzError", py.get_type::<WaltzError>()),
+            ("StorageError", py.get_type::<StorageError>()),
+            ("StorageIOError", py.get_type::<StorageIOError>()),
+            ("CorruptionError", py.get_type::<CorruptionError>()),
+            ("ClusterKeyMismatch", py.get_type::<ClusterKeyMismatch>()),
+            ("PartitionCountMismatch", py.get_type::<PartitionCountMismatch>()),
+            ("NonDenseAppendError", py.get_type::<NonDenseAppendError>()),
+            ("RecordTooLargeError", py.get_type::<RecordTooLargeError>()),
+            ("BelowLogStartError", py.get_type::<BelowLogStartError>()),
+            ("PartitionFailedError", py.get_type::<PartitionFailedError>()),
+            ("PartitionNotFoundError", py.get_type::<PartitionNotFoundError>()),
+            ("StorageExistsError", py.get_type::<StorageExistsError>()),
+            ("NotInitialisedError", py.get_type::<NotInitialisedError>()),
+            ("ReadOnlyError", py.get_type::<ReadOnlyError>()),
+            ("PartitionClosedError", py.get_type::<PartitionClosedError>()),
+            ("InvalidArgumentError", py.get_type::<InvalidArgumentError>()),
+            ("InternalError", py.get_type::<InternalError>()),
+        ] {
+            m.add(name, ty)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,736 @@
+//! One partition's log: a run of segments, the append path with group commit, sequential reads,
+//! tail truncation (crash-safe through an intent file) and head retention.
+//!
+//! Durability: an append returns only after an fdatasync that started after its bytes were
+//! written has succeeded. Concurrent appenders elect one leader per sync; the others wait for a
+//! sync that covers them. Any write or sync error poisons the partition: it acknowledges nothing
+//! more until reopened, because after a failed fsync the page cache no longer tells the truth.
+use crate::error::{Error, IoContext, Result};
+use crate::fs::{tmp_path, write_file_atomically, FileSystem};
+use crate::record::{
+    be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
+};
+use crate::segment::{
+    create_segment, data_name, index_name, now_ms, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
+    Segment, SegmentContext, SegmentHeader, Tail, FORMAT_VERSION, HEADER_LEN,
+};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Written before a tail truncation deletes anything, removed after; replayed on open.
+pub const TRUNCATE_INTENT: &str = "truncate.intent";
+const READ_CHUNK_MIN: usize = 64 << 10;
+const READ_CHUNK_MAX: usize = 8 << 20;
+const SCRATCH_KEEP: usize = 16 << 20;
+
+#[derive(Clone, Debug)]
+pub struct PartitionOptions {
+    pub segment_size: u64,
+    pub recover: RecoverOptions,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    /// Records validated by scanning past the last proven index checkpoint.
+    pub scanned_records: u64,
+    pub torn_bytes: u64,
+    /// Where repair cut a corrupt partition (file, offset), if it did.
+    pub corruption_cut: Option<(PathBuf, u64)>,
+    /// A truncation interrupted by a crash, finished during open.
+    pub finished_truncation: Option<i64>,
+    pub removed_files: Vec<PathBuf>,
+    pub foreign_files: Vec<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PartitionStats {
+    pub appends: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub syncs: u64,
+}
+
+struct State {
+    segments: Vec<Segment>,
+    next_txid: i64,
+    write_seq: u64,
+    checkpoint_pending: bool,
+    scratch: Vec<u8>,
+    index_scratch: Vec<u8>,
+}
+
+struct SyncState {
+    synced_seq: u64,
+    leader: bool,
+}
+
+pub struct Partition {
+    pub id: i32,
+    dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    cluster_key: [u8; 16],
+    opts: PartitionOptions,
+    state: Mutex<State>,
+    sync: Mutex<SyncState>,
+    synced: Condvar,
+    durable: AtomicI64,
+    poisoned: AtomicBool,
+    poison_reason: Mutex<Option<String>>,
+    closed: AtomicBool,
+    appends: AtomicU64,
+    records: AtomicU64,
+    bytes: AtomicU64,
+    syncs: AtomicU64,
+    pub recovery: RecoveryReport,
+}
+
+/// Columns of a scanned range, ready to become Arrow buffers: one entry per record, data packed
+/// end to end with `offsets` (n + 1 of them) marking each record's slice.
+#[derive(Default, Debug, Clone)]
+pub struct Columns {
+    pub txids: Vec<i64>,
+    pub headers: Vec<i32>,
+    pub client_ids: Vec<i32>,
+    pub generations: Vec<i32>,
+    pub req_partitions: Vec<i32>,
+    pub sequences: Vec<i32>,
+    pub offsets: Vec<i32>,
+    pub payload: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock is a bug; the state it guards stays usable for reads.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn encode_intent(txid: i64) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[0..8].copy_from_slice(&txid.to_be_bytes());
+    let c = crc32(&b[0..8]);
+    b[8..12].copy_from_slice(&c.to_be_bytes());
+    b
+}
+
+impl Partition {
+    /// Creates the folder and the first segment (starting at transaction 0). Idempotent.
+    pub fn create(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16]) -> Result<()> {
+        if !fs.exists(dir) {
+            fs.create_dir(dir).at(dir)?;
+            fs.sync_dir(dir.parent().unwrap_or(Path::new("."))).at(dir)?;
+        }
+        let has_segment = fs
+            .list_dir(dir)
+            .at(dir)?
+            .iter()
+            .any(|p| p.file_name().and_then(|n| n.to_str()).and_then(|n| parse_segment_name(n, "seg")).is_some());
+        if !has_segment {
+            create_segment(fs, dir, &Self::header(cluster_key, id, 0))?;
+        }
+        Ok(())
+    }
+
+    fn header(cluster_key: [u8; 16], id: i32, first_txid: i64) -> SegmentHeader {
+        SegmentHeader {
+            version: FORMAT_VERSION,
+            creation_ms: now_ms(),
+            cluster_key,
+            partition_id: id,
+            first_txid,
+        }
+    }
+
+    pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, id: i32, cluster_key: [u8; 16], opts: PartitionOptions) -> Result<Partition> {
+        let ro = opts.recover.read_only;
+        let mut report = RecoveryReport::default();
+        let mut segs: Vec<i64> = Vec::new();
+        let mut idxs: Vec<i64> = Vec::new();
+        let mut intent: Option<i64> = None;
+        for path in fs.list_dir(dir).at(dir)? {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+            if let Some(t) = parse_segment_name(&name, "seg") {
+                segs.push(t);
+            } else if let Some(t) = parse_segment_name(&name, "idx") {
+                idxs.push(t);
+            } else if name == TRUNCATE_INTENT {
+                let mut b = [0u8; 12];
+                let f = fs.open(&path, false).at(&path)?;
+                let n = f.read_full_at(&mut b, 0).at(&path)?;
+                if n == 12 && crc32(&b[0..8]) == be_u32(&b[8..12]) {
+                    intent = Some(be_i64(&b[0..8]));
+                } else {
+                    return Err(Error::corruption(&path, 0, "truncation intent file is damaged"));
+                }
+            } else if name.ends_with(".tmp") {
+                // A file that never got renamed into place: its creation never completed.
+                if !ro {
+                    fs.remove_file(&path).at(&path)?;
+                    report.removed_files.push(path);
+                }
+            } else {
+                log::warn!("{}: ignoring a file Waltz did not write", path.display());
+                report.foreign_files.push(path);
+            }
+        }
+        segs.sort();
+        for t in idxs {
+            if segs.binary_search(&t).is_err() && !ro {
+                // Segments are deleted data file first, so an index alone is a leftover.
+                let p = dir.join(index_name(t));
+                fs.remove_file(&p).at(&p)?;
+                report.removed_files.push(p);
+            }
+        }
+        if let Some(t) = intent {
+            let doomed: Vec<i64> = segs.iter().copied().filter(|&f| f > t + 1 && f != segs[0]).collect();
+            for f in doomed.iter().rev() {
+                if !ro {
+                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                }
+            }
+            segs.retain(|f| !doomed.contains(f));
+        }
+        if segs.is_empty() {
+            return Err(Error::corruption(dir, 0, "partition folder holds no segment files"));
+        }
+
+        let mut segments: Vec<Segment> = Vec::with_capacity(segs.len());
+        let mut cut: Option<usize> = None;
+        for (i, &first) in segs.iter().enumerate() {
+            let ctx = SegmentContext {
+                fs: fs.as_ref(),
+                dir,
+                cluster_key,
+                partition_id: id,
+                first_txid: first,
+                next_first: segs.get(i + 1).copied(),
+                opts: &opts.recover,
+            };
+            let rec = recover_segment(&ctx)?;
+            report.scanned_records += rec.scanned_records;
+            match &rec.tail {
+                Tail::Clean => {}
+                Tail::Torn { bytes, .. } => report.torn_bytes += bytes,
+                Tail::CorruptionCut { offset, .. } => {
+                    report.corruption_cut = Some((rec.segment.files.data_path.clone(), *offset));
+                }
+            }
+            let stop = matches!(rec.tail, Tail::CorruptionCut { .. });
+            segments.push(rec.segment);
+            if stop {
+                cut = Some(i);
+                break;
+            }
+        }
+        if let Some(i) = cut {
+            for f in segs[i + 1..].iter().rev() {
+                if !ro {
+                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                }
+            }
+        }
+        report.segments = segments.len();
+        let next_txid = segments.last().unwrap().next_txid();
+        let p = Partition {
+            id,
+            dir: dir.to_path_buf(),
+            fs,
+            cluster_key,
+            opts,
+            state: Mutex::new(State {
+                segments,
+                next_txid,
+                write_seq: 0,
+                checkpoint_pending: false,
+                scratch: Vec::new(),
+                index_scratch: Vec::new(),
+            }),
+            sync: Mutex::new(SyncState { synced_seq: 0, leader: false }),
+            synced: Condvar::new(),
+            durable: AtomicI64::new(next_txid - 1),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            appends: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            recovery: report,
+        };
+        if let Some(t) = intent {
+            if !ro {
+                let mut st = lock(&p.state);
+                if t < st.next_txid - 1 {
+                    p.cut_after(&mut st, t)?;
+                }
+                p.finish_truncation(&mut st)?;
+            }
+            let mut r = p.recovery.clone();
+            r.finished_truncation = Some(t);
+            return Ok(Partition { recovery: r, ..p });
+        }
+        Ok(p)
+    }
+
+    fn delete_segment_files(fs: &dyn FileSystem, dir: &Path, first: i64) -> Result<()> {
+        let d = dir.join(data_name(first));
+        let i = dir.join(index_name(first));
+        if fs.exists(&d) {
+            fs.remove_file(&d).at(&d)?;
+        }
+        if fs.exists(&i) {
+            fs.remove_file(&i).at(&i)?;
+        }
+        fs.sync_dir(dir).at(dir)
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed { partition: self.id });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.check_open()?;
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(self.poison_error());
+        }
+        Ok(())
+    }
+
+    fn poison_error(&self) -> Error {
+        Error::PartitionFailed {
+            partition: self.id,
+            reason: lock(&self.poison_reason).clone().unwrap_or_default(),
+        }
+    }
+
+    fn poison(&self, err: Error) -> Error {
+        let mut r = lock(&self.poison_reason);
+        if r.is_none() {
+            *r = Some(err.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+        log::error!("partition {}: {err}; refusing appends until reopened", self.id);
+        drop(r);
+        // Wake waiters so they see the failure instead of waiting for a sync that won't come.
+        let _g = lock(&self.sync);
+        self.synced.notify_all();
+        err
+    }
+
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub fn is_failed(&self) -> Option<String> {
+        if self.poisoned.load(Ordering::Acquire) {
+            lock(&self.poison_reason).clone()
+        } else {
+            None
+        }
+    }
+
+    /// The highest transaction id that is durable (-1 when empty).
+    pub fn max_txid(&self) -> i64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// The lowest transaction id still held (retention moves it up).
+    pub fn first_txid(&self) -> i64 {
+        lock(&self.state).segments[0].first_txid()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        lock(&self.state).segments.len()
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            appends: self.appends.load(Ordering::Relaxed),
+            records: self.records.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Appends `records` as transactions `first_txid`, `first_txid + 1`, ... and returns the last
+    /// id once it is durable. The ids must continue the partition exactly.
+    pub fn append(&self, first_txid: i64, records: &[NewRecord<'_>]) -> Result<i64> {
+        self.check_writable()?;
+        let max = self.opts.recover.max_record_size;
+        for r in records {
+            if r.data.len() > max {
+                return Err(Error::RecordTooLarge { size: r.data.len(), max });
+            }
+        }
+        let seq = {
+            let mut st = lock(&self.state);
+            // Checked again under the lock: a failure may have happened while we waited for it.
+            self.check_writable()?;
+            if first_txid != st.next_txid {
+                return Err(Error::NonDenseAppend {
+                    partition: self.id,
+                    expected: st.next_txid,
+                    got: first_txid,
+                });
+            }
+            if records.is_empty() {
+                return Ok(first_txid - 1);
+            }
+            let needs_roll = {
+                let tail = st.segments.last().unwrap();
+                tail.count > 0 && tail.end >= self.opts.segment_size
+            };
+            if needs_roll {
+                self.roll(&mut st).map_err(|e| self.poison(e))?;
+            }
+            self.write_batch(&mut st, first_txid, records).map_err(|e| self.poison(e))?;
+            st.write_seq += 1;
+            st.write_seq
+        };
+        self.wait_durable(seq)?;
+        Ok(first_txid + records.len() as i64 - 1)
+    }
+
+    fn write_batch(&self, st: &mut State, first_txid: i64, records: &[NewRecord<'_>]) -> Result<()> {
+        let mut buf = std::mem::take(&mut st.scratch);
+        let mut ibuf = std::mem::take(&mut st.index_scratch);
+        buf.clear();
+        ibuf.clear();
+        let tail = st.segments.last().unwrap();
+        let base = tail.end;
+        for (k, r) in records.iter().enumerate() {
+            ibuf.extend_from_slice(&((base + buf.len() as u64) as i64).to_be_bytes());
+            encode_record(&mut buf, first_txid + k as i64, r);
+        }
+        let files = tail.files.clone();
+        let old_count = tail.count;
+        let result = files
+            .data
+            .write_all_at(&buf, base)
+            .at(&files.data_path)
+            .and_then(|_| {
+                let idx = files.index.as_ref().expect("writable segment has an index");
+                idx.write_all_at(&ibuf, HEADER_LEN + 8 * old_count).at(&files.index_path)
+            });
+        let written = buf.len() as u64;
+        if buf.capacity() <= SCRATCH_KEEP {
+            st.scratch = buf;
+        }
+        if ibuf.capacity() <= SCRATCH_KEEP {
+            st.index_scratch = ibuf;
+        }
+        result?;
+        let n = records.len() as u64;
+        let tail = st.segments.last_mut().unwrap();
+        tail.end += written;
+        tail.count += n;
+        let cp = self.opts.recover.checkpoint_interval.max(1);
+        if (old_count + n) / cp > old_count / cp {
+            st.checkpoint_pending = true;
+        }
+        st.next_txid += n as i64;
+        self.appends.fetch_add(1, Ordering::Relaxed);
+        self.records.fetch_add(n, Ordering::Relaxed);
+        self.bytes.fetch_add(written, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Seals the tail (its data and index synced whole) and starts the next segment.
+    fn roll(&self, st: &mut State) -> Result<()> {
+        let tail = st.segments.last().unwrap().files.clone();
+        tail.data.sync_data().at(&tail.data_path)?;
+        if let Some(idx) = &tail.index {
+            idx.sync_data().at(&tail.index_path)?;
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        st.checkpoint_pending = false;
+        let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
+        st.segments.push(seg);
+        Ok(())
+    }
+
+    fn wait_durable(&self, seq: u64) -> Result<()> {
+        let mut s = lock(&self.sync);
+        loop {
+            if s.synced_seq >= seq {
+                return Ok(());
+            }
+            if self.poisoned.load(Ordering::Acquire) {
+                return Err(self.poison_error());
+            }
+            if s.leader {
+                s = self.synced.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            s.leader = true;
+            drop(s);
+            let (target_seq, target_txid, files, with_index) = {
+                let mut st = lock(&self.state);
+                let cp = std::mem::take(&mut st.checkpoint_pending);
+                (st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone(), cp)
+            };
+            let mut result = files.data.sync_data().at(&files.data_path);
+            if result.is_ok() && with_index {
+                if let Some(idx) = &files.index {
+                    result = idx.sync_data().at(&files.index_path);
+                }
+            }
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = result {
+                let e = self.poison(e);
+                let mut s2 = lock(&self.sync);
+                s2.leader = false;
+                self.synced.notify_all();
+                drop(s2);
+                return Err(e);
+            }
+            s = lock(&self.sync);
+            s.leader = false;
+            // A failure elsewhere (a roll's seal) since this sync began makes its success suspect.
+            if !self.poisoned.load(Ordering::Acquire) {
+                s.synced_seq = s.synced_seq.max(target_seq);
+                self.durable.fetch_max(target_txid, Ordering::AcqRel);
+            }
+            self.synced.notify_all();
+        }
+    }
+
+    /// Drops every transaction after `txid`, across segments. Crash-safe: the target is recorded
+    /// in an intent file first, and an interrupted truncation is finished on the next open.
+    pub fn truncate(&self, txid: i64) -> Result<i64> {
+        self.check_writable()?;
+        let mut st = lock(&self.state);
+        let first = st.segments[0].first_txid();
+        if txid < first - 1 {
+            return Err(Error::BelowLogStart {
+                partition: self.id,
+                txid,
+                first,
+            });
+        }
+        if txid >= st.next_txid - 1 {
+            return Ok(st.next_txid - 1);
+        }
+        let intent = self.dir.join(TRUNCATE_INTENT);
+        write_file_atomically(self.fs.as_ref(), &intent, &encode_intent(txid))
+            .at(&intent)
+            .map_err(|e| self.poison(e))?;
+        self.cut_after(&mut st, txid).map_err(|e| self.poison(e))?;
+        self.finish_truncation(&mut st).map_err(|e| self.poison(e))?;
+        Ok(txid)
+    }
+
+    fn finish_truncation(&self, _st: &mut State) -> Result<()> {
+        let intent = self.dir.join(TRUNCATE_INTENT);
+        if self.fs.exists(&intent) {
+            self.fs.remove_file(&intent).at(&intent)?;
+        }
+        let tmp = tmp_path(&intent);
+        if self.fs.exists(&tmp) {
+            self.fs.remove_file(&tmp).at(&tmp)?;
+        }
+        self.fs.sync_dir(&self.dir).at(&self.dir)
+    }
+
+    fn cut_after(&self, st: &mut State, txid: i64) -> Result<()> {
+        while st.segments.len() > 1 && st.segments.last().unwrap().first_txid() > txid + 1 {
+            let seg = st.segments.pop().unwrap();
+            Self::delete_segment_files(self.fs.as_ref(), &self.dir, seg.first_txid())?;
+        }
+        let tail = st.segments.last_mut().unwrap();
+        let keep = (txid + 1 - tail.first_txid()).max(0) as u64;
+        if keep < tail.count {
+            let new_end = tail.files.offset_of(keep)?;
+            let f = &tail.files;
+            f.data.set_len(new_end).at(&f.data_path)?;
+            f.data.sync_data().at(&f.data_path)?;
+            if let Some(idx) = &f.index {
+                idx.set_len(HEADER_LEN + 8 * keep).at(&f.index_path)?;
+                idx.sync_data().at(&f.index_path)?;
+            }
+            tail.count = keep;
+            tail.end = new_end;
+        }
+        st.next_txid = tail.next_txid();
+        self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Deletes whole segments that hold only transactions below `txid` (never the last one).
+    /// Returns the partition's new first transaction id.
+    pub fn drop_segments_before(&self, txid: i64) -> Result<i64> {
+        self.check_writable()?;
+        let mut st = lock(&self.state);
+        while st.segments.len() > 1 && st.segments[1].first_txid() <= txid {
+            let first = st.segments[0].first_txid();
+            Self::delete_segment_files(self.fs.as_ref(), &self.dir, first).map_err(|e| self.poison(e))?;
+            st.segments.remove(0);
+        }
+        Ok(st.segments[0].first_txid())
+    }
+
+    fn snapshot(&self, from: i64) -> Result<(Vec<Segment>, i64)> {
+        self.check_open()?;
+        let st = lock(&self.state);
+        let first = st.segments[0].first_txid();
+        if from < first {
+            return Err(Error::BelowLogStart {
+                partition: self.id,
+                txid: from,
+                first,
+            });
+        }
+        let i = st.segments.partition_point(|s| s.first_txid() <= from).saturating_sub(1);
+        Ok((st.segments[i..].to_vec(), self.max_txid()))
+    }
+
+    /// Visits records `from..=to` in order, reading the data files sequentially in large chunks
+    /// and checking both checksums of every record. Stops early when `f` returns false.
+    pub fn visit(&self, from: i64, to: i64, mut f: impl FnMut(&RecordHeader, &[u8]) -> bool, chunk_hint: usize) -> Result<()> {
+        let (segs, durable) = self.snapshot(from)?;
+        let to = to.min(durable);
+        let max = self.opts.recover.max_record_size;
+        let mut txid = from;
+        let chunk = chunk_hint.clamp(READ_CHUNK_MIN, READ_CHUNK_MAX);
+        let mut buf: Vec<u8> = Vec::new();
+        for seg in &segs {
+            if txid > to {
+                break;
+            }
+            if txid >= seg.next_txid() {
+                continue;
+            }
+            let files = &seg.files;
+            let mut pos = files.offset_of((txid - seg.first_txid()) as u64)?;
+            let mut cap = chunk;
+            while txid <= to && txid < seg.next_txid() {
+                let want = ((seg.end.saturating_sub(pos)) as usize).min(cap);
+                buf.resize(want, 0);
+                let got = files.data.read_full_at(&mut buf, pos).at(&files.data_path)?;
+                let mut i = 0usize;
+                while txid <= to && txid < seg.next_txid() {
+                    match check_record(&buf[i..got], Some(txid), max) {
+                        Ok(v) => {
+                            let data = &buf[i + v.data_start..i + v.data_start + v.data_len];
+                            if !f(&v.header, data) {
+                                return Ok(());
+                            }
+                            i += v.total_len();
+                            txid += 1;
+                        }
+                        Err(Invalid::Short { needed, .. }) if got == want && pos + i as u64 + needed <= seg.end => {
+                            if i == 0 {
+                                cap = cap.max(needed as usize);
+                            }
+                            break;
+                        }
+                        Err(e) => {
+                            return Err(Error::corruption(
+                                &files.data_path,
+                                pos + i as u64,
+                                format!("reading transaction {txid}: {e}"),
+                            ))
+                        }
+                    }
+                }
+                pos += i as u64;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn read_records(&self, from: i64, max_count: usize, max_bytes: usize) -> Result<Vec<Record>> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        self.visit(
+            from,
+            i64::MAX,
+            |h, data| {
+                if out.len() >= max_count || (!out.is_empty() && bytes + data.len() > max_bytes) {
+                    return false;
+                }
+                bytes += data.len();
+                out.push(Record {
+                    txid: h.txid,
+                    req_id: h.req_id,
+                    header: h.header,
+                    data: data.to_vec(),
+                });
+                true
+            },
+            max_bytes.saturating_add(max_count.saturating_mul(RECORD_OVERHEAD)),
+        )?;
+        Ok(out)
+    }
+
+    pub fn read_headers(&self, from: i64, max_count: usize) -> Result<Vec<RecordHeader>> {
+        let mut out = Vec::new();
+        self.visit(
+            from,
+            i64::MAX,
+            |h, _| {
+                if out.len() >= max_count {
+                    return false;
+                }
+                out.push(*h);
+                true
+            },
+            READ_CHUNK_MAX,
+        )?;
+        Ok(out)
+    }
+
+    pub fn read_record(&self, txid: i64) -> Result<Option<Record>> {
+        Ok(self.read_records(txid, 1, usize::MAX)?.pop())
+    }
+
+    pub fn read_header(&self, txid: i64) -> Result<Option<RecordHeader>> {
+        Ok(self.read_headers(txid, 1)?.pop())
+    }
+
+    /// Records `from..=to` as columns, stopping before `max_bytes` of data (but always at least
+    /// one record) or `max_count` records.
+    pub fn scan(&self, from: i64, to: i64, max_count: usize, max_bytes: usize) -> Result<Columns> {
+        let mut c = Columns::default();
+        c.offsets.push(0);
+        self.visit(
+            from,
+            to,
+            |h, data| {
+                if c.txids.len() >= max_count || (!c.txids.is_empty() && c.payload.len() + data.len() > max_bytes) {
+                    return false;
+                }
+                c.txids.push(h.txid);
+                c.headers.push(h.header);
+                c.client_ids.push(h.req_id.client_id);
+                c.generations.push(h.req_id.generation);
+                c.req_partitions.push(h.req_id.partition_id);
+                c.sequences.push(h.req_id.sequence);
+                c.payload.extend_from_slice(data);
+                c.offsets.push(c.payload.len() as i32);
+                true
+            },
+            READ_CHUNK_MAX,
+        )?;
+        Ok(c)
+    }
+}
+
+pub fn default_options() -> PartitionOptions {
+    PartitionOptions {
+        segment_size: 1 << 30,
+        recover: RecoverOptions {
+            checkpoint_interval: 1000,
+            max_record_size: 16 << 20,
+            read_only: false,
+            mode: RecoveryMode::Strict,
+        },
+    }
+}

@@ -1,0 +1,562 @@
+//! Segment files: `<first id, 19 digits>.seg` holds records, `.idx` one i64 offset per record.
+//! Both begin with the same 128-byte header. This module opens one segment and recovers it:
+//! it finds the last index checkpoint it can prove, scans the data file from there, rebuilds the
+//! index tail and classifies whatever follows the last valid record as a torn tail (truncated)
+//! or as corruption (an error, unless the caller asked for repair).
+use crate::error::{Error, IoContext, Result};
+use crate::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RECORD_OVERHEAD};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const FORMAT_VERSION: i32 = 1;
+pub const HEADER_LEN: u64 = 128;
+const SCAN_CHUNK: usize = 4 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub version: i32,
+    pub creation_ms: i64,
+    pub cluster_key: [u8; 16],
+    pub partition_id: i32,
+    pub first_txid: i64,
+}
+
+impl SegmentHeader {
+    pub fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut b = [0u8; HEADER_LEN as usize];
+        b[0..4].copy_from_slice(&self.version.to_be_bytes());
+        b[4..12].copy_from_slice(&self.creation_ms.to_be_bytes());
+        b[12..28].copy_from_slice(&self.cluster_key);
+        b[28..32].copy_from_slice(&self.partition_id.to_be_bytes());
+        b[32..40].copy_from_slice(&self.first_txid.to_be_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> SegmentHeader {
+        SegmentHeader {
+            version: be_i32(&b[0..4]),
+            creation_ms: be_i64(&b[4..12]),
+            cluster_key: b[12..28].try_into().unwrap(),
+            partition_id: be_i32(&b[28..32]),
+            first_txid: be_i64(&b[32..40]),
+        }
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn data_name(first_txid: i64) -> String {
+    format!("{first_txid:019}.seg")
+}
+pub fn index_name(first_txid: i64) -> String {
+    format!("{first_txid:019}.idx")
+}
+
+/// Parses `0000000000000000042.seg` (or `.idx`) into 42; anything else is not a segment file.
+pub fn parse_segment_name(name: &str, ext: &str) -> Option<i64> {
+    let stem = name.strip_suffix(ext)?.strip_suffix('.')?;
+    if stem.len() != 19 || !stem.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// How recovery treats a bad record that has valid records after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// A torn tail is truncated; corruption before the tail is an error.
+    Strict,
+    /// Corruption truncates the partition at the first bad record (explicit repair).
+    TruncateAtCorruption,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecoverOptions {
+    pub checkpoint_interval: u64,
+    pub max_record_size: usize,
+    pub read_only: bool,
+    pub mode: RecoveryMode,
+}
+
+/// The open files of one segment. `overlay` holds index entries that are not in the index file:
+/// read-only opens rebuild the index tail in memory instead of writing it.
+pub struct SegmentFiles {
+    pub first_txid: i64,
+    pub data_path: PathBuf,
+    pub index_path: PathBuf,
+    pub data: Arc<dyn FileHandle>,
+    pub index: Option<Arc<dyn FileHandle>>,
+    pub overlay_base: u64,
+    pub overlay: Vec<u64>,
+}
+
+impl SegmentFiles {
+    /// Byte offset in the data file of the record at position `i` of this segment.
+    pub fn offset_of(&self, i: u64) -> Result<u64> {
+        if i >= self.overlay_base && (i - self.overlay_base) < self.overlay.len() as u64 {
+            return Ok(self.overlay[(i - self.overlay_base) as usize]);
+        }
+        let idx = self
+            .index
+            .as_ref()
+            .ok_or_else(|| Error::corruption(&self.index_path, 0, "index entry not available"))?;
+        let mut b = [0u8; 8];
+        let pos = HEADER_LEN + 8 * i;
+        let n = idx.read_full_at(&mut b, pos).at(&self.index_path)?;
+        if n != 8 {
+            return Err(Error::corruption(&self.index_path, pos, "index entry missing"));
+        }
+        Ok(be_i64(&b) as u64)
+    }
+}
+
+/// A segment as the partition tracks it: files plus how many records and bytes are valid.
+#[derive(Clone)]
+pub struct Segment {
+    pub files: Arc<SegmentFiles>,
+    pub count: u64,
+    pub end: u64,
+}
+
+impl Segment {
+    pub fn first_txid(&self) -> i64 {
+        self.files.first_txid
+    }
+    /// One past the last transaction id held.
+    pub fn next_txid(&self) -> i64 {
+        self.files.first_txid + self.count as i64
+    }
+}
+
+/// Creates an empty segment: the index first, then the data file, each written whole under a
+/// temporary name and renamed, so a crash leaves either no segment or a complete header.
+pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -> Result<Segment> {
+    let data_path = dir.join(data_name(header.first_txid));
+    let index_path = dir.join(index_name(header.first_txid));
+    let bytes = header.encode();
+    write_file_atomically(fs, &index_path, &bytes).at(&index_path)?;
+    write_file_atomically(fs, &data_path, &bytes).at(&data_path)?;
+    let data = fs.open(&data_path, true).at(&data_path)?;
+    let index = fs.open(&index_path, true).at(&index_path)?;
+    Ok(Segment {
+        files: Arc::new(SegmentFiles {
+            first_txid: header.first_txid,
+            data_path,
+            index_path,
+            data,
+            index: Some(index),
+            overlay_base: u64::MAX,
+            overlay: Vec::new(),
+        }),
+        count: 0,
+        end: HEADER_LEN,
+    })
+}
+
+/// What recovery found at the end of one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tail {
+    Clean,
+    /// Bytes after the last valid record that no valid record follows: an unfinished write.
+    Torn { offset: u64, bytes: u64, reason: String },
+    /// A bad record with valid records after it, cut away because repair was asked for.
+    CorruptionCut { offset: u64, reason: String },
+}
+
+pub struct Recovered {
+    pub segment: Segment,
+    pub tail: Tail,
+    /// Whether the index had to be rebuilt past its last checkpoint (a measure of recovery work).
+    pub scanned_records: u64,
+}
+
+pub struct SegmentContext<'a> {
+    pub fs: &'a dyn FileSystem,
+    pub dir: &'a Path,
+    pub cluster_key: [u8; 16],
+    pub partition_id: i32,
+    pub first_txid: i64,
+    /// The next segment's first id, when this one is not the last.
+    pub next_first: Option<i64>,
+    pub opts: &'a RecoverOptions,
+}
+
+pub fn check_header(path: &Path, b: &[u8], ctx: &SegmentContext<'_>) -> Result<()> {
+    let h = SegmentHeader::decode(b);
+    if h.version != FORMAT_VERSION {
+        return Err(Error::corruption(path, 0, format!("unknown format version {}", h.version)));
+    }
+    if h.cluster_key != ctx.cluster_key {
+        return Err(Error::ClusterKeyMismatch {
+            path: path.to_path_buf(),
+            expected: crate::control::format_uuid(&ctx.cluster_key),
+            found: crate::control::format_uuid(&h.cluster_key),
+        });
+    }
+    if h.partition_id != ctx.partition_id {
+        return Err(Error::corruption(
+            path,
+            28,
+            format!("header names partition {}, file is in partition {}", h.partition_id, ctx.partition_id),
+        ));
+    }
+    if h.first_txid != ctx.first_txid {
+        return Err(Error::corruption(
+            path,
+            32,
+            format!("header says first transaction {}, file name says {}", h.first_txid, ctx.first_txid),
+        ));
+    }
+    Ok(())
+}
+
+pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
+    let fs = ctx.fs;
+    let opts = ctx.opts;
+    let data_path = ctx.dir.join(data_name(ctx.first_txid));
+    let index_path = ctx.dir.join(index_name(ctx.first_txid));
+    let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
+    let data_len = data.len().at(&data_path)?;
+    let mut hb = [0u8; HEADER_LEN as usize];
+    if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
+        return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
+    }
+    check_header(&data_path, &hb, ctx)?;
+
+    // The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
+    let mut index: Option<Arc<dyn FileHandle>> = None;
+    let mut claimed = 0u64;
+    if fs.exists(&index_path) {
+        let f = fs.open(&index_path, !opts.read_only).at(&index_path)?;
+        let len = f.len().at(&index_path)?;
+        let mut ib = [0u8; HEADER_LEN as usize];
+        let header_ok = len >= HEADER_LEN
+            && f.read_full_at(&mut ib, 0).at(&index_path)? == HEADER_LEN as usize
+            && ib[..40] == hb[..40];
+        if header_ok {
+            claimed = (len - HEADER_LEN) / 8;
+        } else if !opts.read_only {
+            log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
+            f.set_len(0).at(&index_path)?;
+            f.write_all_at(&hb, 0).at(&index_path)?;
+            f.sync_data().at(&index_path)?;
+        }
+        if header_ok || !opts.read_only {
+            index = Some(f);
+        }
+    } else if !opts.read_only {
+        log::warn!("{}: index missing, rebuilding it", index_path.display());
+        write_file_atomically(fs, &index_path, &hb).at(&index_path)?;
+        index = Some(fs.open(&index_path, true).at(&index_path)?);
+    }
+    if let Some(next) = ctx.next_first {
+        claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
+    }
+
+    let mut files = SegmentFiles {
+        first_txid: ctx.first_txid,
+        data_path: data_path.clone(),
+        index_path: index_path.clone(),
+        data: data.clone(),
+        index: index.clone(),
+        overlay_base: u64::MAX,
+        overlay: Vec::new(),
+    };
+
+    // Sealed segments were synced whole before the next one was created: when the index agrees
+    // with the next segment and its last entry ends the file exactly, the segment is complete.
+    if let Some(next) = ctx.next_first {
+        if claimed > 0 && ctx.first_txid + claimed as i64 == next {
+            if let Ok(end) = record_end(&files, claimed - 1, ctx.first_txid, opts.max_record_size, data_len) {
+                if end == data_len {
+                    return Ok(Recovered {
+                        segment: Segment {
+                            files: Arc::new(files),
+                            count: claimed,
+                            end,
+                        },
+                        tail: Tail::Clean,
+                        scanned_records: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    // The highest checkpoint whose whole window of index entries is proven against the data.
+    let n = opts.checkpoint_interval.max(1);
+    let mut cp = (claimed / n) * n;
+    let mut start = HEADER_LEN;
+    while cp > 0 {
+        if let Some(end) = verify_window(&files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len) {
+            start = end;
+            break;
+        }
+        log::warn!(
+            "{}: index checkpoint at record {} does not match the data, trying the one before",
+            index_path.display(),
+            cp
+        );
+        cp -= n;
+    }
+
+    let scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    let count = cp + scan.offsets.len() as u64;
+    let mut end = scan.end;
+    let mut tail = Tail::Clean;
+    if let Some((bad_at, why)) = scan.stopped {
+        let expected = ctx.first_txid + count as i64;
+        let later = find_valid_record_after(&data, &data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
+        let is_last = ctx.next_first.is_none();
+        match later {
+            None if is_last => {
+                log::warn!(
+                    "{}: torn tail of {} bytes at offset {} ({}), truncating",
+                    data_path.display(),
+                    data_len - bad_at,
+                    bad_at,
+                    why
+                );
+                tail = Tail::Torn {
+                    offset: bad_at,
+                    bytes: data_len - bad_at,
+                    reason: why.to_string(),
+                };
+            }
+            _ if opts.mode == RecoveryMode::TruncateAtCorruption => {
+                log::warn!(
+                    "{}: corruption at offset {} ({}); repair truncates the partition here",
+                    data_path.display(),
+                    bad_at,
+                    why
+                );
+                tail = Tail::CorruptionCut {
+                    offset: bad_at,
+                    reason: why.to_string(),
+                };
+            }
+            Some(valid_at) => {
+                return Err(Error::corruption(
+                    &data_path,
+                    bad_at,
+                    format!(
+                        "{why} (transaction {expected}), with a valid record after it at offset {valid_at}; \
+                         open with recovery mode 'truncate' to cut the partition here"
+                    ),
+                ));
+            }
+            None => {
+                return Err(Error::corruption(
+                    &data_path,
+                    bad_at,
+                    format!("{why} (transaction {expected}) in a sealed segment that has later segments"),
+                ));
+            }
+        }
+        end = bad_at;
+    }
+    if let Some(next) = ctx.next_first {
+        if tail == Tail::Clean && ctx.first_txid + count as i64 != next {
+            return Err(Error::corruption(
+                &data_path,
+                end,
+                format!(
+                    "segment holds transactions up to {} but the next segment starts at {}",
+                    ctx.first_txid + count as i64 - 1,
+                    next
+                ),
+            ));
+        }
+    }
+
+    if opts.read_only {
+        files.overlay_base = cp;
+        files.overlay = scan.offsets;
+    } else {
+        if end < data_len {
+            data.set_len(end).at(&data_path)?;
+            data.sync_data().at(&data_path)?;
+        }
+        let idx = index.as_ref().expect("writable opens always have an index file");
+        let mut buf = Vec::with_capacity(scan.offsets.len() * 8);
+        for o in &scan.offsets {
+            buf.extend_from_slice(&(*o as i64).to_be_bytes());
+        }
+        let idx_pos = HEADER_LEN + 8 * cp;
+        idx.set_len(idx_pos).at(&index_path)?;
+        idx.write_all_at(&buf, idx_pos).at(&index_path)?;
+        idx.sync_data().at(&index_path)?;
+    }
+    Ok(Recovered {
+        segment: Segment {
+            files: Arc::new(files),
+            count,
+            end,
+        },
+        tail,
+        scanned_records: count - cp,
+    })
+}
+
+/// End offset of record `i`, validated whole (both checksums, id and bounds).
+fn record_end(files: &SegmentFiles, i: u64, first: i64, max: usize, data_len: u64) -> Result<u64> {
+    let off = files.offset_of(i)?;
+    let v = read_record_at(&files.data, &files.data_path, off, first + i as i64, max, data_len)?;
+    Ok(off + v as u64)
+}
+
+/// Reads and validates the record at `off`; returns its total length.
+pub fn read_record_at(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    off: u64,
+    txid: i64,
+    max: usize,
+    data_len: u64,
+) -> Result<usize> {
+    if off < HEADER_LEN || off + RECORD_OVERHEAD as u64 > data_len {
+        return Err(Error::corruption(path, off, "offset outside the data file"));
+    }
+    let mut prefix = [0u8; 36];
+    data.read_full_at(&mut prefix, off).at(path)?;
+    let (_, len, _) = parse_prefix(&prefix, max).map_err(|e| Error::corruption(path, off, e.to_string()))?;
+    let total = RECORD_OVERHEAD + len;
+    if off + total as u64 > data_len {
+        return Err(Error::corruption(path, off, "record runs past the end of the file"));
+    }
+    let mut buf = vec![0u8; total];
+    data.read_full_at(&mut buf, off).at(path)?;
+    check_record(&buf, Some(txid), max).map_err(|e| Error::corruption(path, off, e.to_string()))?;
+    Ok(total)
+}
+
+/// Checks index entries [lo, hi): each points at a record with the right id, each record starts
+/// where the previous one ends, and the last is whole and valid. Returns the end of the last.
+fn verify_window(files: &SegmentFiles, lo: u64, hi: u64, first: i64, max: usize, data_len: u64) -> Option<u64> {
+    let idx = files.index.as_ref()?;
+    let mut raw = vec![0u8; ((hi - lo) * 8) as usize];
+    if idx.read_full_at(&mut raw, HEADER_LEN + 8 * lo).ok()? != raw.len() {
+        return None;
+    }
+    let mut prev_end: Option<u64> = None;
+    for (j, chunk) in raw.chunks_exact(8).enumerate() {
+        let off = be_i64(chunk);
+        if off < HEADER_LEN as i64 || off as u64 + RECORD_OVERHEAD as u64 > data_len {
+            return None;
+        }
+        let off = off as u64;
+        if let Some(p) = prev_end {
+            if p != off {
+                return None;
+            }
+        }
+        let mut prefix = [0u8; 36];
+        files.data.read_full_at(&mut prefix, off).ok()?;
+        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
+        if h.txid != first + (lo + j as u64) as i64 {
+            return None;
+        }
+        prev_end = Some(off + (RECORD_OVERHEAD + len) as u64);
+    }
+    let last_off = files.offset_of(hi - 1).ok()?;
+    let total = read_record_at(&files.data, &files.data_path, last_off, first + (hi - 1) as i64, max, data_len).ok()?;
+    Some(last_off + total as u64)
+}
+
+struct ScanResult {
+    offsets: Vec<u64>,
+    end: u64,
+    stopped: Option<(u64, Invalid)>,
+}
+
+/// Validates records from `start` until the end of the file or the first invalid one.
+fn scan_forward(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    start: u64,
+    data_len: u64,
+    mut expected: i64,
+    max: usize,
+) -> Result<ScanResult> {
+    let mut offsets = Vec::new();
+    let mut pos = start;
+    let mut cap = SCAN_CHUNK;
+    let mut buf: Vec<u8> = Vec::new();
+    while pos < data_len {
+        buf.resize(((data_len - pos) as usize).min(cap), 0);
+        let got = data.read_full_at(&mut buf, pos).at(path)?;
+        buf.truncate(got);
+        if got == 0 {
+            break;
+        }
+        let mut i = 0usize;
+        let mut needs = None;
+        while i < buf.len() {
+            match check_record(&buf[i..], Some(expected), max) {
+                Ok(v) => {
+                    offsets.push(pos + i as u64);
+                    i += v.total_len();
+                    expected += 1;
+                }
+                // The record is whole on disk but continues past this chunk.
+                Err(Invalid::Short { needed, .. }) if pos + i as u64 + needed <= data_len => {
+                    needs = Some(needed as usize);
+                    break;
+                }
+                Err(e) => {
+                    let at = pos + i as u64;
+                    return Ok(ScanResult { offsets, end: at, stopped: Some((at, e)) });
+                }
+            }
+        }
+        if i == 0 {
+            match needs {
+                Some(n) => cap = cap.max(n),
+                None => break,
+            }
+        }
+        pos += i as u64;
+    }
+    Ok(ScanResult { offsets, end: pos, stopped: None })
+}
+
+/// Looks for any valid record at or after `from` whose id could follow `expected`. A hit means
+/// the bad bytes are not an unfinished tail but damage inside written data.
+fn find_valid_record_after(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    from: u64,
+    data_len: u64,
+    expected: i64,
+    max: usize,
+) -> Result<Option<u64>> {
+    if from >= data_len {
+        return Ok(None);
+    }
+    let max_id = expected + ((data_len - from) / RECORD_OVERHEAD as u64) as i64 + 1;
+    let mut pos = from;
+    let mut buf = vec![0u8; SCAN_CHUNK + 8];
+    while pos + RECORD_OVERHEAD as u64 <= data_len {
+        let got = data.read_full_at(&mut buf, pos).at(path)?;
+        if got < 8 {
+            break;
+        }
+        for i in 0..=(got - 8) {
+            let txid = be_i64(&buf[i..i + 8]);
+            if txid < expected || txid > max_id {
+                continue;
+            }
+            let at = pos + i as u64;
+            if read_record_at(data, path, at, txid, max, data_len).is_ok() {
+                return Ok(Some(at));
+            }
+        }
+        pos += (got - 7) as u64;
+    }
+    Ok(None)
+}

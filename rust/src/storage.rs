@@ -1,0 +1,240 @@
+//! A storage directory: the control file plus one folder per partition.
+use crate::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
+use crate::error::{Error, IoContext, Result};
+use crate::fs::{FileSystem, StdFs};
+use crate::partition::{Partition, PartitionOptions};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub struct Storage {
+    pub path: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    opts: PartitionOptions,
+    control: Mutex<ControlFile>,
+    partitions: Mutex<HashMap<i32, Arc<Partition>>>,
+    pub cluster_key: [u8; 16],
+    pub partition_count: i32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const DELETING_SUFFIX: &str = ".deleting";
+
+impl Storage {
+    pub fn create(path: &Path, cluster_key: [u8; 16], partition_count: i32, opts: PartitionOptions) -> Result<Storage> {
+        Self::create_with(Arc::new(StdFs), path, cluster_key, partition_count, opts)
+    }
+
+    pub fn create_with(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        cluster_key: [u8; 16],
+        partition_count: i32,
+        opts: PartitionOptions,
+    ) -> Result<Storage> {
+        if partition_count <= 0 {
+            return Err(Error::InvalidArgument(format!("partition count must be positive, got {partition_count}")));
+        }
+        if fs.exists(&path.join(CONTROL_FILE)) {
+            return Err(Error::AlreadyExists { path: path.to_path_buf() });
+        }
+        if !fs.exists(path) {
+            std::fs::create_dir_all(path).at(path)?;
+            if let Some(parent) = path.parent() {
+                fs.sync_dir(parent).at(parent)?;
+            }
+        }
+        ControlFile::create(fs.as_ref(), path, cluster_key, partition_count)?;
+        Self::open_with(fs, path, Some(cluster_key), Some(partition_count), opts)
+    }
+
+    pub fn open(path: &Path, cluster_key: Option<[u8; 16]>, partition_count: Option<i32>, opts: PartitionOptions) -> Result<Storage> {
+        Self::open_with(Arc::new(StdFs), path, cluster_key, partition_count, opts)
+    }
+
+    pub fn open_with(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        cluster_key: Option<[u8; 16]>,
+        partition_count: Option<i32>,
+        opts: PartitionOptions,
+    ) -> Result<Storage> {
+        let control = ControlFile::open(fs.as_ref(), path, opts.recover.read_only)?;
+        if let Some(k) = cluster_key {
+            if k != control.header.cluster_key {
+                return Err(Error::ClusterKeyMismatch {
+                    path: control.path.clone(),
+                    expected: format_uuid(&k),
+                    found: format_uuid(&control.header.cluster_key),
+                });
+            }
+        }
+        if let Some(n) = partition_count {
+            if n != control.header.partition_count {
+                return Err(Error::PartitionCountMismatch {
+                    path: control.path.clone(),
+                    expected: n,
+                    found: control.header.partition_count,
+                });
+            }
+        }
+        if !opts.recover.read_only {
+            // A removal that crashed after renaming the folder aside: finish it.
+            for p in fs.list_dir(path).at(path)? {
+                if p.to_string_lossy().ends_with(DELETING_SUFFIX) {
+                    fs.remove_dir_all(&p).at(&p)?;
+                    fs.sync_dir(path).at(path)?;
+                }
+            }
+        }
+        Ok(Storage {
+            path: path.to_path_buf(),
+            cluster_key: control.header.cluster_key,
+            partition_count: control.header.partition_count,
+            fs,
+            opts,
+            control: Mutex::new(control),
+            partitions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn creation_ms(&self) -> i64 {
+        lock(&self.control).header.creation_ms
+    }
+
+    fn check_pid(&self, pid: i32) -> Result<()> {
+        if pid < 0 || pid >= self.partition_count {
+            return Err(Error::PartitionOutOfRange {
+                partition: pid,
+                count: self.partition_count,
+            });
+        }
+        Ok(())
+    }
+
+    fn partition_dir(&self, pid: i32) -> PathBuf {
+        self.path.join(pid.to_string())
+    }
+
+    /// Partition ids with a folder in this directory.
+    pub fn partition_ids(&self) -> Result<Vec<i32>> {
+        let mut ids = Vec::new();
+        for p in self.fs.list_dir(&self.path).at(&self.path)? {
+            if let Some(name) = p.file_name().and_then(|n| n.to_str()) {
+                if let Ok(id) = name.parse::<i32>() {
+                    if id >= 0 && id < self.partition_count && id.to_string() == name {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    pub fn add_partition(&self, pid: i32) -> Result<()> {
+        self.check_pid(pid)?;
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Partition::create(self.fs.as_ref(), &self.partition_dir(pid), pid, self.cluster_key)
+    }
+
+    /// Closes the partition and, if asked, deletes its files (renamed aside first, so a crash
+    /// mid-deletion never leaves a half-deleted partition that looks live).
+    pub fn remove_partition(&self, pid: i32, delete_files: bool) -> Result<()> {
+        self.check_pid(pid)?;
+        if let Some(p) = lock(&self.partitions).remove(&pid) {
+            p.close();
+        }
+        let dir = self.partition_dir(pid);
+        if delete_files && self.fs.exists(&dir) {
+            if self.opts.recover.read_only {
+                return Err(Error::ReadOnly);
+            }
+            let aside = self.path.join(format!("{pid}{DELETING_SUFFIX}"));
+            self.fs.rename(&dir, &aside).at(&dir)?;
+            self.fs.sync_dir(&self.path).at(&self.path)?;
+            self.fs.remove_dir_all(&aside).at(&aside)?;
+            self.fs.sync_dir(&self.path).at(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// The open partition, recovering it on first use.
+    pub fn partition(&self, pid: i32) -> Result<Arc<Partition>> {
+        self.check_pid(pid)?;
+        let mut map = lock(&self.partitions);
+        if let Some(p) = map.get(&pid) {
+            return Ok(p.clone());
+        }
+        let dir = self.partition_dir(pid);
+        if !self.fs.exists(&dir) {
+            return Err(Error::PartitionNotFound { partition: pid });
+        }
+        // A partition whose control entry is unreadable must not serve: its session is unknown.
+        lock(&self.control).info(pid)?;
+        let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
+        map.insert(pid, p.clone());
+        Ok(p)
+    }
+
+    pub fn close_partition(&self, pid: i32) {
+        if let Some(p) = lock(&self.partitions).remove(&pid) {
+            p.close();
+        }
+    }
+
+    /// Closes and recovers the partition again: the way out of a failed (poisoned) state.
+    pub fn reopen_partition(&self, pid: i32) -> Result<Arc<Partition>> {
+        self.close_partition(pid);
+        self.partition(pid)
+    }
+
+    /// Opens a partition with a one-off recovery mode (repair), replacing any open handle.
+    pub fn repair_partition(&self, pid: i32) -> Result<Arc<Partition>> {
+        self.check_pid(pid)?;
+        self.close_partition(pid);
+        let mut opts = self.opts.clone();
+        opts.recover.mode = crate::segment::RecoveryMode::TruncateAtCorruption;
+        let dir = self.partition_dir(pid);
+        if !self.fs.exists(&dir) {
+            return Err(Error::PartitionNotFound { partition: pid });
+        }
+        let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, opts)?);
+        lock(&self.partitions).insert(pid, p.clone());
+        Ok(p)
+    }
+
+    pub fn partition_info(&self, pid: i32) -> Result<PartitionInfo> {
+        lock(&self.control).info(pid)
+    }
+
+    /// Records a new store session for the partition: its id, the cluster's high-water mark when
+    /// it started (the low-water mark), and the local low-water mark (the highest id held here,
+    /// capped by the low-water mark). Durable before returning.
+    pub fn set_low_water_mark(&self, pid: i32, session_id: i64, low_water_mark: i64) -> Result<PartitionInfo> {
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let local = self.partition(pid)?.max_txid().min(low_water_mark);
+        let info = PartitionInfo {
+            session_id,
+            low_water_mark,
+            local_low_water_mark: local,
+        };
+        lock(&self.control).update(pid, info)?;
+        Ok(info)
+    }
+
+    /// Stores session information as given (the storage node records the newest session here).
+    pub fn set_partition_info(&self, pid: i32, info: PartitionInfo) -> Result<()> {
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        lock(&self.control).update(pid, info)
+    }
+}
