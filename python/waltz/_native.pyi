@@ -119,6 +119,9 @@ class Partition:
     def stats(self) -> _Stats: ...
     def append(self, first_txid: int, records: RecordBatch | Iterable[_RecordTuple]) -> int:
         """Appends as ids first_txid, first_txid+1, ...; returns the last id once durable."""
+    def append_next(self, records: RecordBatch | Iterable[_RecordTuple]) -> tuple[int, int]:
+        """Appends at the partition's next ids; returns (first, last) once durable. Threads
+        appending concurrently share fsyncs (group commit)."""
     def truncate(self, txid: int) -> int:
         """Drops every transaction after `txid` (crash-safe); returns the new max id."""
     def drop_segments_before(self, txid: int) -> int:

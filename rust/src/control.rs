@@ -225,12 +225,13 @@ mod tests {
         c.update(1, second).unwrap();
         let c2 = ControlFile::open(&StdFs, d.path(), true).unwrap();
         assert_eq!(c2.info(1).unwrap(), second);
-        // The second update went to slot 1; damaging it falls back to the first.
-        corrupt(&c.path, entry_offset(1) + 4 + 28 + 3);
+        // Fresh entries start on slot 0, so the first update went to slot 1 and the second
+        // back to slot 0; damaging slot 0 falls back to the first update.
+        corrupt(&c.path, entry_offset(1) + 4 + 3);
         let c3 = ControlFile::open(&StdFs, d.path(), true).unwrap();
         assert_eq!(c3.info(1).unwrap(), first);
         // Both damaged: this partition refuses, the others still open.
-        corrupt(&c.path, entry_offset(1) + 4 + 5);
+        corrupt(&c.path, entry_offset(1) + 4 + 28 + 5);
         let c4 = ControlFile::open(&StdFs, d.path(), true).unwrap();
         assert!(matches!(c4.info(1), Err(Error::Corruption { .. })));
         assert_eq!(c4.info(0).unwrap(), PartitionInfo::NONE);

@@ -554,6 +554,57 @@ mod python {
         }
     }
 
+    impl PyPartition {
+        fn append_impl(&self, py: Python<'_>, first: Option<i64>, records: &Bound<'_, PyAny>) -> PyResult<(i64, i64)> {
+            let p = self.0.clone();
+            if let Ok(batch) = records.cast::<PyRecordBatch>() {
+                let batch = batch.borrow();
+                let recs = batch.records();
+                return run(py, move || p.append_at_opt(first, &recs));
+            }
+            // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
+            let mut metas = Vec::new();
+            let mut holders: Vec<Bound<'_, PyBytes>> = Vec::new();
+            let mut copies: Vec<Vec<u8>> = Vec::new();
+            for item in records.try_iter()? {
+                let item = item?;
+                let t = item
+                    .cast::<PyTuple>()
+                    .map_err(|_| InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"))?;
+                if t.len() != 3 {
+                    return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
+                }
+                let r = parse_req_id(&t.get_item(0)?)?;
+                let h: i32 = t.get_item(1)?.extract()?;
+                let d = t.get_item(2)?;
+                match d.cast_into::<PyBytes>() {
+                    Ok(b) => {
+                        metas.push((r, h, true, holders.len()));
+                        holders.push(b);
+                    }
+                    Err(e) => {
+                        let v: Vec<u8> = e.into_inner().extract().map_err(|_| {
+                            InvalidArgumentError::new_err("record data must be bytes or a bytes-like object")
+                        })?;
+                        metas.push((r, h, false, copies.len()));
+                        copies.push(v);
+                    }
+                }
+            }
+            let slices: Vec<&[u8]> = holders.iter().map(|b| b.as_bytes()).collect();
+            let recs: Vec<NewRecord<'_>> = metas
+                .iter()
+                .map(|&(req_id, header, is_bytes, i)| NewRecord {
+                    req_id,
+                    header,
+                    data: if is_bytes { slices[i] } else { copies[i].as_slice() },
+                    data_crc: None,
+                })
+                .collect();
+            run(py, move || p.append_at_opt(first, &recs))
+        }
+    }
+
     /// One partition's log.
     #[pyclass(name = "Partition", module = "waltz._native", frozen)]
     pub struct PyPartition(Arc<crate::partition::Partition>);
@@ -613,53 +664,16 @@ mod python {
         /// id once it is durable (fdatasync returned). `records` is a RecordBatch or a sequence
         /// of (req_id, header, data) tuples.
         fn append(&self, py: Python<'_>, first_txid: i64, records: &Bound<'_, PyAny>) -> PyResult<i64> {
-            let p = self.0.clone();
-            if let Ok(batch) = records.cast::<PyRecordBatch>() {
-                let batch = batch.borrow();
-                let recs = batch.records();
-                return run(py, move || p.append(first_txid, &recs));
-            }
-            // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
-            let mut metas = Vec::new();
-            let mut holders: Vec<Bound<'_, PyBytes>> = Vec::new();
-            let mut copies: Vec<Vec<u8>> = Vec::new();
-            for item in records.try_iter()? {
-                let item = item?;
-                let t = item
-                    .cast::<PyTuple>()
-                    .map_err(|_| InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"))?;
-                if t.len() != 3 {
-                    return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
-                }
-                let r = parse_req_id(&t.get_item(0)?)?;
-                let h: i32 = t.get_item(1)?.extract()?;
-                let d = t.get_item(2)?;
-                match d.cast_into::<PyBytes>() {
-                    Ok(b) => {
-                        metas.push((r, h, true, holders.len()));
-                        holders.push(b);
-                    }
-                    Err(e) => {
-                        let v: Vec<u8> = e.into_inner().extract().map_err(|_| {
-                            InvalidArgumentError::new_err("record data must be bytes or a bytes-like object")
-                        })?;
-                        metas.push((r, h, false, copies.len()));
-                        copies.push(v);
-                    }
-                }
-            }
-            let slices: Vec<&[u8]> = holders.iter().map(|b| b.as_bytes()).collect();
-            let recs: Vec<NewRecord<'_>> = metas
-                .iter()
-                .map(|&(req_id, header, is_bytes, i)| NewRecord {
-                    req_id,
-                    header,
-                    data: if is_bytes { slices[i] } else { copies[i].as_slice() },
-                    data_crc: None,
-                })
-                .collect();
-            run(py, move || p.append(first_txid, &recs))
+            Ok(self.append_impl(py, Some(first_txid), records)?.1)
         }
+
+        /// Appends records at the partition's next ids; returns (first, last) once durable.
+        /// Threads appending concurrently share fsyncs.
+        fn append_next(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<(i64, i64)> {
+            self.append_impl(py, None, records)
+        }
+
+
 
         /// Drops every transaction after `txid`; returns the new max transaction id.
         fn truncate(&self, py: Python<'_>, txid: i64) -> PyResult<i64> {

@@ -362,6 +362,16 @@ impl Partition {
     /// Appends `records` as transactions `first_txid`, `first_txid + 1`, ... and returns the last
     /// id once it is durable. The ids must continue the partition exactly.
     pub fn append(&self, first_txid: i64, records: &[NewRecord<'_>]) -> Result<i64> {
+        self.append_at_opt(Some(first_txid), records).map(|(_, last)| last)
+    }
+
+    /// Appends `records` at the partition's next ids, whatever they are, and returns the
+    /// (first, last) ids once durable. Concurrent callers share fsyncs (group commit).
+    pub fn append_next(&self, records: &[NewRecord<'_>]) -> Result<(i64, i64)> {
+        self.append_at_opt(None, records)
+    }
+
+    pub fn append_at_opt(&self, first: Option<i64>, records: &[NewRecord<'_>]) -> Result<(i64, i64)> {
         self.check_writable()?;
         let max = self.opts.recover.max_record_size;
         for r in records {
@@ -373,6 +383,7 @@ impl Partition {
             let mut st = lock(&self.state);
             // Checked again under the lock: a failure may have happened while we waited for it.
             self.check_writable()?;
+            let first_txid = first.unwrap_or(st.next_txid);
             if first_txid != st.next_txid {
                 return Err(Error::NonDenseAppend {
                     partition: self.id,
@@ -381,7 +392,7 @@ impl Partition {
                 });
             }
             if records.is_empty() {
-                return Ok(first_txid - 1);
+                return Ok((first_txid, first_txid - 1));
             }
             let needs_roll = {
                 let tail = st.segments.last().unwrap();
@@ -392,10 +403,11 @@ impl Partition {
             }
             self.write_batch(&mut st, first_txid, records).map_err(|e| self.poison(e))?;
             st.write_seq += 1;
-            st.write_seq
+            (st.write_seq, first_txid)
         };
+        let (seq, first_txid) = seq;
         self.wait_durable(seq)?;
-        Ok(first_txid + records.len() as i64 - 1)
+        Ok((first_txid, first_txid + records.len() as i64 - 1))
     }
 
     fn write_batch(&self, st: &mut State, first_txid: i64, records: &[NewRecord<'_>]) -> Result<()> {
@@ -593,6 +605,8 @@ impl Partition {
 
     /// Visits records `from..=to` in order, reading the data files sequentially in large chunks
     /// and checking both checksums of every record. Stops early when `f` returns false.
+    /// A damaged record ends the visit quietly when records were already visited, so the caller
+    /// gets the good prefix and the next read, starting at the damaged record, gets the error.
     pub fn visit(&self, from: i64, to: i64, mut f: impl FnMut(&RecordHeader, &[u8]) -> bool, chunk_hint: usize) -> Result<()> {
         let (segs, durable) = self.snapshot(from)?;
         let to = to.min(durable);
@@ -631,6 +645,7 @@ impl Partition {
                             }
                             break;
                         }
+                        Err(_) if txid > from => return Ok(()),
                         Err(e) => {
                             return Err(Error::corruption(
                                 &files.data_path,
@@ -688,11 +703,21 @@ impl Partition {
     }
 
     pub fn read_record(&self, txid: i64) -> Result<Option<Record>> {
-        Ok(self.read_records(txid, 1, usize::MAX)?.pop())
+        let mut out = None;
+        self.visit(txid, txid, |h, data| {
+            out = Some(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
+            false
+        }, READ_CHUNK_MIN)?;
+        Ok(out)
     }
 
     pub fn read_header(&self, txid: i64) -> Result<Option<RecordHeader>> {
-        Ok(self.read_headers(txid, 1)?.pop())
+        let mut out = None;
+        self.visit(txid, txid, |h, _| {
+            out = Some(*h);
+            false
+        }, READ_CHUNK_MIN)?;
+        Ok(out)
     }
 
     /// Records `from..=to` as columns, stopping before `max_bytes` of data (but always at least
@@ -732,5 +757,269 @@ pub fn default_options() -> PartitionOptions {
             read_only: false,
             mode: RecoveryMode::Strict,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::{FaultFs, StdFs};
+    use crate::record::ReqId;
+    use std::os::unix::fs::FileExt;
+
+    const KEY: [u8; 16] = [3; 16];
+
+    fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
+        let mut o = default_options();
+        o.segment_size = segment_size;
+        o.recover.checkpoint_interval = cp;
+        o
+    }
+
+    fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
+        Partition::create(fs.as_ref(), dir, 0, KEY)?;
+        Partition::open(fs, dir, 0, KEY, o)
+    }
+
+    fn open(dir: &Path, o: PartitionOptions) -> Partition {
+        open_with(Arc::new(StdFs), dir, o).unwrap()
+    }
+
+    fn payload(txid: i64) -> Vec<u8> {
+        format!("payload-{txid}-").repeat((txid % 7 + 1) as usize).into_bytes()
+    }
+
+    fn append_n(p: &Partition, from: i64, n: i64) {
+        let datas: Vec<Vec<u8>> = (from..from + n).map(payload).collect();
+        let recs: Vec<NewRecord<'_>> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| NewRecord {
+                req_id: ReqId { client_id: 1, generation: 1, partition_id: 0, sequence: (from + i as i64) as i32 },
+                header: i as i32,
+                data: d,
+                data_crc: None,
+            })
+            .collect();
+        p.append(from, &recs).unwrap();
+    }
+
+    fn check_all(p: &Partition, upto: i64) {
+        assert_eq!(p.max_txid(), upto);
+        let first = p.first_txid();
+        let mut t = first;
+        p.visit(first, i64::MAX, |h, d| {
+            assert_eq!(h.txid, t);
+            assert_eq!(d, payload(t).as_slice());
+            t += 1;
+            true
+        }, 1 << 20)
+        .unwrap();
+        assert_eq!(t, upto + 1);
+    }
+
+    fn data_files(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().map(|e| e == "seg").unwrap_or(false)).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn rolls_segments_and_survives_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        for i in 0..50 {
+            append_n(&p, i * 7, 7);
+        }
+        assert!(p.segment_count() > 5);
+        check_all(&p, 349);
+        drop(p);
+        let p = open(d.path(), opts(4096, 10));
+        check_all(&p, 349);
+        assert_eq!(p.recovery.torn_bytes, 0);
+    }
+
+    #[test]
+    fn index_is_rebuilt_only_past_the_last_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(1 << 30, 100));
+        for i in 0..25 {
+            append_n(&p, i * 10, 10);
+        }
+        drop(p);
+        let p = open(d.path(), opts(1 << 30, 100));
+        assert_eq!(p.recovery.scanned_records, 50);
+        check_all(&p, 249);
+        drop(p);
+        // A damaged entry inside the last checkpoint window moves recovery one window back.
+        let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(index_name(0))).unwrap();
+        idx.write_all_at(&[0u8; 8], HEADER_LEN + 8 * 150).unwrap();
+        let p = open(d.path(), opts(1 << 30, 100));
+        assert_eq!(p.recovery.scanned_records, 150);
+        check_all(&p, 249);
+    }
+
+    #[test]
+    fn torn_tail_is_truncated_and_appends_continue() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(1 << 30, 1000));
+        append_n(&p, 0, 20);
+        drop(p);
+        let seg = d.path().join(data_name(0));
+        let len = std::fs::metadata(&seg).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+        f.set_len(len - 5).unwrap();
+        let p = open(d.path(), opts(1 << 30, 1000));
+        check_all(&p, 18);
+        assert!(p.recovery.torn_bytes > 0);
+        append_n(&p, 19, 5);
+        check_all(&p, 23);
+    }
+
+    #[test]
+    fn corruption_before_valid_records_is_an_error_and_repair_cuts() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(1 << 30, 1000));
+        append_n(&p, 0, 20);
+        let off = p.snapshot(10).unwrap().0[0].files.offset_of(10).unwrap();
+        drop(p);
+        let seg = d.path().join(data_name(0));
+        let f = std::fs::OpenOptions::new().write(true).read(true).open(&seg).unwrap();
+        f.write_all_at(b"X", off + 40).unwrap();
+        match open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)) {
+            Err(Error::Corruption { path, offset, .. }) => {
+                assert_eq!(path, seg);
+                assert_eq!(offset, off);
+            }
+            other => panic!("expected corruption, got {:?}", other.map(|_| ())),
+        }
+        let mut o = opts(1 << 30, 1000);
+        o.recover.mode = RecoveryMode::TruncateAtCorruption;
+        let p = open(d.path(), o);
+        check_all(&p, 9);
+    }
+
+    #[test]
+    fn truncate_across_segments_and_an_interrupted_one_finishes_on_open() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        for i in 0..30 {
+            append_n(&p, i * 5, 5);
+        }
+        let before = data_files(d.path()).len();
+        assert_eq!(p.truncate(40).unwrap(), 40);
+        check_all(&p, 40);
+        assert!(data_files(d.path()).len() < before);
+        append_n(&p, 41, 3);
+        check_all(&p, 43);
+        drop(p);
+        // Simulate a crash right after the intent was written: nothing deleted yet.
+        write_file_atomically(&StdFs, &d.path().join(TRUNCATE_INTENT), &encode_intent(12)).unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        assert_eq!(p.recovery.finished_truncation, Some(12));
+        check_all(&p, 12);
+        assert!(!d.path().join(TRUNCATE_INTENT).exists());
+        assert!(matches!(p.truncate(-5), Err(Error::BelowLogStart { .. })));
+    }
+
+    #[test]
+    fn retention_drops_whole_segments_and_keeps_the_start_across_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        for i in 0..30 {
+            append_n(&p, i * 5, 5);
+        }
+        let first = p.drop_segments_before(100).unwrap();
+        assert!(first > 0 && first <= 100);
+        assert!(matches!(p.read_record(first - 1), Err(Error::BelowLogStart { .. })));
+        check_all(&p, 149);
+        drop(p);
+        let p = open(d.path(), opts(4096, 10));
+        assert_eq!(p.first_txid(), first);
+        check_all(&p, 149);
+    }
+
+    #[test]
+    fn non_dense_append_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(1 << 30, 1000));
+        append_n(&p, 0, 3);
+        let data = b"x".to_vec();
+        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
+        assert!(matches!(p.append(5, &r), Err(Error::NonDenseAppend { expected: 3, got: 5, .. })));
+        assert!(matches!(p.append(2, &r), Err(Error::NonDenseAppend { .. })));
+        check_all(&p, 2);
+        let big = vec![0u8; (16 << 20) + 1];
+        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &big, data_crc: None }];
+        assert!(matches!(p.append(3, &r), Err(Error::RecordTooLarge { .. })));
+        check_all(&p, 2);
+    }
+
+    #[test]
+    fn fsync_failure_poisons_and_reports_nothing_durable() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FaultFs::new());
+        let p = open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap();
+        append_n(&p, 0, 5);
+        fs.syncs_before_eio.store(0, Ordering::SeqCst);
+        let data = payload(5);
+        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
+        assert!(matches!(p.append(5, &r), Err(Error::Io { .. })));
+        assert_eq!(p.max_txid(), 4, "an unsynced record must not count as durable");
+        fs.syncs_before_eio.store(-1, Ordering::SeqCst);
+        // Even with the disk healthy again, the partition refuses until reopened.
+        assert!(matches!(p.append(6, &r), Err(Error::PartitionFailed { .. })));
+        assert!(matches!(p.append(5, &r), Err(Error::PartitionFailed { .. })));
+        drop(p);
+        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
+        assert!(p.max_txid() >= 4);
+        p.truncate(4).unwrap();
+        check_all(&p, 4);
+    }
+
+    #[test]
+    fn disk_full_fails_the_append_and_reopen_drops_the_partial_write() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FaultFs::new());
+        let p = open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap();
+        append_n(&p, 0, 5);
+        fs.write_budget.store(30, Ordering::SeqCst);
+        let data = vec![7u8; 1000];
+        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
+        match p.append(5, &r) {
+            Err(Error::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
+            other => panic!("expected ENOSPC, got {:?}", other),
+        }
+        assert!(matches!(p.append(5, &r), Err(Error::PartitionFailed { .. })));
+        fs.write_budget.store(u64::MAX, Ordering::SeqCst);
+        drop(p);
+        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
+        assert!(p.recovery.torn_bytes > 0);
+        check_all(&p, 4);
+    }
+
+    #[test]
+    fn concurrent_appenders_share_fsyncs() {
+        let d = tempfile::tempdir().unwrap();
+        let p = Arc::new(open(d.path(), opts(1 << 30, 1000)));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let data = vec![1u8; 100];
+                    for _ in 0..50 {
+                        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
+                        p.append_next(&r).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let s = p.stats();
+        assert_eq!(s.appends, 800);
+        assert_eq!(p.max_txid(), 799);
+        assert!(s.syncs < s.appends / 2, "group commit should share syncs: {s:?}");
     }
 }
