@@ -232,3 +232,32 @@ pub fn tmp_path(path: &Path) -> PathBuf {
     name.push(".tmp");
     path.with_file_name(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_whole_and_leaves_no_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        write_file_atomically(&StdFs, &p, b"one").unwrap();
+        std::fs::write(tmp_path(&p), b"stale").unwrap();
+        write_file_atomically(&StdFs, &p, b"two!").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two!");
+        assert!(!tmp_path(&p).exists());
+    }
+
+    #[test]
+    fn fault_fs_fails_syncs_and_writes_on_command() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new();
+        let f = fs.create_new(&d.path().join("f")).unwrap();
+        fs.syncs_before_eio.store(1, Ordering::SeqCst);
+        f.sync_data().unwrap();
+        assert_eq!(f.sync_data().unwrap_err().raw_os_error(), Some(libc::EIO));
+        fs.write_budget.store(3, Ordering::SeqCst);
+        assert_eq!(f.write_all_at(b"abcdef", 0).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(f.len().unwrap(), 3);
+    }
+}

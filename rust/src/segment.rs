@@ -560,3 +560,117 @@ fn find_valid_record_after(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::StdFs;
+    use crate::record::{encode_record, NewRecord, ReqId};
+    use std::os::unix::fs::FileExt;
+
+    const KEY: [u8; 16] = [9; 16];
+
+    fn header(first: i64) -> SegmentHeader {
+        SegmentHeader { version: FORMAT_VERSION, creation_ms: 1, cluster_key: KEY, partition_id: 2, first_txid: first }
+    }
+
+    fn opts(read_only: bool) -> RecoverOptions {
+        RecoverOptions { checkpoint_interval: 4, max_record_size: 1 << 20, read_only, mode: RecoveryMode::Strict }
+    }
+
+    /// A segment of `n` records written directly (no index entries beyond `indexed`).
+    fn write_segment(dir: &Path, first: i64, n: i64, indexed: i64) -> Vec<u64> {
+        let seg = create_segment(&StdFs, dir, &header(first)).unwrap();
+        let mut buf = Vec::new();
+        let mut offs = Vec::new();
+        for t in first..first + n {
+            offs.push(HEADER_LEN + buf.len() as u64);
+            let d = vec![t as u8; 10 + t as usize];
+            encode_record(&mut buf, t, &NewRecord { req_id: ReqId::default(), header: 0, data: &d, data_crc: None });
+        }
+        seg.files.data.write_all_at(&buf, HEADER_LEN).unwrap();
+        let idx: Vec<u8> = offs[..indexed as usize].iter().flat_map(|o| (*o as i64).to_be_bytes()).collect();
+        seg.files.index.as_ref().unwrap().write_all_at(&idx, HEADER_LEN).unwrap();
+        offs
+    }
+
+    fn ctx<'a>(dir: &'a Path, first: i64, next: Option<i64>, o: &'a RecoverOptions) -> SegmentContext<'a> {
+        SegmentContext { fs: &StdFs, dir, cluster_key: KEY, partition_id: 2, first_txid: first, next_first: next, opts: o }
+    }
+
+    #[test]
+    fn header_and_names_round_trip() {
+        let h = header(42);
+        assert_eq!(SegmentHeader::decode(&h.encode()), h);
+        assert_eq!(data_name(42), "0000000000000000042.seg");
+        assert_eq!(parse_segment_name("0000000000000000042.seg", "seg"), Some(42));
+        assert_eq!(parse_segment_name("000000000000000042.seg", "seg"), None);
+        assert_eq!(parse_segment_name("0000000000000000042.idx", "seg"), None);
+        assert_eq!(parse_segment_name("00000000000000000x2.seg", "seg"), None);
+    }
+
+    #[test]
+    fn recovery_rebuilds_the_index_past_the_last_proven_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let offs = write_segment(d.path(), 0, 10, 6);
+        let o = opts(false);
+        let r = recover_segment(&ctx(d.path(), 0, None, &o)).unwrap();
+        assert_eq!(r.segment.count, 10);
+        assert_eq!(r.tail, Tail::Clean);
+        assert_eq!(r.scanned_records, 6); // checkpoint 4 proven, records 4..10 scanned
+        for (i, off) in offs.iter().enumerate() {
+            assert_eq!(r.segment.files.offset_of(i as u64).unwrap(), *off);
+        }
+    }
+
+    #[test]
+    fn read_only_recovery_keeps_the_rebuilt_index_in_memory() {
+        let d = tempfile::tempdir().unwrap();
+        let offs = write_segment(d.path(), 5, 9, 0);
+        let idx_before = std::fs::read(d.path().join(index_name(5))).unwrap();
+        let o = opts(true);
+        let r = recover_segment(&ctx(d.path(), 5, None, &o)).unwrap();
+        assert_eq!(r.segment.count, 9);
+        assert_eq!(r.segment.files.offset_of(8).unwrap(), offs[8]);
+        assert_eq!(std::fs::read(d.path().join(index_name(5))).unwrap(), idx_before);
+    }
+
+    #[test]
+    fn a_sealed_segment_with_a_gap_before_the_next_is_corruption() {
+        let d = tempfile::tempdir().unwrap();
+        write_segment(d.path(), 0, 6, 6);
+        let o = opts(false);
+        assert!(recover_segment(&ctx(d.path(), 0, Some(6), &o)).is_ok());
+        let e = recover_segment(&ctx(d.path(), 0, Some(9), &o)).err().unwrap();
+        assert!(matches!(e, Error::Corruption { .. }), "{e}");
+    }
+
+    #[test]
+    fn header_mismatches_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        write_segment(d.path(), 0, 2, 2);
+        let o = opts(false);
+        let mut c = ctx(d.path(), 0, None, &o);
+        c.cluster_key = [1; 16];
+        assert!(matches!(recover_segment(&c), Err(Error::ClusterKeyMismatch { .. })));
+        let mut c = ctx(d.path(), 0, None, &o);
+        c.partition_id = 3;
+        assert!(matches!(recover_segment(&c), Err(Error::Corruption { offset: 28, .. })));
+    }
+
+    #[test]
+    fn a_lone_valid_record_after_garbage_makes_it_corruption() {
+        let d = tempfile::tempdir().unwrap();
+        let offs = write_segment(d.path(), 0, 6, 0);
+        let f = std::fs::OpenOptions::new().write(true).open(d.path().join(data_name(0))).unwrap();
+        f.write_all_at(&[0xAB; 7], offs[2]).unwrap();
+        let o = opts(false);
+        match recover_segment(&ctx(d.path(), 0, None, &o)) {
+            Err(Error::Corruption { offset, reason, .. }) => {
+                assert_eq!(offset, offs[2]);
+                assert!(reason.contains(&format!("offset {}", offs[3])), "{reason}");
+            }
+            _ => panic!("expected corruption"),
+        }
+    }
+}

@@ -238,3 +238,48 @@ impl Storage {
         lock(&self.control).update(pid, info)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::default_options;
+
+    #[test]
+    fn create_open_and_mismatches() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("s");
+        let s = Storage::create(&path, [1; 16], 3, default_options()).unwrap();
+        assert!(matches!(Storage::create(&path, [1; 16], 3, default_options()), Err(Error::AlreadyExists { .. })));
+        s.add_partition(1).unwrap();
+        assert_eq!(s.partition_ids().unwrap(), vec![1]);
+        assert!(matches!(s.add_partition(3), Err(Error::PartitionOutOfRange { .. })));
+        assert!(matches!(s.partition(0), Err(Error::PartitionNotFound { .. })));
+        drop(s);
+        assert!(matches!(Storage::open(&path, Some([2; 16]), None, default_options()), Err(Error::ClusterKeyMismatch { .. })));
+        assert!(matches!(Storage::open(&path, None, Some(4), default_options()), Err(Error::PartitionCountMismatch { .. })));
+        let s = Storage::open(&path, Some([1; 16]), Some(3), default_options()).unwrap();
+        assert_eq!(s.partition(1).unwrap().max_txid(), -1);
+    }
+
+    #[test]
+    fn low_water_mark_is_capped_by_what_the_partition_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Storage::create(d.path(), [1; 16], 1, default_options()).unwrap();
+        s.add_partition(0).unwrap();
+        let info = s.set_low_water_mark(0, 4, 100).unwrap();
+        assert_eq!((info.session_id, info.low_water_mark, info.local_low_water_mark), (4, 100, -1));
+        assert_eq!(s.partition_info(0).unwrap(), info);
+    }
+
+    #[test]
+    fn removal_deletes_files_crash_safely() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Storage::create(d.path(), [1; 16], 2, default_options()).unwrap();
+        s.add_partition(0).unwrap();
+        let p = s.partition(0).unwrap();
+        s.remove_partition(0, true).unwrap();
+        assert!(matches!(p.read_record(0), Err(Error::Closed { .. })));
+        assert!(!d.path().join("0").exists());
+        assert!(s.partition_ids().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs every test: the Rust unit tests and the pytest suite.
+# Slow variants (long crash loops, big benchmarks) are marked `slow` and skipped unless
+# WALTZ_SLOW=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== cargo test (engine units)"
+cargo test --quiet --no-default-features
+
+echo "== pytest"
+markers=${WALTZ_SLOW:+"slow or not slow"}
+set +e
+.venv/bin/python -m pytest -m "${markers:-not slow}" "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$rc"
