@@ -12,7 +12,7 @@ cargo test --quiet --no-default-features
 echo "== pytest"
 markers=${WALTZ_SLOW:+"slow or not slow"}
 set +e
-.venv/bin/python -m pytest -m "${markers:-not slow}" "$@"
+.venv/bin/python -m pytest -m "${markers:-not slow}" "$@"  # a later -m overrides pyproject's
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

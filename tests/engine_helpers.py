@@ -55,6 +55,7 @@ def flip_byte(path: pathlib.Path, offset: int) -> None:
 
 
 def record_offsets(part_dir: pathlib.Path, seg: pathlib.Path) -> list[int]:
-    """Offsets from the index file next to `seg`."""
-    raw = seg.with_suffix(".idx").read_bytes()[128:]
-    return [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw) - len(raw) % 8, 8)]
+    """Offsets of the records in `seg`, found by the independent spec reader."""
+    import spec_reader
+
+    return [r.offset for r in spec_reader.read_segment(seg).records]

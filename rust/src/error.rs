@@ -71,6 +71,10 @@ pub enum Error {
 
     #[error("the storage directory was opened read-only")]
     ReadOnly,
+
+    /// An invariant of the engine failed: a bug. The partition stops rather than write wrongly.
+    #[error("internal invariant violated in partition {partition}: {what}")]
+    Invariant { partition: i32, what: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

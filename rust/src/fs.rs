@@ -224,7 +224,15 @@ pub fn write_file_atomically(fs: &dyn FileSystem, path: &Path, bytes: &[u8]) -> 
     f.sync_data()?;
     drop(f);
     fs.rename(&tmp, path)?;
-    fs.sync_dir(path.parent().unwrap_or(Path::new(".")))
+    fs.sync_dir(parent_dir(path))
+}
+
+/// The folder holding `path`; "." for a bare relative name (whose parent is the empty path).
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 pub fn tmp_path(path: &Path) -> PathBuf {

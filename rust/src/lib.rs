@@ -58,6 +58,7 @@ mod python {
             Error::InvalidArgument(_) => InvalidArgumentError::new_err(msg),
             Error::Closed { .. } => PartitionClosedError::new_err(msg),
             Error::ReadOnly => ReadOnlyError::new_err(msg),
+            Error::Invariant { .. } => InternalError::new_err(msg),
         }
     }
 
@@ -430,7 +431,7 @@ mod python {
     }
 
     /// A storage directory: the control file and the partitions' segment files.
-    #[pyclass(name = "Storage", module = "waltz._native", frozen)]
+    #[pyclass(name = "Storage", module = "waltz._native", frozen, weakref)]
     pub struct PyStorage(Arc<storage::Storage>);
 
     #[pymethods]
@@ -519,6 +520,26 @@ mod python {
         }
         fn close_partition(&self, partition_id: i32) {
             self.0.close_partition(partition_id)
+        }
+        /// Writes every open partition's in-memory index tail to its index file and syncs it.
+        fn flush(&self, py: Python<'_>) -> PyResult<()> {
+            let s = self.0.clone();
+            run(py, move || s.flush())
+        }
+        /// Closes every open partition; handles obtained before raise PartitionClosedError.
+        fn close(&self, py: Python<'_>) -> PyResult<()> {
+            let s = self.0.clone();
+            run(py, move || {
+                s.close();
+                Ok(())
+            })
+        }
+        fn __enter__(slf: Py<Self>) -> Py<Self> {
+            slf
+        }
+        fn __exit__(&self, py: Python<'_>, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<bool> {
+            self.close(py)?;
+            Ok(false)
         }
         fn partition_info(&self, py: Python<'_>, partition_id: i32) -> PyResult<PyPartitionInfo> {
             let s = self.0.clone();

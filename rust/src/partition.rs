@@ -12,11 +12,11 @@ use crate::record::{
 };
 use crate::segment::{
     create_segment, data_name, index_name, now_ms, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
-    Segment, SegmentContext, SegmentHeader, Tail, FORMAT_VERSION, HEADER_LEN,
+    Segment, SegmentContext, SegmentFiles, SegmentHeader, Tail, FORMAT_VERSION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
@@ -56,9 +56,8 @@ struct State {
     segments: Vec<Segment>,
     next_txid: i64,
     write_seq: u64,
-    checkpoint_pending: bool,
     scratch: Vec<u8>,
-    index_scratch: Vec<u8>,
+    index_scratch: Vec<u64>,
 }
 
 struct SyncState {
@@ -76,8 +75,8 @@ pub struct Partition {
     sync: Mutex<SyncState>,
     synced: Condvar,
     durable: AtomicI64,
-    poisoned: AtomicBool,
-    poison_reason: Mutex<Option<String>>,
+    health: Arc<Health>,
+    checkpointer: Mutex<Option<mpsc::Sender<Arc<SegmentFiles>>>>,
     closed: AtomicBool,
     appends: AtomicU64,
     records: AtomicU64,
@@ -100,6 +99,48 @@ pub struct Columns {
     pub payload: Vec<u8>,
 }
 
+/// Whether the partition may still acknowledge appends; shared with its checkpointer thread.
+#[derive(Default)]
+struct Health {
+    poisoned: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Health {
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+    fn reason(&self) -> Option<String> {
+        lock(&self.reason).clone()
+    }
+    fn poison(&self, partition: i32, err: &Error) {
+        let mut r = lock(&self.reason);
+        if r.is_none() {
+            *r = Some(err.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+        log::error!("partition {partition}: {err}; refusing appends until reopened");
+    }
+}
+
+/// Syncs index files written at checkpoints, off the acknowledgement path: recovery verifies
+/// every checkpoint window against the data before trusting it, so these syncs only bound how
+/// much a recovery after power loss rescans. A failure still stops the partition.
+fn run_checkpointer(partition: i32, rx: mpsc::Receiver<Arc<SegmentFiles>>, health: Arc<Health>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        batch.extend(rx.try_iter());
+        batch.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for files in batch {
+            if let Some(idx) = &files.index {
+                if let Err(e) = idx.sync_data().at(&files.index_path) {
+                    health.poison(partition, &e);
+                }
+            }
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock is a bug; the state it guards stays usable for reads.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -118,7 +159,7 @@ impl Partition {
     pub fn create(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16]) -> Result<()> {
         if !fs.exists(dir) {
             fs.create_dir(dir).at(dir)?;
-            fs.sync_dir(dir.parent().unwrap_or(Path::new("."))).at(dir)?;
+            fs.sync_dir(crate::fs::parent_dir(dir)).at(dir)?;
         }
         let has_segment = fs
             .list_dir(dir)
@@ -232,7 +273,7 @@ impl Partition {
         }
         report.segments = segments.len();
         let next_txid = segments.last().unwrap().next_txid();
-        let p = Partition {
+        let mut p = Partition {
             id,
             dir: dir.to_path_buf(),
             fs,
@@ -242,15 +283,14 @@ impl Partition {
                 segments,
                 next_txid,
                 write_seq: 0,
-                checkpoint_pending: false,
                 scratch: Vec::new(),
                 index_scratch: Vec::new(),
             }),
             sync: Mutex::new(SyncState { synced_seq: 0, leader: false }),
             synced: Condvar::new(),
             durable: AtomicI64::new(next_txid - 1),
-            poisoned: AtomicBool::new(false),
-            poison_reason: Mutex::new(None),
+            health: Arc::new(Health::default()),
+            checkpointer: Mutex::new(None),
             closed: AtomicBool::new(false),
             appends: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -266,9 +306,7 @@ impl Partition {
                 }
                 p.finish_truncation(&mut st)?;
             }
-            let mut r = p.recovery.clone();
-            r.finished_truncation = Some(t);
-            return Ok(Partition { recovery: r, ..p });
+            p.recovery.finished_truncation = Some(t);
         }
         Ok(p)
     }
@@ -297,7 +335,7 @@ impl Partition {
         if self.opts.recover.read_only {
             return Err(Error::ReadOnly);
         }
-        if self.poisoned.load(Ordering::Acquire) {
+        if self.health.is_poisoned() {
             return Err(self.poison_error());
         }
         Ok(())
@@ -306,31 +344,47 @@ impl Partition {
     fn poison_error(&self) -> Error {
         Error::PartitionFailed {
             partition: self.id,
-            reason: lock(&self.poison_reason).clone().unwrap_or_default(),
+            reason: self.health.reason().unwrap_or_default(),
         }
     }
 
     fn poison(&self, err: Error) -> Error {
-        let mut r = lock(&self.poison_reason);
-        if r.is_none() {
-            *r = Some(err.to_string());
-        }
-        self.poisoned.store(true, Ordering::Release);
-        log::error!("partition {}: {err}; refusing appends until reopened", self.id);
-        drop(r);
+        self.health.poison(self.id, &err);
         // Wake waiters so they see the failure instead of waiting for a sync that won't come.
         let _g = lock(&self.sync);
         self.synced.notify_all();
         err
     }
 
+    /// Writes the in-memory index tail to the index file and syncs it, so a cleanly closed
+    /// partition has a complete index (a crash instead leaves recovery to rebuild the tail).
+    pub fn flush_index(&self) -> Result<()> {
+        if self.opts.recover.read_only || self.health.is_poisoned() {
+            return Ok(());
+        }
+        let st = lock(&self.state);
+        let files = &st.segments.last().unwrap().files;
+        if files.write_pending(1, true)? {
+            if let Some(idx) = &files.index {
+                idx.sync_data().at(&files.index_path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes the index tail and refuses further use of this handle.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = self.flush_index() {
+            log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
+        }
     }
 
     pub fn is_failed(&self) -> Option<String> {
-        if self.poisoned.load(Ordering::Acquire) {
-            lock(&self.poison_reason).clone()
+        if self.health.is_poisoned() {
+            self.health.reason()
         } else {
             None
         }
@@ -412,41 +466,49 @@ impl Partition {
 
     fn write_batch(&self, st: &mut State, first_txid: i64, records: &[NewRecord<'_>]) -> Result<()> {
         let mut buf = std::mem::take(&mut st.scratch);
-        let mut ibuf = std::mem::take(&mut st.index_scratch);
+        let mut offsets = std::mem::take(&mut st.index_scratch);
         buf.clear();
-        ibuf.clear();
+        offsets.clear();
         let tail = st.segments.last().unwrap();
         let base = tail.end;
         for (k, r) in records.iter().enumerate() {
-            ibuf.extend_from_slice(&((base + buf.len() as u64) as i64).to_be_bytes());
+            offsets.push(base + buf.len() as u64);
             encode_record(&mut buf, first_txid + k as i64, r);
         }
         let files = tail.files.clone();
         let old_count = tail.count;
-        let result = files
-            .data
-            .write_all_at(&buf, base)
-            .at(&files.data_path)
-            .and_then(|_| {
-                let idx = files.index.as_ref().expect("writable segment has an index");
-                idx.write_all_at(&ibuf, HEADER_LEN + 8 * old_count).at(&files.index_path)
-            });
+        let result = files.data.write_all_at(&buf, base).at(&files.data_path);
         let written = buf.len() as u64;
         if buf.capacity() <= SCRATCH_KEEP {
             st.scratch = buf;
         }
-        if ibuf.capacity() <= SCRATCH_KEEP {
-            st.index_scratch = ibuf;
-        }
         result?;
+        // Index entries stay in memory until a checkpoint: writing them per append would make
+        // every data fdatasync flush the index file's new blocks too (ext4 ordered mode).
+        let cp = self.opts.recover.checkpoint_interval.max(1);
+        {
+            let mut p = files.pending.write().unwrap_or_else(|e| e.into_inner());
+            // Kept on in production: a misplaced index tail would point reads at wrong records.
+            if p.base + p.offsets.len() as u64 != old_count {
+                return Err(Error::Invariant {
+                    partition: self.id,
+                    what: format!(
+                        "index tail covers positions up to {} but the segment holds {} records",
+                        p.base + p.offsets.len() as u64,
+                        old_count
+                    ),
+                });
+            }
+            p.offsets.extend_from_slice(&offsets);
+        }
+        st.index_scratch = offsets;
+        if files.write_pending(cp, false)? {
+            self.request_index_sync(files.clone());
+        }
         let n = records.len() as u64;
         let tail = st.segments.last_mut().unwrap();
         tail.end += written;
         tail.count += n;
-        let cp = self.opts.recover.checkpoint_interval.max(1);
-        if (old_count + n) / cp > old_count / cp {
-            st.checkpoint_pending = true;
-        }
         st.next_txid += n as i64;
         self.appends.fetch_add(1, Ordering::Relaxed);
         self.records.fetch_add(n, Ordering::Relaxed);
@@ -457,15 +519,42 @@ impl Partition {
     /// Seals the tail (its data and index synced whole) and starts the next segment.
     fn roll(&self, st: &mut State) -> Result<()> {
         let tail = st.segments.last().unwrap().files.clone();
+        tail.write_pending(1, true)?;
         tail.data.sync_data().at(&tail.data_path)?;
         if let Some(idx) = &tail.index {
             idx.sync_data().at(&tail.index_path)?;
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        st.checkpoint_pending = false;
         let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
         st.segments.push(seg);
         Ok(())
+    }
+
+    fn request_index_sync(&self, files: Arc<SegmentFiles>) {
+        let mut tx = lock(&self.checkpointer);
+        if tx.is_none() {
+            let (sender, rx) = mpsc::channel();
+            let (id, health) = (self.id, self.health.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("waltz-checkpoint-{id}"))
+                .spawn(move || run_checkpointer(id, rx, health));
+            match spawned {
+                Ok(_) => *tx = Some(sender),
+                Err(e) => {
+                    // No thread to spare: sync inline rather than skip the checkpoint.
+                    log::warn!("partition {}: no checkpointer thread ({e}); syncing the index inline", self.id);
+                    if let Some(idx) = &files.index {
+                        if let Err(e) = idx.sync_data().at(&files.index_path) {
+                            self.poison(e);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = tx.as_ref() {
+            let _ = tx.send(files);
+        }
     }
 
     fn wait_durable(&self, seq: u64) -> Result<()> {
@@ -474,7 +563,7 @@ impl Partition {
             if s.synced_seq >= seq {
                 return Ok(());
             }
-            if self.poisoned.load(Ordering::Acquire) {
+            if self.health.is_poisoned() {
                 return Err(self.poison_error());
             }
             if s.leader {
@@ -483,17 +572,11 @@ impl Partition {
             }
             s.leader = true;
             drop(s);
-            let (target_seq, target_txid, files, with_index) = {
-                let mut st = lock(&self.state);
-                let cp = std::mem::take(&mut st.checkpoint_pending);
-                (st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone(), cp)
+            let (target_seq, target_txid, files) = {
+                let st = lock(&self.state);
+                (st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone())
             };
-            let mut result = files.data.sync_data().at(&files.data_path);
-            if result.is_ok() && with_index {
-                if let Some(idx) = &files.index {
-                    result = idx.sync_data().at(&files.index_path);
-                }
-            }
+            let result = files.data.sync_data().at(&files.data_path);
             self.syncs.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = result {
                 let e = self.poison(e);
@@ -506,7 +589,7 @@ impl Partition {
             s = lock(&self.sync);
             s.leader = false;
             // A failure elsewhere (a roll's seal) since this sync began makes its success suspect.
-            if !self.poisoned.load(Ordering::Acquire) {
+            if !self.health.is_poisoned() {
                 s.synced_seq = s.synced_seq.max(target_seq);
                 self.durable.fetch_max(target_txid, Ordering::AcqRel);
             }
@@ -563,10 +646,7 @@ impl Partition {
             let f = &tail.files;
             f.data.set_len(new_end).at(&f.data_path)?;
             f.data.sync_data().at(&f.data_path)?;
-            if let Some(idx) = &f.index {
-                idx.set_len(HEADER_LEN + 8 * keep).at(&f.index_path)?;
-                idx.sync_data().at(&f.index_path)?;
-            }
+            f.truncate_index(keep)?;
             tail.count = keep;
             tail.end = new_end;
         }
@@ -748,6 +828,12 @@ impl Partition {
     }
 }
 
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 pub fn default_options() -> PartitionOptions {
     PartitionOptions {
         segment_size: 1 << 30,
@@ -765,6 +851,7 @@ mod tests {
     use super::*;
     use crate::fs::{FaultFs, StdFs};
     use crate::record::ReqId;
+    use crate::segment::HEADER_LEN;
     use std::os::unix::fs::FileExt;
 
     const KEY: [u8; 16] = [3; 16];
@@ -920,6 +1007,39 @@ mod tests {
         check_all(&p, 12);
         assert!(!d.path().join(TRUNCATE_INTENT).exists());
         assert!(matches!(p.truncate(-5), Err(Error::BelowLogStart { .. })));
+    }
+
+    #[test]
+    fn truncating_into_a_sealed_segment_then_appending_other_sizes_reads_back_exactly() {
+        let d = tempfile::tempdir().unwrap();
+        for reopen_first in [false, true] {
+            let dir = d.path().join(format!("{reopen_first}"));
+            std::fs::create_dir(&dir).unwrap();
+            let mut p = open(&dir, opts(4096, 10));
+            for i in 0..30 {
+                append_n(&p, i * 5, 5);
+            }
+            if reopen_first {
+                drop(p);
+                p = open(&dir, opts(4096, 10));
+            }
+            assert!(p.segment_count() > 1 && p.first_txid() == 0);
+            p.truncate(12).unwrap();
+            // Records of other sizes than before, so stale index entries would point wrongly.
+            let datas: Vec<Vec<u8>> = (13..40).map(|t| vec![t as u8; 3 + (t as usize * 53) % 400]).collect();
+            for (k, d) in datas.iter().enumerate() {
+                let r = [NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None }];
+                p.append(13 + k as i64, &r).unwrap();
+            }
+            for _ in 0..2 {
+                for t in 13..40i64 {
+                    assert_eq!(p.read_record(t).unwrap().unwrap().data, datas[(t - 13) as usize], "txid {t}");
+                }
+                assert_eq!(p.read_record(5).unwrap().unwrap().data, payload(5));
+                drop(p);
+                p = open(&dir, opts(4096, 10));
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::fs::{write_file_atomically, FileHandle, FileSystem};
 use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 pub const FORMAT_VERSION: i32 = 1;
 pub const HEADER_LEN: u64 = 128;
@@ -83,23 +83,32 @@ pub struct RecoverOptions {
     pub mode: RecoveryMode,
 }
 
-/// The open files of one segment. `overlay` holds index entries that are not in the index file:
-/// read-only opens rebuild the index tail in memory instead of writing it.
+/// Index entries not (yet) in the index file: those written since the last checkpoint, or, in a
+/// read-only open, those recovery rebuilt. Entries cover segment positions [base, base + len).
+#[derive(Debug, Default)]
+pub struct PendingIndex {
+    pub base: u64,
+    pub offsets: Vec<u64>,
+}
+
+/// The open files of one segment plus its in-memory index tail.
 pub struct SegmentFiles {
     pub first_txid: i64,
     pub data_path: PathBuf,
     pub index_path: PathBuf,
     pub data: Arc<dyn FileHandle>,
     pub index: Option<Arc<dyn FileHandle>>,
-    pub overlay_base: u64,
-    pub overlay: Vec<u64>,
+    pub pending: RwLock<PendingIndex>,
 }
 
 impl SegmentFiles {
     /// Byte offset in the data file of the record at position `i` of this segment.
     pub fn offset_of(&self, i: u64) -> Result<u64> {
-        if i >= self.overlay_base && (i - self.overlay_base) < self.overlay.len() as u64 {
-            return Ok(self.overlay[(i - self.overlay_base) as usize]);
+        {
+            let p = self.pending.read().unwrap_or_else(|e| e.into_inner());
+            if i >= p.base && i - p.base < p.offsets.len() as u64 {
+                return Ok(p.offsets[(i - p.base) as usize]);
+            }
         }
         let idx = self
             .index
@@ -112,6 +121,55 @@ impl SegmentFiles {
             return Err(Error::corruption(&self.index_path, pos, "index entry missing"));
         }
         Ok(be_i64(&b) as u64)
+    }
+
+    /// Writes pending entries up to the last multiple of `interval` (all of them when `all`) to
+    /// the index file. Returns whether anything was written; the caller syncs the index.
+    pub fn write_pending(&self, interval: u64, all: bool) -> Result<bool> {
+        let idx = match &self.index {
+            Some(i) => i,
+            None => return Ok(false),
+        };
+        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
+        let end = p.base + p.offsets.len() as u64;
+        let upto = if all { end } else { (end / interval) * interval };
+        if upto <= p.base {
+            return Ok(false);
+        }
+        let file_len = idx.len().at(&self.index_path)?;
+        if file_len != HEADER_LEN + 8 * p.base {
+            return Err(Error::corruption(
+                &self.index_path,
+                file_len,
+                format!("index file holds {} entries, expected {} (internal invariant)", (file_len.saturating_sub(HEADER_LEN)) / 8, p.base),
+            ));
+        }
+        let n = (upto - p.base) as usize;
+        let mut buf = Vec::with_capacity(n * 8);
+        for o in &p.offsets[..n] {
+            buf.extend_from_slice(&(*o as i64).to_be_bytes());
+        }
+        idx.write_all_at(&buf, HEADER_LEN + 8 * p.base).at(&self.index_path)?;
+        p.offsets.drain(..n);
+        p.base = upto;
+        Ok(true)
+    }
+
+    /// Drops index entries at positions >= `keep`, in the file and in memory.
+    pub fn truncate_index(&self, keep: u64) -> Result<()> {
+        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
+        if keep < p.base {
+            if let Some(idx) = &self.index {
+                idx.set_len(HEADER_LEN + 8 * keep).at(&self.index_path)?;
+                idx.sync_data().at(&self.index_path)?;
+            }
+            p.base = keep;
+            p.offsets.clear();
+        } else {
+            let k = (keep - p.base) as usize;
+            p.offsets.truncate(k);
+        }
+        Ok(())
     }
 }
 
@@ -150,8 +208,7 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
             index_path,
             data,
             index: Some(index),
-            overlay_base: u64::MAX,
-            overlay: Vec::new(),
+            pending: RwLock::new(PendingIndex::default()),
         }),
         count: 0,
         end: HEADER_LEN,
@@ -231,6 +288,8 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     // The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
     let mut index: Option<Arc<dyn FileHandle>> = None;
     let mut claimed = 0u64;
+    let mut file_entries = 0u64;
+    let mut index_len = HEADER_LEN;
     if fs.exists(&index_path) {
         let f = fs.open(&index_path, !opts.read_only).at(&index_path)?;
         let len = f.len().at(&index_path)?;
@@ -240,6 +299,8 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             && ib[..40] == hb[..40];
         if header_ok {
             claimed = (len - HEADER_LEN) / 8;
+            file_entries = claimed;
+            index_len = len;
         } else if !opts.read_only {
             log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
             f.set_len(0).at(&index_path)?;
@@ -264,16 +325,17 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         index_path: index_path.clone(),
         data: data.clone(),
         index: index.clone(),
-        overlay_base: u64::MAX,
-        overlay: Vec::new(),
+        pending: RwLock::new(PendingIndex::default()),
     };
 
     // Sealed segments were synced whole before the next one was created: when the index agrees
     // with the next segment and its last entry ends the file exactly, the segment is complete.
     if let Some(next) = ctx.next_first {
-        if claimed > 0 && ctx.first_txid + claimed as i64 == next {
+        if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
             if let Ok(end) = record_end(&files, claimed - 1, ctx.first_txid, opts.max_record_size, data_len) {
                 if end == data_len {
+                    // The index file holds every entry: nothing is pending.
+                    files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
                     return Ok(Recovered {
                         segment: Segment {
                             files: Arc::new(files),
@@ -374,23 +436,40 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         }
     }
 
-    if opts.read_only {
-        files.overlay_base = cp;
-        files.overlay = scan.offsets;
-    } else {
+    // Index entries past the checkpoint that agree with the scan stay in the file (a cleanly
+    // closed log is reopened without changing a byte); the file is cut where they disagree.
+    // The rest of the rebuilt entries stay in memory as the index tail, and complete checkpoint
+    // windows among them are written back so the next open does not rescan them.
+    let mut offsets = scan.offsets;
+    let mut kept = 0usize;
+    if file_entries > cp && !offsets.is_empty() {
+        let n_cmp = ((file_entries - cp) as usize).min(offsets.len());
+        let mut raw = vec![0u8; n_cmp * 8];
+        let idx = index.as_ref().expect("entries were counted from an index file");
+        let got = idx.read_full_at(&mut raw, HEADER_LEN + 8 * cp).at(&index_path)?;
+        kept = raw[..got - got % 8]
+            .chunks_exact(8)
+            .zip(offsets.iter())
+            .take_while(|(e, o)| be_i64(e) as u64 == **o)
+            .count();
+    }
+    let base = cp + kept as u64;
+    offsets.drain(..kept);
+    files.pending = RwLock::new(PendingIndex { base, offsets });
+    if !opts.read_only {
         if end < data_len {
             data.set_len(end).at(&data_path)?;
             data.sync_data().at(&data_path)?;
         }
         let idx = index.as_ref().expect("writable opens always have an index file");
-        let mut buf = Vec::with_capacity(scan.offsets.len() * 8);
-        for o in &scan.offsets {
-            buf.extend_from_slice(&(*o as i64).to_be_bytes());
+        let mut changed = index_len != HEADER_LEN + 8 * base;
+        if changed {
+            idx.set_len(HEADER_LEN + 8 * base).at(&index_path)?;
         }
-        let idx_pos = HEADER_LEN + 8 * cp;
-        idx.set_len(idx_pos).at(&index_path)?;
-        idx.write_all_at(&buf, idx_pos).at(&index_path)?;
-        idx.sync_data().at(&index_path)?;
+        changed |= files.write_pending(n, ctx.next_first.is_some())?;
+        if changed {
+            idx.sync_data().at(&index_path)?;
+        }
     }
     Ok(Recovered {
         segment: Segment {

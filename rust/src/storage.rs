@@ -1,7 +1,7 @@
 //! A storage directory: the control file plus one folder per partition.
 use crate::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
 use crate::error::{Error, IoContext, Result};
-use crate::fs::{FileSystem, StdFs};
+use crate::fs::{parent_dir, FileSystem, StdFs};
 use crate::partition::{Partition, PartitionOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,9 +43,8 @@ impl Storage {
         }
         if !fs.exists(path) {
             std::fs::create_dir_all(path).at(path)?;
-            if let Some(parent) = path.parent() {
-                fs.sync_dir(parent).at(parent)?;
-            }
+            let parent = parent_dir(path);
+            fs.sync_dir(parent).at(parent)?;
         }
         ControlFile::create(fs.as_ref(), path, cluster_key, partition_count)?;
         Self::open_with(fs, path, Some(cluster_key), Some(partition_count), opts)
@@ -180,6 +179,23 @@ impl Storage {
         let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
         map.insert(pid, p.clone());
         Ok(p)
+    }
+
+    /// Writes every open partition's index tail and syncs it: the files are then complete as
+    /// they would be after a clean close (before copying a live directory, say).
+    pub fn flush(&self) -> Result<()> {
+        let parts: Vec<Arc<Partition>> = lock(&self.partitions).values().cloned().collect();
+        for p in parts {
+            p.flush_index()?;
+        }
+        Ok(())
+    }
+
+    /// Closes every open partition (their index tails are flushed).
+    pub fn close(&self) {
+        for (_, p) in lock(&self.partitions).drain() {
+            p.close();
+        }
     }
 
     pub fn close_partition(&self, pid: i32) {

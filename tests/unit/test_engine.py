@@ -427,3 +427,11 @@ def test_scan_returns_columns(storage):
         assert b["payload"][offs[i] : offs[i + 1]] == payload(t)
     assert len(p.scan(0, max_bytes=1)) == 1
     assert len(p.scan(200)) == 0
+
+
+def test_relative_paths_work(tmp_path, monkeypatch, cluster_key):
+    monkeypatch.chdir(tmp_path)
+    s = Storage.create("rel", cluster_key, 1)
+    s.add_partition(0)
+    append_range(s.partition(0), 0, 3)
+    assert_log(Storage.open("rel").partition(0), 2)

@@ -12,6 +12,7 @@ import struct
 import tempfile
 import time
 import uuid
+import weakref
 import zlib
 from pathlib import Path
 
@@ -30,11 +31,31 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# The engine keeps index entries since the last checkpoint in memory while a partition is open;
+# the files are complete once flushed or closed. Every read below flushes the open storages first.
+_OPEN: weakref.WeakSet[Storage] = weakref.WeakSet()
+
+
+def _flushed(reader):
+    def read(*args, **kw):
+        for storage in list(_OPEN):
+            storage.flush()
+        return reader(*args, **kw)
+
+    return read
+
+
+read_partition = _flushed(sr.read_partition)
+read_index = _flushed(sr.read_index)
+read_storage = _flushed(sr.read_storage)
+
+
 def make_storage(path: Path, partitions: int = 2, **kw) -> tuple[Storage, uuid.UUID]:
     key = uuid.uuid4()
     kw.setdefault("segment_size", SEG_SIZE)
     kw.setdefault("checkpoint_interval", 7)
     s = Storage.create(path, key, partitions, **kw)
+    _OPEN.add(s)
     return s, key
 
 
@@ -152,7 +173,7 @@ def test_every_record_parses_identically(tmp_path, batch):
     s.add_partition(0)
     p = s.partition(0)
     written = write_records(p, 0, 200, batch=batch)
-    part = sr.read_partition(tmp_path / "st" / "0")
+    part = read_partition(tmp_path / "st" / "0")
     assert len(part.segments) > 1
     assert_records_equal(part.records, 0, written)
     assert part.max_txid == p.max_transaction_id == 199
@@ -178,8 +199,8 @@ def test_record_batch_object_writes_the_same_bytes(tmp_path):
     for r in recs:
         batch.add(*r)
     s.partition(1).append(0, batch)
-    a = sr.read_partition(tmp_path / "st" / "0").records
-    b = sr.read_partition(tmp_path / "st" / "1").records
+    a = read_partition(tmp_path / "st" / "0").records
+    b = read_partition(tmp_path / "st" / "1").records
     assert [(r.txid, r.req_id, r.header, r.data, r.data_crc, r.offset) for r in a] == [
         (r.txid, r.req_id, r.header, r.data, r.data_crc, r.offset) for r in b
     ]
@@ -194,7 +215,7 @@ def test_index_entries_are_record_offsets(tmp_path):
     n = 0
     for seg_name in sorted(f for f in os.listdir(folder) if f.endswith(".seg")):
         seg = sr.read_segment(folder / seg_name)
-        idx = sr.read_index(folder / (seg_name[:-4] + ".idx"))
+        idx = read_index(folder / (seg_name[:-4] + ".idx"))
         assert idx.offsets == [r.offset for r in seg.records]
         assert (folder / idx.path.name).stat().st_size == 128 + 8 * len(seg.records)
         n += len(seg.records)
@@ -212,7 +233,7 @@ def test_segment_names_dense_and_rollover(tmp_path):
     firsts = sorted({int(n[:19]) for n in names})
     assert names == sorted(f"{f:019d}.{ext}" for f in firsts for ext in ("seg", "idx"))
     assert firsts[0] == 0
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert [sg.first_txid for sg in part.segments] == firsts
     for a, b in zip(part.segments, part.segments[1:]):
         assert a.records and a.next_txid == b.first_txid
@@ -236,7 +257,7 @@ def test_empty_and_large_records(tmp_path):
     ]
     for i, r in enumerate(recs):
         p.append(i, [r])
-    part = sr.read_partition(tmp_path / "st" / "0")
+    part = read_partition(tmp_path / "st" / "0")
     assert_records_equal(part.records, 0, recs)
     sizes = [r.size for r in part.records]
     assert sizes == [40, 40 + (1 << 20), 40, 40 + (1 << 20), 40]
@@ -253,7 +274,7 @@ def test_extreme_field_values(tmp_path):
     lo, hi = -(2**31), 2**31 - 1
     recs = [((lo, hi, lo, hi), lo, b"\x00"), ((hi, lo, hi, lo), hi, b"\xff" * 3), ((-1, -1, -1, -1), -1, b"")]
     p.append(0, recs)
-    part = sr.read_partition(tmp_path / "st" / "0")
+    part = read_partition(tmp_path / "st" / "0")
     assert_records_equal(part.records, 0, recs)
 
 
@@ -318,7 +339,7 @@ def test_control_newest_struct_survives_reopen(tmp_path):
     s.add_partition(0)
     s.set_low_water_mark(0, 3, -1)
     s.set_partition_info(0, 4, 100, 50)
-    del s
+    s.close()
     s2 = Storage.open(root, key, 2, segment_size=SEG_SIZE)
     info = s2.partition_info(0)
     newest = _ctl(root).entry(0).newest
@@ -333,7 +354,7 @@ def test_control_torn_struct_falls_back(tmp_path):
     s.add_partition(0)
     s.set_partition_info(0, 1, 10, 5)
     s.set_partition_info(0, 2, 20, 6)
-    del s
+    s.close()
     ctl = _ctl(root)
     e = ctl.entry(0)
     newest = e.newest
@@ -361,13 +382,13 @@ def test_truncate_and_drop_segments(tmp_path):
     p = s.partition(0)
     written = write_records(p, 0, 300)
     folder = root / "0"
-    firsts = [sg.first_txid for sg in sr.read_partition(folder).segments]
+    firsts = [sg.first_txid for sg in read_partition(folder).segments]
     assert len(firsts) >= 6
 
     # truncate in the middle of a segment
     t = firsts[4] + 3
     assert p.truncate(t) == t
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert part.other_files == []  # no truncate.intent or .tmp left behind
     assert_records_equal(part.records, 0, written[: t + 1])
     assert [sg.first_txid for sg in part.segments] == firsts[:5]
@@ -376,37 +397,37 @@ def test_truncate_and_drop_segments(tmp_path):
     # truncate exactly at a segment boundary (the previous segment's last id)
     t2 = firsts[4] - 1
     assert p.truncate(t2) == t2
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert part.max_txid == t2
     assert_records_equal(part.records, 0, written[: t2 + 1])
     # the segment that held t2 + 1 is cut at that record; here it is left empty (header only)
     assert part.segments[-1].next_txid == t2 + 1
     assert [sg.first_txid for sg in part.segments] == firsts[:5]
     assert part.segments[-1].records == [] and part.segments[-1].file_size == 128
-    assert sr.read_index(part.indexes[-1].path).offsets == []
+    assert read_index(part.indexes[-1].path).offsets == []
 
     # retention: whole segments below the id are deleted, oldest first
     cut = firsts[2] + 1
     new_first = p.drop_segments_before(cut)
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert new_first == p.first_transaction_id == part.first_txid == firsts[2]
     assert_records_equal(part.records, firsts[2], written[firsts[2] : t2 + 1])
 
     # never the last segment
     last_first = part.segments[-1].first_txid
     assert p.drop_segments_before(t2 + 1000) == last_first
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert len(part.segments) == 1 and part.first_txid == last_first
     assert_records_equal(part.records, last_first, written[last_first : t2 + 1])
 
     # appending continues densely after truncation and still parses
     more = write_records(p, t2 + 1, 40)
-    part = sr.read_partition(folder)
+    part = read_partition(folder)
     assert_records_equal(part.records, last_first, written[last_first : t2 + 1] + more)
 
     # a reopen recovers a clean log without changing any byte
     before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
-    del p, s
+    s.close()
     s2 = Storage.open(root, key, 2, segment_size=SEG_SIZE)
     p2 = s2.partition(0)
     assert p2.first_transaction_id == last_first
@@ -421,11 +442,11 @@ def test_truncate_to_before_first_empties_partition(tmp_path):
     p = s.partition(0)
     written = write_records(p, 0, 30)
     assert p.truncate(-1) == -1
-    part = sr.read_partition(root / "0")
+    part = read_partition(root / "0")
     assert part.records == []
     assert part.max_txid == -1
     more = write_records(p, 0, 5)
-    assert_records_equal(sr.read_partition(root / "0").records, 0, more)
+    assert_records_equal(read_partition(root / "0").records, 0, more)
     assert p.max_transaction_id == 4
     assert len(written) == 30
 
@@ -441,7 +462,7 @@ def small_log(tmp_path):
     s, _ = make_storage(root)
     s.add_partition(0)
     write_records(s.partition(0), 0, 10, batch=10)
-    del s
+    s.close()
     return root / "0" / ("0" * 19 + ".seg")
 
 
@@ -474,7 +495,7 @@ def test_spec_reader_rejects_torn_tail_and_bad_index(small_log):
     iraw[-1] ^= 0x08
     idx.write_bytes(bytes(iraw))
     with pytest.raises(sr.SpecViolation, match="entry 9"):
-        sr.read_partition(small_log.parent)
+        read_partition(small_log.parent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,6 +520,7 @@ def test_property_random_batches(batches, segment_size, checkpoint_interval):
         s = Storage.create(
             root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval
         )
+        _OPEN.add(s)
         s.add_partition(0)
         p = s.partition(0)
         expected = []
@@ -507,7 +529,7 @@ def test_property_random_batches(batches, segment_size, checkpoint_interval):
             expected.extend(b)
 
         def check():
-            files = sr.read_storage(root)
+            files = read_storage(root)
             assert files.control.cluster_key == key
             part = files.partitions[0]
             assert part.other_files == []
@@ -521,10 +543,11 @@ def test_property_random_batches(batches, segment_size, checkpoint_interval):
 
         snapshot = check()
         assert p.max_transaction_id == len(expected) - 1
-        del p, s
+        s.close()
         s = Storage.open(
             root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval
         )
+        _OPEN.add(s)
         assert s.partition(0).max_transaction_id == len(expected) - 1
         assert check() == snapshot
-        del s
+        s.close()
