@@ -10,7 +10,7 @@ import pytest
 
 from engine_helpers import append_range, assert_log, flip_byte, payload, record_offsets, records, segment_files
 from waltz import errors
-from waltz.storage import RecordBatch, ReqId, Storage
+from waltz.storage import RecordBatch, Storage
 
 
 @pytest.fixture
