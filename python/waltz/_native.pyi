@@ -3,7 +3,7 @@
 import os
 import uuid
 from collections.abc import Iterable
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, final
 
 __version__: str
 
@@ -11,9 +11,10 @@ _Key = uuid.UUID | str | bytes
 _ReqIdLike = ReqId | tuple[int, int, int, int]
 _RecordTuple = tuple[_ReqIdLike, int, bytes | bytearray | memoryview]
 
+@final
 class ReqId:
     """Identifies a client request: client id, generation, partition id and sequence number."""
-    def __init__(self, client_id: int, generation: int, partition_id: int, sequence: int) -> None: ...
+    def __new__(cls, client_id: int, generation: int, partition_id: int, sequence: int) -> ReqId: ...
     @property
     def client_id(self) -> int: ...
     @property
@@ -23,9 +24,10 @@ class ReqId:
     @property
     def sequence(self) -> int: ...
     def as_tuple(self) -> tuple[int, int, int, int]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class RecordHeader:
     """A transaction's metadata: id, ReqId and the application's header."""
     @property
@@ -35,6 +37,7 @@ class RecordHeader:
     @property
     def header(self) -> int: ...
 
+@final
 class Record:
     """A stored transaction: id, ReqId, header and data."""
     @property
@@ -46,9 +49,10 @@ class Record:
     @property
     def data(self) -> bytes: ...
 
+@final
 class RecordBatch:
     """Records packed once (data contiguous, checksums computed), appendable at any id."""
-    def __init__(self, records: Iterable[_RecordTuple] | None = None) -> None: ...
+    def __new__(cls, records: Iterable[_RecordTuple] | None = None) -> RecordBatch: ...
     def add(self, req_id: _ReqIdLike, header: int, data: bytes) -> None: ...
     def __len__(self) -> int: ...
     @property
@@ -64,6 +68,7 @@ class _ScanBuffers(TypedDict):
     offsets: bytes
     payload: bytes
 
+@final
 class ScanChunk:
     """A scanned range as column buffers (native-endian arrays, Arrow's binary layout)."""
     def __len__(self) -> int: ...
@@ -75,6 +80,7 @@ class ScanChunk:
     def payload_nbytes(self) -> int: ...
     def buffers(self) -> _ScanBuffers: ...
 
+@final
 class PartitionInfo:
     """Session information a partition keeps in the control file."""
     @property
@@ -99,6 +105,7 @@ class _Recovery(TypedDict):
     removed_files: list[str]
     foreign_files: list[str]
 
+@final
 class Partition:
     """One partition's log. Every method that does I/O releases the GIL."""
     @property
@@ -134,6 +141,7 @@ class Partition:
         self, start: int, end: int | None = None, max_count: int = 1 << 20, max_bytes: int = 16 << 20
     ) -> ScanChunk: ...
 
+@final
 class Storage:
     """A storage directory: the control file and the partitions' segment files."""
     @staticmethod
@@ -179,7 +187,7 @@ class Storage:
     def close(self) -> None:
         """Closes every open partition, writing their index tails."""
     def __enter__(self) -> Storage: ...
-    def __exit__(self, *exc: object) -> bool: ...
+    def __exit__(self, _t: object, _v: object, _tb: object) -> bool: ...
     def partition_info(self, partition_id: int) -> PartitionInfo: ...
     def set_low_water_mark(self, partition_id: int, session_id: int, low_water_mark: int) -> PartitionInfo: ...
     def set_partition_info(

@@ -1195,6 +1195,49 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_sync_under_concurrency_acknowledges_nothing_it_did_not_sync() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FaultFs::new());
+        let p = Arc::new(open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap());
+        fs.syncs_before_eio.store(30, Ordering::SeqCst);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    let mut failures = 0;
+                    for i in 0..100 {
+                        let data = vec![t as u8; 50 + i];
+                        let r = [NewRecord { req_id: ReqId::default(), header: t, data: &data, data_crc: None }];
+                        match p.append_next(&r) {
+                            Ok((first, _)) => acked.push((first, data)),
+                            Err(Error::Io { .. }) | Err(Error::PartitionFailed { .. }) => failures += 1,
+                            Err(e) => panic!("unexpected {e}"),
+                        }
+                    }
+                    (acked, failures)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(results.iter().all(|(_, f)| *f > 0), "every thread must see the failure");
+        let durable = p.max_txid();
+        for (acked, _) in &results {
+            for (txid, _) in acked {
+                assert!(*txid <= durable, "acknowledged {txid} beyond the durable {durable}");
+            }
+        }
+        drop(p);
+        fs.syncs_before_eio.store(-1, Ordering::SeqCst);
+        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
+        for (acked, _) in &results {
+            for (txid, data) in acked {
+                assert_eq!(&p.read_record(*txid).unwrap().unwrap().data, data);
+            }
+        }
+    }
+
+    #[test]
     fn concurrent_appenders_share_fsyncs() {
         let d = tempfile::tempdir().unwrap();
         let p = Arc::new(open(d.path(), opts(1 << 30, 1000)));

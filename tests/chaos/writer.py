@@ -6,6 +6,7 @@ Lines on stdout, each flushed only after the engine returned:
   t <txid>           that truncation returned
   E <kind> <msg>     an append failed; the workload then checks the partition refuses more
   R <kind>           the append after a failure was refused with this error
+  C <txid> <tag> <n> (--threads) transaction <txid> holds <tag> repeated to <n> bytes
 The payload depends on the epoch (the number of truncations so far), so a checker can tell a
 re-appended id from a resurrected one.
 """
@@ -33,7 +34,11 @@ def main() -> None:
     ap.add_argument("--segment-size", type=int, default=64 << 10)
     ap.add_argument("--checkpoint", type=int, default=50)
     ap.add_argument("--max-batches", type=int, default=10**9)
+    ap.add_argument("--threads", type=int, default=0, help="concurrent append_next writers instead")
     args = ap.parse_args()
+    if args.threads:
+        concurrent(args)
+        return
     rng = random.Random(args.seed)
     s = Storage.open(args.dir, segment_size=args.segment_size, checkpoint_interval=args.checkpoint)
     p = s.partition(0)
@@ -68,6 +73,37 @@ def main() -> None:
         out.write("".join(f"A {t} {epoch}\n" for t in range(nxt, last + 1)))
         out.flush()
         nxt = last + 1
+
+
+def concurrent(args: argparse.Namespace) -> None:
+    """Threads appending with append_next (group commit); each prints its acknowledged ids.
+
+    The engine picks the ids, so a payload cannot name its id in advance: each record carries
+    payload_for(-1, epoch, size) tagged with its thread and counter, and the checker reads back
+    exactly the bytes the writer acknowledged under that id.
+    """
+    import threading
+
+    s = Storage.open(args.dir, segment_size=args.segment_size, checkpoint_interval=args.checkpoint)
+    p = s.partition(0)
+    lock = threading.Lock()
+
+    def run(tid: int) -> None:
+        rng = random.Random(args.seed * 1000 + tid)
+        for n in range(args.max_batches):
+            count = rng.choice([1, 1, 1, 3, 10])
+            tags = [f"{tid}:{n}:{k}" for k in range(count)]
+            batch = [(ReqId(2, tid, 0, n), k, tag.encode() * rng.randrange(1, 40)) for k, tag in enumerate(tags)]
+            first, last = p.append_next(batch)
+            with lock:
+                sys.stdout.write("".join(f"C {first + k} {tags[k]} {len(batch[k][2])}\n" for k in range(count)))
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(args.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 if __name__ == "__main__":

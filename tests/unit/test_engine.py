@@ -435,3 +435,20 @@ def test_relative_paths_work(tmp_path, monkeypatch, cluster_key):
     s.add_partition(0)
     append_range(s.partition(0), 0, 3)
     assert_log(Storage.open("rel").partition(0), 2)
+
+
+def test_scan_helpers_build_arrow_batches_covering_the_partition(storage):
+    import pyarrow as pa  # the `arrow` extra, which scripts/setup.sh installs
+    from waltz.storage import iter_scan, scan_to_arrow
+
+    p = storage.partition(0)
+    for start in range(0, 300, 50):
+        append_range(p, start, 50)
+    chunks = list(iter_scan(p, 10, 250, chunk_bytes=4000))
+    assert len(chunks) > 5
+    table = pa.Table.from_batches([scan_to_arrow(c, partition_id=0) for c in chunks])
+    assert table.column_names == ["partition", "transaction_id", "header", "client_id", "generation", "sequence", "data"]
+    assert table.column("transaction_id").to_pylist() == list(range(10, 251))
+    assert table.column("data").to_pylist() == [payload(t) for t in range(10, 251)]
+    assert table.column("sequence").to_pylist() == list(range(10, 251))
+    assert set(table.column("partition").to_pylist()) == {0}

@@ -28,7 +28,7 @@ def iter_scan(
     last = partition.max_transaction_id if end is None else end
     while txid <= last:
         chunk = partition.scan(txid, last, max_bytes=chunk_bytes)
-        if len(chunk) == 0:
+        if chunk.last_txid is None:
             return
         yield chunk
         txid = chunk.last_txid + 1
@@ -41,15 +41,15 @@ def scan_to_arrow(chunk: ScanChunk, partition_id: int | None = None) -> pa.Recor
     n = len(chunk)
     b = chunk.buffers()
 
-    def fixed(kind: pa.DataType, name: str) -> pa.Array:
-        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(b[name])])
+    def fixed(kind: pa.DataType, buffer: bytes) -> pa.Array:
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(buffer)])
 
     arrays = [
-        fixed(pa.int64(), "txid"),
-        fixed(pa.int32(), "header"),
-        fixed(pa.int32(), "client_id"),
-        fixed(pa.int32(), "generation"),
-        fixed(pa.int32(), "sequence"),
+        fixed(pa.int64(), b["txid"]),
+        fixed(pa.int32(), b["header"]),
+        fixed(pa.int32(), b["client_id"]),
+        fixed(pa.int32(), b["generation"]),
+        fixed(pa.int32(), b["sequence"]),
         pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(b["offsets"]), pa.py_buffer(b["payload"])]),
     ]
     names = list(COLUMNS)
