@@ -21,7 +21,9 @@ from waltz._native import (
     RecordTooLargeError,
     StorageError,
     StorageExistsError,
+    StorageClosedError,
     StorageIOError,
+    StorageLockedError,
     WaltzError,
 )
 
@@ -41,6 +43,8 @@ __all__ = [
     "RecordTooLargeError",
     "StorageError",
     "StorageExistsError",
+    "StorageClosedError",
     "StorageIOError",
+    "StorageLockedError",
     "WaltzError",
 ]

@@ -109,6 +109,10 @@ impl ControlFile {
             return Err(Error::NotInitialised { path: dir.to_path_buf() });
         }
         let file = fs.open(&path, !read_only).at(&path)?;
+        // One writer per storage directory; read-only opens may watch a live directory.
+        if !read_only && !file.try_lock_exclusive().at(&path)? {
+            return Err(Error::Locked { path: dir.to_path_buf() });
+        }
         let len = file.len().at(&path)?;
         if len < HEADER_LEN {
             return Err(Error::corruption(&path, 0, "control file is shorter than its header"));

@@ -72,6 +72,12 @@ pub enum Error {
     #[error("the storage directory was opened read-only")]
     ReadOnly,
 
+    #[error("{path} is in use by another process (or another open Storage in this one)")]
+    Locked { path: PathBuf },
+
+    #[error("storage {path} was closed")]
+    StorageClosed { path: PathBuf },
+
     /// An invariant of the engine failed: a bug. The partition stops rather than write wrongly.
     #[error("internal invariant violated in partition {partition}: {what}")]
     Invariant { partition: i32, what: String },

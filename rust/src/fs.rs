@@ -14,6 +14,9 @@ pub trait FileHandle: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     fn set_len(&self, len: u64) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
+    /// Takes an exclusive advisory lock (flock) without waiting; false if another open file
+    /// description holds it. Released when the handle is closed.
+    fn try_lock_exclusive(&self) -> io::Result<bool>;
 
     /// Reads exactly `buf.len()` bytes unless the file ends first; returns the count read.
     fn read_full_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -46,7 +49,25 @@ pub trait FileSystem: Send + Sync {
 
 pub struct StdFile(File);
 
+fn flock_exclusive(f: &File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
 impl FileHandle for StdFile {
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        flock_exclusive(&self.0)
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.0.read_at(buf, offset)
     }
@@ -134,6 +155,9 @@ struct FaultFile {
 }
 
 impl FileHandle for FaultFile {
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        self.inner.try_lock_exclusive()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.inner.read_at(buf, offset)
     }

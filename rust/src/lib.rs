@@ -37,6 +37,8 @@ mod python {
     create_exception!(_native, StorageExistsError, StorageError, "The directory is already a storage directory.");
     create_exception!(_native, NotInitialisedError, StorageError, "The directory is not a storage directory.");
     create_exception!(_native, ReadOnlyError, StorageError, "The storage was opened read-only.");
+    create_exception!(_native, StorageClosedError, StorageError, "The storage handle was closed.");
+    create_exception!(_native, StorageLockedError, StorageError, "Another writer has the storage directory open.");
     create_exception!(_native, PartitionClosedError, StorageError, "The partition handle was closed.");
     create_exception!(_native, InvalidArgumentError, WaltzError, "An argument is out of range.");
     create_exception!(_native, InternalError, WaltzError, "A bug: an invariant of the engine failed.");
@@ -57,7 +59,9 @@ mod python {
             Error::NotInitialised { .. } => NotInitialisedError::new_err(msg),
             Error::InvalidArgument(_) => InvalidArgumentError::new_err(msg),
             Error::Closed { .. } => PartitionClosedError::new_err(msg),
+            Error::StorageClosed { .. } => StorageClosedError::new_err(msg),
             Error::ReadOnly => ReadOnlyError::new_err(msg),
+            Error::Locked { .. } => StorageLockedError::new_err(msg),
             Error::Invariant { .. } => InternalError::new_err(msg),
         }
     }
@@ -807,6 +811,8 @@ mod python {
             ("StorageExistsError", py.get_type::<StorageExistsError>()),
             ("NotInitialisedError", py.get_type::<NotInitialisedError>()),
             ("ReadOnlyError", py.get_type::<ReadOnlyError>()),
+            ("StorageLockedError", py.get_type::<StorageLockedError>()),
+            ("StorageClosedError", py.get_type::<StorageClosedError>()),
             ("PartitionClosedError", py.get_type::<PartitionClosedError>()),
             ("InvalidArgumentError", py.get_type::<InvalidArgumentError>()),
             ("InternalError", py.get_type::<InternalError>()),

@@ -11,7 +11,9 @@ pub struct Storage {
     pub path: PathBuf,
     fs: Arc<dyn FileSystem>,
     opts: PartitionOptions,
-    control: Mutex<ControlFile>,
+    /// None once closed: dropping the control file releases the directory's writer lock.
+    control: Mutex<Option<ControlFile>>,
+    creation_ms: i64,
     partitions: Mutex<HashMap<i32, Arc<Partition>>>,
     pub cluster_key: [u8; 16],
     pub partition_count: i32,
@@ -93,15 +95,23 @@ impl Storage {
             path: path.to_path_buf(),
             cluster_key: control.header.cluster_key,
             partition_count: control.header.partition_count,
+            creation_ms: control.header.creation_ms,
             fs,
             opts,
-            control: Mutex::new(control),
+            control: Mutex::new(Some(control)),
             partitions: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn creation_ms(&self) -> i64 {
-        lock(&self.control).header.creation_ms
+        self.creation_ms
+    }
+
+    fn with_control<T>(&self, f: impl FnOnce(&mut ControlFile) -> Result<T>) -> Result<T> {
+        match lock(&self.control).as_mut() {
+            Some(c) => f(c),
+            None => Err(Error::StorageClosed { path: self.path.clone() }),
+        }
     }
 
     fn check_pid(&self, pid: i32) -> Result<()> {
@@ -136,6 +146,7 @@ impl Storage {
 
     pub fn add_partition(&self, pid: i32) -> Result<()> {
         self.check_pid(pid)?;
+        self.with_control(|_| Ok(()))?;
         if self.opts.recover.read_only {
             return Err(Error::ReadOnly);
         }
@@ -166,6 +177,7 @@ impl Storage {
     /// The open partition, recovering it on first use.
     pub fn partition(&self, pid: i32) -> Result<Arc<Partition>> {
         self.check_pid(pid)?;
+        self.with_control(|_| Ok(()))?;
         let mut map = lock(&self.partitions);
         if let Some(p) = map.get(&pid) {
             return Ok(p.clone());
@@ -175,7 +187,7 @@ impl Storage {
             return Err(Error::PartitionNotFound { partition: pid });
         }
         // A partition whose control entry is unreadable must not serve: its session is unknown.
-        lock(&self.control).info(pid)?;
+        self.with_control(|c| c.info(pid))?;
         let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
         map.insert(pid, p.clone());
         Ok(p)
@@ -191,11 +203,13 @@ impl Storage {
         Ok(())
     }
 
-    /// Closes every open partition (their index tails are flushed).
+    /// Closes every open partition (their index tails are flushed) and releases the directory
+    /// for another writer. Later calls on this handle fail with `StorageClosed`.
     pub fn close(&self) {
         for (_, p) in lock(&self.partitions).drain() {
             p.close();
         }
+        lock(&self.control).take();
     }
 
     pub fn close_partition(&self, pid: i32) {
@@ -213,6 +227,7 @@ impl Storage {
     /// Opens a partition with a one-off recovery mode (repair), replacing any open handle.
     pub fn repair_partition(&self, pid: i32) -> Result<Arc<Partition>> {
         self.check_pid(pid)?;
+        self.with_control(|_| Ok(()))?;
         self.close_partition(pid);
         let mut opts = self.opts.clone();
         opts.recover.mode = crate::segment::RecoveryMode::TruncateAtCorruption;
@@ -226,7 +241,7 @@ impl Storage {
     }
 
     pub fn partition_info(&self, pid: i32) -> Result<PartitionInfo> {
-        lock(&self.control).info(pid)
+        self.with_control(|c| c.info(pid))
     }
 
     /// Records a new store session for the partition: its id, the cluster's high-water mark when
@@ -242,7 +257,7 @@ impl Storage {
             low_water_mark,
             local_low_water_mark: local,
         };
-        lock(&self.control).update(pid, info)?;
+        self.with_control(|c| c.update(pid, info))?;
         Ok(info)
     }
 
@@ -251,7 +266,7 @@ impl Storage {
         if self.opts.recover.read_only {
             return Err(Error::ReadOnly);
         }
-        lock(&self.control).update(pid, info)
+        self.with_control(|c| c.update(pid, info))
     }
 }
 

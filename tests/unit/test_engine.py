@@ -13,17 +13,30 @@ from waltz import errors
 from waltz.storage import RecordBatch, Storage
 
 
+# One writer per directory: reopening closes the handles a test opened before, as an operator
+# restarting a node would.
+_handles: list[Storage] = []
+
+
 @pytest.fixture
 def storage(data_dir, cluster_key):
     s = Storage.create(data_dir, cluster_key, 4, segment_size=8192, checkpoint_interval=16)
     s.add_partition(0)
-    return s
+    _handles.append(s)
+    yield s
+    while _handles:
+        _handles.pop().close()
 
 
 def reopen(data_dir, **kw):
     kw.setdefault("segment_size", 8192)
     kw.setdefault("checkpoint_interval", 16)
-    return Storage.open(data_dir, **kw)
+    if not kw.get("read_only"):
+        while _handles:
+            _handles.pop().close()
+    s = Storage.open(data_dir, **kw)
+    _handles.append(s)
+    return s
 
 
 # --- storage directory -------------------------------------------------------------------------
@@ -33,6 +46,7 @@ def test_create_then_open_checks_key_and_partition_count(data_dir, cluster_key):
     s = Storage.create(data_dir, cluster_key, 3)
     assert s.cluster_key == str(cluster_key)
     assert s.partition_count == 3
+    s.close()
     assert Storage.open(data_dir, cluster_key, 3).cluster_key == str(cluster_key)
     assert Storage.open(data_dir, str(cluster_key)).partition_count == 3
     with pytest.raises(errors.ClusterKeyMismatch, match=str(cluster_key)):
@@ -45,6 +59,21 @@ def test_create_then_open_checks_key_and_partition_count(data_dir, cluster_key):
         Storage.open(data_dir / "nope")
     with pytest.raises(errors.InvalidArgumentError):
         Storage.open(data_dir, "not-a-uuid")
+
+
+def test_one_writer_per_directory_but_readers_may_watch(data_dir, cluster_key):
+    s = Storage.create(data_dir, cluster_key, 1)
+    s.add_partition(0)
+    append_range(s.partition(0), 0, 3)
+    with pytest.raises(errors.StorageLockedError, match="in use"):
+        Storage.open(data_dir)
+    assert_log(Storage.open(data_dir, read_only=True).partition(0), 2)
+    s.close()
+    with pytest.raises(errors.StorageClosedError):
+        s.partition(0)
+    with Storage.open(data_dir) as again:
+        assert_log(again.partition(0), 2)
+    assert_log(Storage.open(data_dir).partition(0), 2)
 
 
 def test_every_error_is_a_waltz_error():
@@ -241,7 +270,7 @@ def written(storage, data_dir):
     p = storage.partition(0)
     for start in range(0, 200, 10):
         append_range(p, start, 10)
-    storage.close_partition(0)
+    storage.close()
     part = data_dir / "0"
     return part, segment_files(part)[-1]
 
@@ -431,9 +460,9 @@ def test_scan_returns_columns(storage):
 
 def test_relative_paths_work(tmp_path, monkeypatch, cluster_key):
     monkeypatch.chdir(tmp_path)
-    s = Storage.create("rel", cluster_key, 1)
-    s.add_partition(0)
-    append_range(s.partition(0), 0, 3)
+    with Storage.create("rel", cluster_key, 1) as s:
+        s.add_partition(0)
+        append_range(s.partition(0), 0, 3)
     assert_log(Storage.open("rel").partition(0), 2)
 
 
