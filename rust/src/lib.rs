@@ -3,6 +3,7 @@ pub mod control;
 pub mod error;
 pub mod fs;
 pub mod partition;
+pub mod protocol;
 pub mod record;
 pub mod segment;
 pub mod storage;
