@@ -194,6 +194,56 @@ class Storage:
         self, partition_id: int, session_id: int, low_water_mark: int, local_low_water_mark: int
     ) -> None: ...
 
+@final
+class StorageNode:
+    """A storage node serving a Storage over TCP (storage protocol) on its own tokio runtime."""
+    @staticmethod
+    def start(
+        storage: Storage,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_frame: int = 64 << 20,
+        max_list_count: int = 10_000,
+        max_list_bytes: int = 16 << 20,
+        idle_timeout: float = 300.0,
+        max_in_flight: int = 1024,
+    ) -> StorageNode: ...
+    @property
+    def address(self) -> tuple[str, int]: ...
+    def stats(self) -> dict[str, int]: ...
+    def stop(self) -> None:
+        """Stops accepting and closes connections; queued appends finish their fsync first."""
+    def __enter__(self) -> StorageNode: ...
+    def __exit__(self, _t: object, _v: object, _tb: object) -> bool: ...
+
+@final
+class ResponseReader:
+    """Splits bytes from a storage node into responses: (kind, seq, session_id, partition_id, value)."""
+    def __new__(cls, max_frame: int = 64 << 20) -> ResponseReader: ...
+    def feed(self, data: bytes) -> None: ...
+    def next_response(self) -> tuple[str, int, int, int, object] | None: ...
+
+def encode_request(
+    kind: str,
+    session_id: int = ...,  # -1
+    seq: int = ...,  # -1
+    partition_id: int = ...,  # -1
+    *,
+    txid: int = 0,
+    max_count: int = 0,
+    low_water_mark: int = ...,  # -1
+    cluster_key: _Key | None = None,
+    partition_count: int = 0,
+    min_version: int = 1,
+    max_version: int = 1,
+) -> bytes:
+    """One storage-protocol request frame: hello, open, last_session_info, max_transaction_id,
+    truncate, set_low_water_mark, record_header, record, record_header_list, record_list."""
+
+def encode_append(session_id: int, seq: int, partition_id: int, first_txid: int, batch: RecordBatch) -> bytes:
+    """An Append frame of `batch` as transactions first_txid, first_txid + 1, ..."""
+
 def raw_append_loop(path: str | os.PathLike[str], payload: bytes, iterations: int) -> list[int]:
     """Benchmark reference: write + fdatasync of `payload`, `iterations` times; ns per call."""
 
@@ -215,5 +265,6 @@ class StorageLockedError(StorageError): ...
 class StorageClosedError(StorageError): ...
 class PartitionClosedError(StorageError): ...
 class InvalidArgumentError(WaltzError): ...
+class ProtocolError(WaltzError): ...
 class InternalError(WaltzError): ...
 

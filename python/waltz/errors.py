@@ -17,6 +17,7 @@ from waltz._native import (
     PartitionCountMismatch,
     PartitionFailedError,
     PartitionNotFoundError,
+    ProtocolError,
     ReadOnlyError,
     RecordTooLargeError,
     StorageError,
@@ -26,6 +27,28 @@ from waltz._native import (
     StorageLockedError,
     WaltzError,
 )
+
+
+
+class StorageRequestError(StorageError):
+    """A storage node answered a request with a Failure; `kind` says which (docs/protocol.md)."""
+
+    def __init__(self, message: str, kind: str = "internal") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class StaleSessionError(StorageRequestError):
+    """The request's store session is older than the newest one the node has seen (fenced)."""
+
+
+class StorageTimeoutError(StorageError, TimeoutError):
+    """A storage node did not answer within the request timeout; the outcome is unknown."""
+
+
+class StorageConnectionError(StorageError, ConnectionError):
+    """The connection to a storage node failed or was closed; in-flight requests are unknown."""
+
 
 __all__ = [
     "BelowLogStartError",
@@ -39,12 +62,17 @@ __all__ = [
     "PartitionCountMismatch",
     "PartitionFailedError",
     "PartitionNotFoundError",
+    "ProtocolError",
     "ReadOnlyError",
     "RecordTooLargeError",
     "StorageError",
     "StorageExistsError",
     "StorageClosedError",
+    "StaleSessionError",
+    "StorageConnectionError",
     "StorageIOError",
     "StorageLockedError",
+    "StorageRequestError",
+    "StorageTimeoutError",
     "WaltzError",
 ]

@@ -2,6 +2,7 @@
 pub mod control;
 pub mod error;
 pub mod fs;
+pub mod node;
 pub mod partition;
 pub mod protocol;
 pub mod record;
@@ -42,6 +43,7 @@ mod python {
     create_exception!(_native, StorageLockedError, StorageError, "Another writer has the storage directory open.");
     create_exception!(_native, PartitionClosedError, StorageError, "The partition handle was closed.");
     create_exception!(_native, InvalidArgumentError, WaltzError, "An argument is out of range.");
+    create_exception!(_native, ProtocolError, WaltzError, "A peer sent bytes that are not a valid frame.");
     create_exception!(_native, InternalError, WaltzError, "A bug: an invariant of the engine failed.");
 
     fn to_py(e: Error) -> PyErr {
@@ -784,11 +786,265 @@ mod python {
         })
     }
 
+    // ---- storage protocol codec and the storage node -------------------------------------------
+
+    use crate::protocol::{split_frame, FailureKind, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
+
+    /// Encodes one storage-protocol request frame (everything but Append, see `encode_append`).
+    #[pyfunction]
+    #[pyo3(signature = (kind, session_id=-1, seq=-1, partition_id=-1, *, txid=0, max_count=0, low_water_mark=-1, cluster_key=None, partition_count=0, min_version=1, max_version=1))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_request<'py>(
+        py: Python<'py>,
+        kind: &str,
+        session_id: i64,
+        seq: i64,
+        partition_id: i32,
+        txid: i64,
+        max_count: i32,
+        low_water_mark: i64,
+        cluster_key: Option<&Bound<'_, PyAny>>,
+        partition_count: i32,
+        min_version: u8,
+        max_version: u8,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let h = MsgHeader { session_id, seq, partition_id };
+        let req = match kind {
+            "hello" => Request::Hello { min_version, max_version },
+            "open" => {
+                let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
+                Request::Open { h, cluster_key: parse_key(k)?, partition_count }
+            }
+            "last_session_info" => Request::LastSessionInfo { h },
+            "max_transaction_id" => Request::MaxTransactionId { h },
+            "truncate" => Request::Truncate { h, txid },
+            "set_low_water_mark" => Request::SetLowWaterMark { h, low_water_mark },
+            "record_header" => Request::RecordHeader { h, txid },
+            "record" => Request::Record { h, txid },
+            "record_header_list" => Request::RecordHeaderList { h, txid, max_count },
+            "record_list" => Request::RecordList { h, txid, max_count },
+            other => return Err(InvalidArgumentError::new_err(format!("unknown request kind {other:?}"))),
+        };
+        let mut out = Vec::new();
+        req.encode(&mut out);
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// Encodes an Append frame of `batch` as transactions first_txid, first_txid + 1, ...
+    #[pyfunction]
+    fn encode_append<'py>(
+        py: Python<'py>,
+        session_id: i64,
+        seq: i64,
+        partition_id: i32,
+        first_txid: i64,
+        batch: PyRef<'_, PyRecordBatch>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let h = MsgHeader { session_id, seq, partition_id };
+        let records: Vec<WireRecord> = batch
+            .records()
+            .iter()
+            .enumerate()
+            .map(|(i, r)| WireRecord {
+                txid: first_txid + i as i64,
+                req_id: r.req_id,
+                header: r.header,
+                data: r.data.to_vec(),
+                data_crc: r.data_crc.unwrap_or_else(|| crc32(r.data)),
+            })
+            .collect();
+        let mut out = Vec::new();
+        Request::Append { h, records }.encode(&mut out);
+        Ok(PyBytes::new(py, &out))
+    }
+
+    fn failure_name(k: FailureKind) -> &'static str {
+        match k {
+            FailureKind::Internal => "internal",
+            FailureKind::BadRequest => "bad_request",
+            FailureKind::ClusterKeyMismatch => "cluster_key_mismatch",
+            FailureKind::PartitionCountMismatch => "partition_count_mismatch",
+            FailureKind::PartitionNotAssigned => "partition_not_assigned",
+            FailureKind::PartitionNotReadable => "partition_not_readable",
+            FailureKind::PartitionNotWritable => "partition_not_writable",
+            FailureKind::StaleSession => "stale_session",
+            FailureKind::NonDenseAppend => "non_dense_append",
+            FailureKind::RecordTooLarge => "record_too_large",
+            FailureKind::BelowLogStart => "below_log_start",
+            FailureKind::PartitionFailed => "partition_failed",
+            FailureKind::Corruption => "corruption",
+            FailureKind::Io => "io",
+            FailureKind::NotOpened => "not_opened",
+        }
+    }
+
+    fn wire_record(py: Python<'_>, r: WireRecord) -> PyRecord {
+        PyRecord::new(py, Record { txid: r.txid, req_id: r.req_id, header: r.header, data: r.data })
+    }
+
+    /// Splits a byte stream from a storage node into decoded responses. Each response is a tuple
+    /// (kind, seq, session_id, partition_id, value); see docs/protocol.md for the kinds.
+    #[pyclass(name = "ResponseReader", module = "waltz._native")]
+    pub struct PyResponseReader {
+        buf: Vec<u8>,
+        max_frame: usize,
+    }
+
+    #[pymethods]
+    impl PyResponseReader {
+        #[new]
+        #[pyo3(signature = (max_frame=crate::protocol::DEFAULT_MAX_FRAME))]
+        fn new(max_frame: usize) -> Self {
+            PyResponseReader { buf: Vec::new(), max_frame }
+        }
+        fn feed(&mut self, data: &[u8]) {
+            self.buf.extend_from_slice(data);
+        }
+        /// The next whole response, or None until more bytes arrive. Raises ProtocolError.
+        fn next_response<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+            let (size, resp) = match split_frame(&self.buf, MAGIC_STORAGE, self.max_frame) {
+                Ok(Some(f)) => (f.size, Response::decode(&f)),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(ProtocolError::new_err(e.to_string())),
+            };
+            self.buf.drain(..size);
+            let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
+            let none = || py.None();
+            let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
+                Response::HelloOk { version } => ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind()),
+                Response::Success { h } => ("success", h, none()),
+                Response::Failure { h, kind, message } => {
+                    ("failure", h, (failure_name(kind), message).into_pyobject(py)?.into_any().unbind())
+                }
+                Response::LastSessionInfo { h, session_id, low_water_mark } => {
+                    ("last_session_info", h, (session_id, low_water_mark).into_pyobject(py)?.into_any().unbind())
+                }
+                Response::MaxTransactionId { h, txid } => ("max_transaction_id", h, txid.into_pyobject(py)?.into_any().unbind()),
+                Response::RecordHeader { h, header } => (
+                    "record_header",
+                    h,
+                    match header {
+                        Some(x) => Py::new(py, PyRecordHeader::from(x))?.into_any(),
+                        None => none(),
+                    },
+                ),
+                Response::Record { h, record } => (
+                    "record",
+                    h,
+                    match record {
+                        Some(r) => Py::new(py, wire_record(py, r))?.into_any(),
+                        None => none(),
+                    },
+                ),
+                Response::RecordHeaderList { h, headers } => {
+                    let items: Vec<PyRecordHeader> = headers.into_iter().map(Into::into).collect();
+                    ("record_header_list", h, items.into_pyobject(py)?.into_any().unbind())
+                }
+                Response::RecordList { h, records } => {
+                    let items = PyList::empty(py);
+                    for r in records {
+                        items.append(Py::new(py, wire_record(py, r))?)?;
+                    }
+                    ("record_list", h, items.into_any().unbind())
+                }
+            };
+            Ok(Some(PyTuple::new(
+                py,
+                [
+                    kind.into_pyobject(py)?.into_any().unbind(),
+                    h.seq.into_pyobject(py)?.into_any().unbind(),
+                    h.session_id.into_pyobject(py)?.into_any().unbind(),
+                    h.partition_id.into_pyobject(py)?.into_any().unbind(),
+                    value,
+                ],
+            )?))
+        }
+    }
+
+    /// A storage node serving `storage` over TCP (the storage protocol) on its own tokio runtime.
+    #[pyclass(name = "StorageNode", module = "waltz._native", frozen)]
+    pub struct PyStorageNode {
+        handle: std::sync::Mutex<Option<crate::node::NodeHandle>>,
+        addr: std::net::SocketAddr,
+    }
+
+    #[pymethods]
+    impl PyStorageNode {
+        #[staticmethod]
+        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024))]
+        #[allow(clippy::too_many_arguments)]
+        fn start(
+            py: Python<'_>,
+            storage: &PyStorage,
+            host: &str,
+            port: u16,
+            max_frame: usize,
+            max_list_count: usize,
+            max_list_bytes: usize,
+            idle_timeout: f64,
+            max_in_flight: usize,
+        ) -> PyResult<Self> {
+            if !(idle_timeout > 0.0) || max_in_flight == 0 || max_frame < 64 {
+                return Err(InvalidArgumentError::new_err("idle_timeout, max_in_flight and max_frame must be positive"));
+            }
+            let opts = crate::node::NodeOptions {
+                max_frame,
+                max_list_count,
+                max_list_bytes,
+                idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
+                max_in_flight,
+            };
+            let s = storage.0.clone();
+            let bind = format!("{host}:{port}");
+            let h = py
+                .detach(move || crate::node::start(s, &bind, opts))
+                .map_err(|e| StorageIOError::new_err(format!("cannot listen on {host}:{port}: {e}")))?;
+            let addr = h.addr;
+            Ok(PyStorageNode { handle: std::sync::Mutex::new(Some(h)), addr })
+        }
+        /// (host, port) the node listens on.
+        #[getter]
+        fn address(&self) -> (String, u16) {
+            (self.addr.ip().to_string(), self.addr.port())
+        }
+        fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            use std::sync::atomic::Ordering::Relaxed;
+            let d = PyDict::new(py);
+            if let Some(h) = self.handle.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                let s = h.stats();
+                d.set_item("connections", s.connections.load(Relaxed))?;
+                d.set_item("requests", s.requests.load(Relaxed))?;
+                d.set_item("failures", s.failures.load(Relaxed))?;
+                d.set_item("closed_bad_frames", s.closed_bad_frames.load(Relaxed))?;
+                d.set_item("appended_records", s.appended_records.load(Relaxed))?;
+            }
+            Ok(d)
+        }
+        /// Stops accepting, closes connections; queued appends finish their fsync first.
+        fn stop(&self, py: Python<'_>) {
+            let h = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(mut h) = h {
+                py.detach(move || h.stop());
+            }
+        }
+        fn __enter__(slf: Py<Self>) -> Py<Self> {
+            slf
+        }
+        fn __exit__(&self, py: Python<'_>, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
+            self.stop(py);
+            false
+        }
+    }
+
     #[pymodule]
     fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add_function(wrap_pyfunction!(raw_append_loop, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_request, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_append, m)?)?;
+        m.add_class::<PyResponseReader>()?;
+        m.add_class::<PyStorageNode>()?;
         m.add_class::<PyStorage>()?;
         m.add_class::<PyPartition>()?;
         m.add_class::<PyReqId>()?;
@@ -816,6 +1072,7 @@ mod python {
             ("StorageClosedError", py.get_type::<StorageClosedError>()),
             ("PartitionClosedError", py.get_type::<PartitionClosedError>()),
             ("InvalidArgumentError", py.get_type::<InvalidArgumentError>()),
+            ("ProtocolError", py.get_type::<ProtocolError>()),
             ("InternalError", py.get_type::<InternalError>()),
         ] {
             m.add(name, ty)?;

@@ -47,6 +47,14 @@ pub struct RecoveryReport {
     pub foreign_files: Vec<PathBuf>,
 }
 
+/// A queued append: its ids, and the sequence to pass to `Partition::wait_durable`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendTicket {
+    pub seq: u64,
+    pub first: i64,
+    pub last: i64,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PartitionStats {
     pub appends: u64,
@@ -455,6 +463,14 @@ impl Partition {
     }
 
     pub fn append_at_opt(&self, first: Option<i64>, records: &[NewRecord<'_>]) -> Result<(i64, i64)> {
+        let t = self.enqueue(first, records)?;
+        self.wait_durable(t.seq)?;
+        Ok((t.first, t.last))
+    }
+
+    /// The first half of an append, for pipelining: checks and queues the batch in order and
+    /// returns at once. It is durable only once `wait_durable(ticket.seq)` returned Ok.
+    pub fn enqueue(&self, first: Option<i64>, records: &[NewRecord<'_>]) -> Result<AppendTicket> {
         self.check_writable()?;
         let max = self.opts.recover.max_record_size;
         for r in records {
@@ -475,7 +491,8 @@ impl Partition {
                 });
             }
             if records.is_empty() {
-                return Ok((first_txid, first_txid - 1));
+                // Nothing to write, but durable only once everything queued before it is.
+                return Ok(AppendTicket { seq: st.write_seq, first: first_txid, last: first_txid - 1 });
             }
             let needs_roll = {
                 let tail = st.segments.last().unwrap();
@@ -489,8 +506,7 @@ impl Partition {
             (st.write_seq, first_txid)
         };
         let (seq, first_txid) = seq;
-        self.wait_durable(seq)?;
-        Ok((first_txid, first_txid + records.len() as i64 - 1))
+        Ok(AppendTicket { seq, first: first_txid, last: first_txid + records.len() as i64 - 1 })
     }
 
     /// Encodes the batch onto the tail's write queue. Nothing touches the file here: the sync
@@ -629,7 +645,8 @@ impl Partition {
         st
     }
 
-    fn wait_durable(&self, seq: u64) -> Result<()> {
+    /// Blocks until the batch with this ticket sequence is durable (or the partition failed).
+    pub fn wait_durable(&self, seq: u64) -> Result<()> {
         let mut s = lock(&self.sync);
         loop {
             if s.synced_seq >= seq {

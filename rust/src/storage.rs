@@ -174,6 +174,13 @@ impl Storage {
         Ok(())
     }
 
+    /// The partition if it is already open (no I/O), with its session info.
+    pub fn open_partition_info(&self, pid: i32) -> Option<(Arc<Partition>, PartitionInfo)> {
+        let p = lock(&self.partitions).get(&pid).cloned()?;
+        let info = self.partition_info(pid).ok()?;
+        Some((p, info))
+    }
+
     /// The open partition, recovering it on first use.
     pub fn partition(&self, pid: i32) -> Result<Arc<Partition>> {
         self.check_pid(pid)?;

@@ -9,7 +9,9 @@ from waltz._native import (
     ReqId,
     ScanChunk,
     Storage,
+    StorageNode,
 )
+from waltz.storage.client import StorageClient
 from waltz.storage.scan import iter_scan, scan_to_arrow
 
 __all__ = [
@@ -21,6 +23,8 @@ __all__ = [
     "ReqId",
     "ScanChunk",
     "Storage",
+    "StorageClient",
+    "StorageNode",
     "iter_scan",
     "scan_to_arrow",
 ]

@@ -1,0 +1,195 @@
+"""Asyncio client of the storage protocol (server ↔ storage node).
+
+Requests are pipelined: each gets a sequence number, many may be in flight on one connection,
+and responses are matched by sequence number. Frames are encoded and decoded by the native codec,
+the same one the node uses. Every request has a timeout; a Failure from the node raises the
+matching `waltz.errors` class with the node's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from typing import Any
+
+from waltz import errors
+from waltz._native import RecordBatch, ResponseReader, encode_append, encode_request
+
+_FAILURES: dict[str, type[errors.StorageError]] = {
+    "cluster_key_mismatch": errors.ClusterKeyMismatch,
+    "partition_count_mismatch": errors.PartitionCountMismatch,
+    "partition_not_assigned": errors.PartitionNotFoundError,
+    "stale_session": errors.StaleSessionError,
+    "non_dense_append": errors.NonDenseAppendError,
+    "record_too_large": errors.RecordTooLargeError,
+    "below_log_start": errors.BelowLogStartError,
+    "partition_failed": errors.PartitionFailedError,
+    "corruption": errors.CorruptionError,
+    "io": errors.StorageIOError,
+}
+
+
+def _failure(address: str, kind: str, message: str) -> errors.StorageError:
+    cls = _FAILURES.get(kind, errors.StorageRequestError)
+    text = f"storage node {address}: {message}"
+    if issubclass(cls, errors.StorageRequestError):
+        return cls(text, kind)
+    err = cls(text)
+    err.kind = kind  # type: ignore[attr-defined]
+    return err
+
+
+class StorageClient:
+    """One connection to one storage node. Use `await StorageClient.connect(...)`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout: float):
+        self._reader = reader
+        self._writer = writer
+        self.address = address
+        self.timeout = timeout
+        self._decoder = ResponseReader()
+        self._pending: dict[int, asyncio.Future[tuple[str, Any]]] = {}
+        self._seq = itertools.count(1)
+        self._closed: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        cluster_key: uuid.UUID | str,
+        partition_count: int,
+        timeout: float = 10.0,
+    ) -> StorageClient:
+        """Connects, agrees on a protocol version and opens the session-less Open handshake."""
+        address = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
+        client = cls(reader, writer, address, timeout)
+        writer.write(encode_request("hello", min_version=1, max_version=1))
+        await client._read_hello()
+        client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
+        await client._call(
+            lambda seq: encode_request(
+                "open", -1, seq, -1, cluster_key=str(cluster_key), partition_count=partition_count
+            )
+        )
+        return client
+
+    async def _read_hello(self) -> None:
+        while True:
+            resp = self._decoder.next_response()
+            if resp is not None:
+                if resp[0] != "hello_ok":
+                    raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
+                return
+            try:
+                data = await asyncio.wait_for(self._reader.read(65536), self.timeout)
+            except asyncio.TimeoutError as e:
+                raise errors.StorageTimeoutError(f"storage node {self.address} did not answer Hello") from e
+            if not data:
+                raise errors.StorageConnectionError(f"storage node {self.address} closed the connection during Hello")
+            self._decoder.feed(data)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._reader.read(1 << 20)
+                if not data:
+                    raise errors.StorageConnectionError(f"storage node {self.address} closed the connection")
+                self._decoder.feed(data)
+                while (resp := self._decoder.next_response()) is not None:
+                    kind, seq, _session, _partition, value = resp
+                    fut = self._pending.pop(seq, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((kind, value))
+        except (errors.WaltzError, OSError) as e:
+            self._fail_all(e if isinstance(e, errors.WaltzError) else errors.StorageConnectionError(str(e)))
+        except asyncio.CancelledError:
+            self._fail_all(errors.StorageConnectionError(f"connection to {self.address} closed"))
+            raise
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._closed = exc
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+
+    async def _call(self, encode: Any) -> Any:
+        if self._closed is not None:
+            raise errors.StorageConnectionError(f"connection to {self.address} is closed: {self._closed}")
+        seq = next(self._seq)
+        fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = fut
+        self._writer.write(encode(seq))
+        try:
+            await self._writer.drain()
+            kind, value = await asyncio.wait_for(fut, self.timeout)
+        except asyncio.TimeoutError as e:
+            self._pending.pop(seq, None)
+            raise errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s") from e
+        except (ConnectionError, OSError) as e:
+            raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
+        if kind == "failure":
+            raise _failure(self.address, *value)
+        return value
+
+    async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
+        """(session id, low-water mark) of the partition's last store session on this node."""
+        return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition))
+
+    async def max_transaction_id(self, partition: int, session: int) -> int:
+        return await self._call(lambda seq: encode_request("max_transaction_id", session, seq, partition))
+
+    async def truncate(self, partition: int, session: int, txid: int) -> None:
+        await self._call(lambda seq: encode_request("truncate", session, seq, partition, txid=txid))
+
+    async def set_low_water_mark(self, partition: int, session: int, low_water_mark: int) -> None:
+        await self._call(
+            lambda seq: encode_request("set_low_water_mark", session, seq, partition, low_water_mark=low_water_mark)
+        )
+
+    async def append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> None:
+        """Returns once the node has the batch durably (fdatasync returned)."""
+        await self._call(lambda seq: encode_append(session, seq, partition, first_txid, batch))
+
+    async def record_header(self, partition: int, session: int, txid: int) -> Any:
+        return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))
+
+    async def record(self, partition: int, session: int, txid: int) -> Any:
+        return await self._call(lambda seq: encode_request("record", session, seq, partition, txid=txid))
+
+    async def record_headers(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
+        return await self._call(
+            lambda seq: encode_request("record_header_list", session, seq, partition, txid=txid, max_count=max_count)
+        )
+
+    async def records(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
+        return await self._call(
+            lambda seq: encode_request("record_list", session, seq, partition, txid=txid, max_count=max_count)
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, errors.WaltzError):
+                pass
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+    async def __aenter__(self) -> StorageClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,402 @@
+//! The storage node's network loop: the storage protocol over TCP on a tokio runtime of its own,
+//! so storage work never waits on the GIL.
+//!
+//! Per connection, a reader task decodes frames in order and a writer task sends responses in
+//! the same order. Appends are queued into the partition in arrival order and their durability is
+//! awaited on blocking threads, so a server can keep many appends in flight on one connection and
+//! they share fsyncs. Truncate and Set Low-water Mark finish before the next request is read.
+//!
+//! Fencing: each partition remembers the newest session id seen; a request with an older one
+//! fails as stale. The fence starts, after a restart, from the session recorded in the control
+//! file, which every store session writes first (Set Low-water Mark).
+use crate::error::Error;
+use crate::partition::Partition;
+use crate::protocol::{
+    split_frame, FailureKind, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE, VERSION,
+};
+use crate::record::NewRecord;
+use crate::storage::Storage;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub max_frame: usize,
+    /// Upper bounds a record or header list response never exceeds, whatever is asked.
+    pub max_list_count: usize,
+    pub max_list_bytes: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+    /// Responses queued per connection before the node stops reading from it (back pressure).
+    pub max_in_flight: usize,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            max_frame: crate::protocol::DEFAULT_MAX_FRAME,
+            max_list_count: 10_000,
+            max_list_bytes: 16 << 20,
+            idle_timeout: Duration::from_secs(300),
+            max_in_flight: 1024,
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct NodeStats {
+    pub connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub closed_bad_frames: AtomicU64,
+    pub appended_records: AtomicU64,
+}
+
+struct Shared {
+    storage: Arc<Storage>,
+    opts: NodeOptions,
+    /// Newest session id seen per partition.
+    fences: Mutex<HashMap<i32, i64>>,
+    stats: NodeStats,
+}
+
+pub struct NodeHandle {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Arc<Notify>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NodeHandle {
+    pub fn stats(&self) -> &NodeStats {
+        &self.shared.stats
+    }
+
+    /// Stops accepting, closes connections and waits for the runtime to wind down.
+    pub fn stop(&mut self) {
+        self.shutdown.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for NodeHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn start(storage: Arc<Storage>, bind: &str, opts: NodeOptions) -> std::io::Result<NodeHandle> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("waltz-node")
+        .enable_all()
+        .build()?;
+    let listener = rt.block_on(TcpListener::bind(bind))?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(Shared { storage, opts, fences: Mutex::new(HashMap::new()), stats: NodeStats::default() });
+    let shutdown = Arc::new(Notify::new());
+    let (sh, stop) = (shared.clone(), shutdown.clone());
+    let thread = std::thread::Builder::new().name("waltz-node-accept".into()).spawn(move || {
+        rt.block_on(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.notified() => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, peer)) => {
+                            sh.stats.connections.fetch_add(1, Ordering::Relaxed);
+                            let _ = stream.set_nodelay(true);
+                            tokio::spawn(serve(stream, peer, sh.clone()));
+                        }
+                        Err(e) => log::warn!("accept failed: {e}"),
+                    },
+                }
+            }
+        });
+        // Appends already queued finish their fsync on the blocking pool before it stops.
+        rt.shutdown_timeout(Duration::from_secs(10));
+    })?;
+    Ok(NodeHandle { addr, shared, shutdown, thread: Some(thread) })
+}
+
+fn failure_kind(e: &Error) -> FailureKind {
+    match e {
+        Error::ClusterKeyMismatch { .. } => FailureKind::ClusterKeyMismatch,
+        Error::PartitionCountMismatch { .. } => FailureKind::PartitionCountMismatch,
+        Error::NonDenseAppend { .. } => FailureKind::NonDenseAppend,
+        Error::RecordTooLarge { .. } => FailureKind::RecordTooLarge,
+        Error::BelowLogStart { .. } => FailureKind::BelowLogStart,
+        Error::PartitionFailed { .. } => FailureKind::PartitionFailed,
+        Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. } => FailureKind::PartitionNotAssigned,
+        Error::Corruption { .. } => FailureKind::Corruption,
+        Error::Io { .. } => FailureKind::Io,
+        Error::InvalidArgument(_) => FailureKind::BadRequest,
+        _ => FailureKind::Internal,
+    }
+}
+
+fn fail(h: MsgHeader, kind: FailureKind, message: impl Into<String>) -> Response {
+    Response::Failure { h, kind, message: message.into() }
+}
+
+fn encoded(r: &Response) -> Vec<u8> {
+    let mut b = Vec::new();
+    r.encode(&mut b);
+    b
+}
+
+fn ready(r: Response) -> JoinHandle<Vec<u8>> {
+    tokio::spawn(async move { encoded(&r) })
+}
+
+/// Runs engine work on the blocking pool; its result becomes the response.
+fn blocking(shared: &Arc<Shared>, f: impl FnOnce(&Shared) -> Response + Send + 'static) -> JoinHandle<Vec<u8>> {
+    let sh = shared.clone();
+    tokio::spawn(async move {
+        let h = tokio::task::spawn_blocking(move || f(&sh));
+        match h.await {
+            Ok(r) => encoded(&r),
+            Err(e) => encoded(&fail(MsgHeader::default(), FailureKind::Internal, format!("request task failed: {e}"))),
+        }
+    })
+}
+
+async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<JoinHandle<Vec<u8>>>(shared.opts.max_in_flight);
+    let writer = tokio::spawn(async move {
+        while let Some(h) = rx.recv().await {
+            match h.await {
+                Ok(bytes) => {
+                    if wr.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let mut conn = Conn { greeted: false, opened: false };
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let reason = 'conn: loop {
+        loop {
+            let (size, req) = match split_frame(&buf, MAGIC_STORAGE, shared.opts.max_frame) {
+                Ok(Some(f)) => (f.size, Request::decode(&f)),
+                Ok(None) => break,
+                Err(e) => break 'conn format!("bad frame: {e}"),
+            };
+            buf.drain(..size);
+            let req = match req {
+                Ok(r) => r,
+                Err(e) => break 'conn format!("bad frame: {e}"),
+            };
+            shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            match handle(&shared, &mut conn, req).await {
+                Ok(h) => {
+                    if tx.send(h).await.is_err() {
+                        break 'conn "peer stopped reading".to_string();
+                    }
+                }
+                Err(why) => break 'conn why,
+            }
+        }
+        let mut chunk = [0u8; 64 << 10];
+        match tokio::time::timeout(shared.opts.idle_timeout, rd.read(&mut chunk)).await {
+            Ok(Ok(0)) => break String::new(),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(e)) => break format!("read failed: {e}"),
+            Err(_) => break format!("idle for {:?}", shared.opts.idle_timeout),
+        }
+    };
+    if !reason.is_empty() {
+        shared.stats.closed_bad_frames.fetch_add(reason.starts_with("bad frame") as u64, Ordering::Relaxed);
+        log::warn!("closing connection from {peer}: {reason}");
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+struct Conn {
+    greeted: bool,
+    opened: bool,
+}
+
+/// Turns one request into its (future) response. Err closes the connection with that reason.
+async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<JoinHandle<Vec<u8>>, String> {
+    if !conn.greeted {
+        return match req {
+            Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
+                conn.greeted = true;
+                Ok(ready(Response::HelloOk { version: VERSION }))
+            }
+            Request::Hello { min_version, max_version } => {
+                Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
+            }
+            _ => Err("the first frame must be Hello".into()),
+        };
+    }
+    let h = match req.header() {
+        Some(h) => h,
+        None => return Err("Hello sent twice".into()),
+    };
+    if let Request::Open { cluster_key, partition_count, .. } = req {
+        let s = &shared.storage;
+        if cluster_key != s.cluster_key {
+            return Ok(ready(fail(
+                h,
+                FailureKind::ClusterKeyMismatch,
+                format!(
+                    "cluster key {} does not match this storage's {}",
+                    crate::control::format_uuid(&cluster_key),
+                    crate::control::format_uuid(&s.cluster_key)
+                ),
+            )));
+        }
+        if partition_count != s.partition_count {
+            return Ok(ready(fail(
+                h,
+                FailureKind::PartitionCountMismatch,
+                format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
+            )));
+        }
+        conn.opened = true;
+        return Ok(ready(Response::Success { h }));
+    }
+    if !conn.opened {
+        return Ok(ready(fail(h, FailureKind::NotOpened, "send Open first")));
+    }
+    let part = match partition_and_fence(shared, h).await {
+        Ok(p) => p,
+        Err(resp) => {
+            shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+            return Ok(ready(resp));
+        }
+    };
+    Ok(match req {
+        Request::Append { records, .. } => append(shared, h, part, records),
+        Request::MaxTransactionId { .. } => ready(Response::MaxTransactionId { h, txid: part.max_txid() }),
+        Request::LastSessionInfo { .. } => blocking(shared, move |sh| match sh.storage.partition_info(h.partition_id) {
+            Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
+            Err(e) => fail(h, failure_kind(&e), e.to_string()),
+        }),
+        // Mutations other than appends complete before the next request is read, so a later
+        // append on this connection sees their effect.
+        Request::Truncate { txid, .. } => {
+            let r = blocking(shared, move |_| match part.truncate(txid) {
+                Ok(_) => Response::Success { h },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            });
+            ready_after(r).await
+        }
+        Request::SetLowWaterMark { low_water_mark, .. } => {
+            let r = blocking(shared, move |sh| match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+                Ok(_) => Response::Success { h },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            });
+            ready_after(r).await
+        }
+        Request::RecordHeader { txid, .. } => blocking(shared, move |_| match part.read_header(txid) {
+            Ok(header) => Response::RecordHeader { h, header },
+            Err(e) => fail(h, failure_kind(&e), e.to_string()),
+        }),
+        Request::Record { txid, .. } => blocking(shared, move |_| match part.read_record(txid) {
+            Ok(r) => Response::Record { h, record: r.map(WireRecord::from) },
+            Err(e) => fail(h, failure_kind(&e), e.to_string()),
+        }),
+        Request::RecordHeaderList { txid, max_count, .. } => {
+            let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
+            blocking(shared, move |_| match part.read_headers(txid, n) {
+                Ok(headers) => Response::RecordHeaderList { h, headers },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }
+        Request::RecordList { txid, max_count, .. } => {
+            let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
+            let bytes = shared.opts.max_list_bytes;
+            blocking(shared, move |_| match part.read_records(txid, n, bytes) {
+                Ok(rs) => Response::RecordList { h, records: rs.into_iter().map(WireRecord::from).collect() },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }
+        Request::Hello { .. } | Request::Open { .. } => unreachable!("handled above"),
+    })
+}
+
+async fn ready_after(h: JoinHandle<Vec<u8>>) -> JoinHandle<Vec<u8>> {
+    let bytes = h.await.unwrap_or_else(|e| {
+        encoded(&fail(MsgHeader::default(), FailureKind::Internal, format!("request task failed: {e}")))
+    });
+    tokio::spawn(async move { bytes })
+}
+
+/// The partition, if this node has it, after the session fence; a Failure response otherwise.
+async fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partition>, Response> {
+    let pid = h.partition_id;
+    let (part, persisted) = match shared.storage.open_partition_info(pid) {
+        Some((p, info)) => (p, info.session_id),
+        None => {
+            // First use: opening runs recovery, which reads the disk.
+            let sh = shared.clone();
+            let opened = tokio::task::spawn_blocking(move || {
+                let p = sh.storage.partition(pid)?;
+                let persisted = sh.storage.partition_info(pid)?.session_id;
+                Ok::<_, Error>((p, persisted))
+            })
+            .await
+            .map_err(|e| fail(h, FailureKind::Internal, e.to_string()))?;
+            opened.map_err(|e| fail(h, failure_kind(&e), e.to_string()))?
+        }
+    };
+    let mut fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner());
+    let newest = fences.entry(pid).or_insert(persisted);
+    if h.session_id < *newest {
+        return Err(fail(
+            h,
+            FailureKind::StaleSession,
+            format!("session {} of partition {pid} is older than session {}", h.session_id, *newest),
+        ));
+    }
+    *newest = h.session_id;
+    Ok(part)
+}
+
+fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec<WireRecord>) -> JoinHandle<Vec<u8>> {
+    let Some(first) = records.first().map(|r| r.txid) else {
+        return ready(Response::Success { h });
+    };
+    if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
+        return ready(fail(
+            h,
+            FailureKind::NonDenseAppend,
+            format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64),
+        ));
+    }
+    let recs: Vec<NewRecord<'_>> = records
+        .iter()
+        .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
+        .collect();
+    // Queued in arrival order right here; only the wait for the fsync leaves this task.
+    match part.enqueue(Some(first), &recs) {
+        Ok(ticket) => {
+            shared.stats.appended_records.fetch_add(records.len() as u64, Ordering::Relaxed);
+            blocking(shared, move |_| match part.wait_durable(ticket.seq) {
+                Ok(()) => Response::Success { h },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }
+        Err(e) => {
+            shared.stats.failures.fetch_add(1, Ordering::Relaxed);
+            ready(fail(h, failure_kind(&e), e.to_string()))
+        }
+    }
+}
+
