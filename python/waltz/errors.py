@@ -6,6 +6,7 @@ so that Rust errors map straight into them); pure-Python layers add their own su
 """
 
 from waltz._native import (
+    AppendTruncatedError,
     BelowLogStartError,
     ClusterKeyMismatch,
     CorruptionError,
@@ -51,6 +52,7 @@ class StorageConnectionError(StorageError, ConnectionError):
 
 
 __all__ = [
+    "AppendTruncatedError",
     "BelowLogStartError",
     "ClusterKeyMismatch",
     "CorruptionError",

@@ -48,6 +48,9 @@ pub enum Error {
         first: i64,
     },
 
+    #[error("an append to partition {partition} was cut by a truncation before it was acknowledged")]
+    AppendTruncated { partition: i32 },
+
     #[error("partition {partition} refuses appends until it is reopened: {reason}")]
     PartitionFailed { partition: i32, reason: String },
 

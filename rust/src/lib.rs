@@ -35,6 +35,7 @@ mod python {
     create_exception!(_native, RecordTooLargeError, StorageError, "A record exceeds the maximum size.");
     create_exception!(_native, BelowLogStartError, StorageError, "The id was removed by retention.");
     create_exception!(_native, PartitionFailedError, StorageError, "A write or sync failed; reopen the partition.");
+    create_exception!(_native, AppendTruncatedError, StorageError, "A truncation cut the append before it was acknowledged.");
     create_exception!(_native, PartitionNotFoundError, StorageError, "No such partition here.");
     create_exception!(_native, StorageExistsError, StorageError, "The directory is already a storage directory.");
     create_exception!(_native, NotInitialisedError, StorageError, "The directory is not a storage directory.");
@@ -57,6 +58,7 @@ mod python {
             Error::RecordTooLarge { .. } => RecordTooLargeError::new_err(msg),
             Error::BelowLogStart { .. } => BelowLogStartError::new_err(msg),
             Error::PartitionFailed { .. } => PartitionFailedError::new_err(msg),
+            Error::AppendTruncated { .. } => AppendTruncatedError::new_err(msg),
             Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. } => PartitionNotFoundError::new_err(msg),
             Error::AlreadyExists { .. } => StorageExistsError::new_err(msg),
             Error::NotInitialised { .. } => NotInitialisedError::new_err(msg),
@@ -875,6 +877,7 @@ mod python {
             FailureKind::Corruption => "corruption",
             FailureKind::Io => "io",
             FailureKind::NotOpened => "not_opened",
+            FailureKind::AppendTruncated => "append_truncated",
         }
     }
 
@@ -1064,6 +1067,7 @@ mod python {
             ("RecordTooLargeError", py.get_type::<RecordTooLargeError>()),
             ("BelowLogStartError", py.get_type::<BelowLogStartError>()),
             ("PartitionFailedError", py.get_type::<PartitionFailedError>()),
+            ("AppendTruncatedError", py.get_type::<AppendTruncatedError>()),
             ("PartitionNotFoundError", py.get_type::<PartitionNotFoundError>()),
             ("StorageExistsError", py.get_type::<StorageExistsError>()),
             ("NotInitialisedError", py.get_type::<NotInitialisedError>()),

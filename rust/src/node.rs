@@ -135,6 +135,7 @@ fn failure_kind(e: &Error) -> FailureKind {
         Error::RecordTooLarge { .. } => FailureKind::RecordTooLarge,
         Error::BelowLogStart { .. } => FailureKind::BelowLogStart,
         Error::PartitionFailed { .. } => FailureKind::PartitionFailed,
+        Error::AppendTruncated { .. } => FailureKind::AppendTruncated,
         Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. } => FailureKind::PartitionNotAssigned,
         Error::Corruption { .. } => FailureKind::Corruption,
         Error::Io { .. } => FailureKind::Io,

@@ -322,6 +322,7 @@ pub enum FailureKind {
     Corruption = 13,
     Io = 14,
     NotOpened = 15,
+    AppendTruncated = 16,
 }
 
 impl FailureKind {
@@ -343,6 +344,7 @@ impl FailureKind {
             13 => Corruption,
             14 => Io,
             15 => NotOpened,
+            16 => AppendTruncated,
             _ => return None,
         })
     }
@@ -570,6 +572,179 @@ impl Response {
     }
 }
 
+pub mod admin_msg {
+    pub const OPEN: u8 = 0x20;
+    pub const ASSIGN: u8 = 0x21;
+    pub const UNASSIGN: u8 = 0x22;
+    pub const SET_AVAILABILITY: u8 = 0x23;
+    pub const STATUS: u8 = 0x24;
+    pub const STATUS_RESPONSE: u8 = 0xA4;
+}
+
+/// Admin protocol requests (magic "WA"); every one carries the usual message header, whose
+/// session id is ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminRequest {
+    Hello { min_version: u8, max_version: u8 },
+    Open { h: MsgHeader, cluster_key: [u8; 16], partition_count: i32 },
+    /// Assigns the header's partition to this node, creating its files if needed.
+    Assign { h: MsgHeader },
+    Unassign { h: MsgHeader, delete_files: bool },
+    SetAvailability { h: MsgHeader, readable: bool, writable: bool },
+    Status { h: MsgHeader },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionStatus {
+    pub partition_id: i32,
+    pub first_txid: i64,
+    pub max_txid: i64,
+    pub session_id: i64,
+    pub low_water_mark: i64,
+    pub local_low_water_mark: i64,
+    /// The newest session seen by this node (the fence), -1 if none yet.
+    pub newest_session: i64,
+    pub readable: bool,
+    pub writable: bool,
+    /// Why the partition refuses appends (write or fsync error), empty when healthy.
+    pub failure: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminResponse {
+    HelloOk { version: u8 },
+    Success { h: MsgHeader },
+    Failure { h: MsgHeader, kind: FailureKind, message: String },
+    Status { h: MsgHeader, partitions: Vec<PartitionStatus> },
+}
+
+const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4;
+
+impl AdminRequest {
+    pub fn header(&self) -> Option<MsgHeader> {
+        match self {
+            AdminRequest::Hello { .. } => None,
+            AdminRequest::Open { h, .. }
+            | AdminRequest::Assign { h }
+            | AdminRequest::Unassign { h, .. }
+            | AdminRequest::SetAvailability { h, .. }
+            | AdminRequest::Status { h } => Some(*h),
+        }
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            AdminRequest::Hello { min_version, max_version } => {
+                encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| o.extend_from_slice(&[*min_version, *max_version]))
+            }
+            AdminRequest::Open { h, cluster_key, partition_count } => encode_frame(out, MAGIC_ADMIN, admin_msg::OPEN, |o| {
+                h.put(o);
+                o.extend_from_slice(cluster_key);
+                o.extend_from_slice(&partition_count.to_be_bytes());
+            }),
+            AdminRequest::Assign { h } => encode_frame(out, MAGIC_ADMIN, admin_msg::ASSIGN, |o| h.put(o)),
+            AdminRequest::Unassign { h, delete_files } => encode_frame(out, MAGIC_ADMIN, admin_msg::UNASSIGN, |o| {
+                h.put(o);
+                o.push(*delete_files as u8);
+            }),
+            AdminRequest::SetAvailability { h, readable, writable } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::SET_AVAILABILITY, |o| {
+                    h.put(o);
+                    o.push(*readable as u8);
+                    o.push(*writable as u8);
+                })
+            }
+            AdminRequest::Status { h } => encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS, |o| h.put(o)),
+        }
+    }
+
+    pub fn decode(f: &Frame<'_>) -> Result<AdminRequest, FrameError> {
+        let mut r = Reader::new(f.payload);
+        let req = match f.msg_type {
+            msg::HELLO => AdminRequest::Hello { min_version: r.u8("min version")?, max_version: r.u8("max version")? },
+            admin_msg::OPEN => AdminRequest::Open {
+                h: MsgHeader::read(&mut r)?,
+                cluster_key: r.uuid("cluster key")?,
+                partition_count: r.i32("partition count")?,
+            },
+            admin_msg::ASSIGN => AdminRequest::Assign { h: MsgHeader::read(&mut r)? },
+            admin_msg::UNASSIGN => AdminRequest::Unassign { h: MsgHeader::read(&mut r)?, delete_files: r.bool("delete files")? },
+            admin_msg::SET_AVAILABILITY => AdminRequest::SetAvailability {
+                h: MsgHeader::read(&mut r)?,
+                readable: r.bool("readable")?,
+                writable: r.bool("writable")?,
+            },
+            admin_msg::STATUS => AdminRequest::Status { h: MsgHeader::read(&mut r)? },
+            t => return Err(FrameError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+impl AdminResponse {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            AdminResponse::HelloOk { version } => encode_frame(out, MAGIC_ADMIN, msg::HELLO_OK, |o| o.push(*version)),
+            AdminResponse::Success { h } => encode_frame(out, MAGIC_ADMIN, msg::SUCCESS, |o| h.put(o)),
+            AdminResponse::Failure { h, kind, message } => encode_frame(out, MAGIC_ADMIN, msg::FAILURE, |o| {
+                h.put(o);
+                o.extend_from_slice(&(*kind as u16).to_be_bytes());
+                put_bytes(o, message.as_bytes());
+            }),
+            AdminResponse::Status { h, partitions } => encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS_RESPONSE, |o| {
+                h.put(o);
+                o.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
+                for p in partitions {
+                    o.extend_from_slice(&p.partition_id.to_be_bytes());
+                    for v in [p.first_txid, p.max_txid, p.session_id, p.low_water_mark, p.local_low_water_mark, p.newest_session] {
+                        o.extend_from_slice(&v.to_be_bytes());
+                    }
+                    o.push(p.readable as u8);
+                    o.push(p.writable as u8);
+                    put_bytes(o, p.failure.as_bytes());
+                }
+            }),
+        }
+    }
+
+    pub fn decode(f: &Frame<'_>) -> Result<AdminResponse, FrameError> {
+        let mut r = Reader::new(f.payload);
+        let resp = match f.msg_type {
+            msg::HELLO_OK => AdminResponse::HelloOk { version: r.u8("version")? },
+            msg::SUCCESS => AdminResponse::Success { h: MsgHeader::read(&mut r)? },
+            msg::FAILURE => {
+                let h = MsgHeader::read(&mut r)?;
+                let kind = FailureKind::from_u16(r.u16("failure kind")?).unwrap_or(FailureKind::Internal);
+                AdminResponse::Failure { h, kind, message: r.string("message")? }
+            }
+            admin_msg::STATUS_RESPONSE => {
+                let h = MsgHeader::read(&mut r)?;
+                let n = r.count("partition count", STATUS_MIN)?;
+                let mut partitions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    partitions.push(PartitionStatus {
+                        partition_id: r.i32("partition id")?,
+                        first_txid: r.i64("first transaction id")?,
+                        max_txid: r.i64("max transaction id")?,
+                        session_id: r.i64("session id")?,
+                        low_water_mark: r.i64("low-water mark")?,
+                        local_low_water_mark: r.i64("local low-water mark")?,
+                        newest_session: r.i64("newest session")?,
+                        readable: r.bool("readable")?,
+                        writable: r.bool("writable")?,
+                        failure: r.string("failure")?,
+                    });
+                }
+                AdminResponse::Status { h, partitions }
+            }
+            t => return Err(FrameError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(resp)
+    }
+}
+
 impl From<Record> for WireRecord {
     fn from(r: Record) -> Self {
         let data_crc = crc32(&r.data);
@@ -684,6 +859,38 @@ mod tests {
         Request::Append { h: h(0), records: vec![r] }.encode(&mut b);
         let f = split_frame(&b, MAGIC_STORAGE, DEFAULT_MAX_FRAME).unwrap().unwrap();
         assert!(matches!(Request::decode(&f), Err(FrameError::Malformed(m)) if m.contains("checksum")));
+    }
+
+    #[test]
+    fn admin_messages_round_trip() {
+        let reqs = vec![
+            AdminRequest::Hello { min_version: 1, max_version: 1 },
+            AdminRequest::Open { h: h(-1), cluster_key: [3; 16], partition_count: 4 },
+            AdminRequest::Assign { h: h(2) },
+            AdminRequest::Unassign { h: h(2), delete_files: true },
+            AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
+            AdminRequest::Status { h: h(-1) },
+        ];
+        for m in reqs {
+            let mut b = Vec::new();
+            m.encode(&mut b);
+            let f = split_frame(&b, MAGIC_ADMIN, DEFAULT_MAX_FRAME).unwrap().unwrap();
+            assert_eq!(AdminRequest::decode(&f).unwrap(), m);
+            assert!(matches!(split_frame(&b, MAGIC_STORAGE, DEFAULT_MAX_FRAME), Err(FrameError::BadMagic { .. })));
+        }
+        let st = PartitionStatus {
+            partition_id: 1, first_txid: 0, max_txid: 9, session_id: 3, low_water_mark: 5, local_low_water_mark: 5,
+            newest_session: 4, readable: true, writable: false, failure: "fsync: EIO".into(),
+        };
+        for m in [
+            AdminResponse::Status { h: h(0), partitions: vec![st.clone(), st] },
+            AdminResponse::Failure { h: h(0), kind: FailureKind::BadRequest, message: "no".into() },
+        ] {
+            let mut b = Vec::new();
+            m.encode(&mut b);
+            let f = split_frame(&b, MAGIC_ADMIN, DEFAULT_MAX_FRAME).unwrap().unwrap();
+            assert_eq!(AdminResponse::decode(&f).unwrap(), m);
+        }
     }
 
     /// 200,000 random and mutated frames: decoding never panics, and anything accepted

@@ -120,7 +120,12 @@ impl SegmentFiles {
         if n != 8 {
             return Err(Error::corruption(&self.index_path, pos, "index entry missing"));
         }
-        Ok(be_i64(&b) as u64)
+        let off = be_i64(&b);
+        // Range-checked so no later offset arithmetic can overflow on a damaged entry.
+        if off < HEADER_LEN as i64 || off > (1i64 << 48) {
+            return Err(Error::corruption(&self.index_path, pos, format!("index entry {off} is out of range")));
+        }
+        Ok(off as u64)
     }
 
     /// Writes pending entries up to the last multiple of `interval` (all of them when `all`) to
@@ -498,14 +503,14 @@ pub fn read_record_at(
     max: usize,
     data_len: u64,
 ) -> Result<usize> {
-    if off < HEADER_LEN || off + RECORD_OVERHEAD as u64 > data_len {
+    if off < HEADER_LEN || off.checked_add(RECORD_OVERHEAD as u64).is_none_or(|e| e > data_len) {
         return Err(Error::corruption(path, off, "offset outside the data file"));
     }
     let mut prefix = [0u8; 36];
     data.read_full_at(&mut prefix, off).at(path)?;
     let (_, len, _) = parse_prefix(&prefix, max).map_err(|e| Error::corruption(path, off, e.to_string()))?;
     let total = RECORD_OVERHEAD + len;
-    if off + total as u64 > data_len {
+    if off.checked_add(total as u64).is_none_or(|e| e > data_len) {
         return Err(Error::corruption(path, off, "record runs past the end of the file"));
     }
     let mut buf = vec![0u8; total];

@@ -25,6 +25,7 @@ _FAILURES: dict[str, type[errors.StorageError]] = {
     "record_too_large": errors.RecordTooLargeError,
     "below_log_start": errors.BelowLogStartError,
     "partition_failed": errors.PartitionFailedError,
+    "append_truncated": errors.AppendTruncatedError,
     "corruption": errors.CorruptionError,
     "io": errors.StorageIOError,
 }

@@ -1,0 +1,444 @@
+//! Fault and race tests of the partition: gated fsyncs, injected write errors, damaged index
+//! entries. Found by an adversarial review; each one failed before its fix.
+use super::*;
+use crate::fs::{FaultFs, FileHandle, StdFs};
+use crate::record::ReqId;
+use crate::segment::HEADER_LEN;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::Condvar;
+
+const KEY: [u8; 16] = [3; 16];
+
+#[derive(Default)]
+struct GateState {
+    block_next: u32,
+    blocked: u32,
+    release: bool,
+    fail_released: bool,
+    fail_seg_writes: bool,
+}
+
+#[derive(Default)]
+struct Gate {
+    st: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn arm(&self, n: u32) {
+        let mut s = self.st.lock().unwrap();
+        s.block_next = n;
+        s.blocked = 0;
+        s.release = false;
+        s.fail_released = false;
+    }
+    fn wait_blocked(&self, n: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut s = self.st.lock().unwrap();
+        while s.blocked < n {
+            assert!(Instant::now() < deadline, "nobody reached the gated sync");
+            s = self.cv.wait_timeout(s, Duration::from_millis(50)).unwrap().0;
+        }
+    }
+    fn release(&self, fail: bool) {
+        let mut s = self.st.lock().unwrap();
+        s.release = true;
+        s.fail_released = fail;
+        self.cv.notify_all();
+    }
+    fn fail_writes(&self, on: bool) {
+        self.st.lock().unwrap().fail_seg_writes = on;
+    }
+}
+
+struct GateFile {
+    inner: Arc<dyn FileHandle>,
+    is_seg: bool,
+    gate: Arc<Gate>,
+}
+
+impl FileHandle for GateFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.is_seg && self.gate.st.lock().unwrap().fail_seg_writes {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.is_seg {
+            let mut s = self.gate.st.lock().unwrap();
+            if s.block_next > 0 {
+                s.block_next -= 1;
+                s.blocked += 1;
+                self.gate.cv.notify_all();
+                while !s.release {
+                    s = self.gate.cv.wait(s).unwrap();
+                }
+                if s.fail_released {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+            }
+        }
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        self.inner.try_lock_exclusive()
+    }
+}
+
+struct GateFs {
+    gate: Arc<Gate>,
+}
+
+impl GateFs {
+    fn wrap(&self, path: &Path, f: Arc<dyn FileHandle>) -> Arc<dyn FileHandle> {
+        let is_seg = path.extension().map(|e| e == "seg").unwrap_or(false);
+        Arc::new(GateFile { inner: f, is_seg, gate: self.gate.clone() })
+    }
+}
+
+impl FileSystem for GateFs {
+    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
+        Ok(self.wrap(path, StdFs.open(path, writable)?))
+    }
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
+        Ok(self.wrap(path, StdFs.create_new(path)?))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        StdFs.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove_file(path)
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        StdFs.create_dir(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        StdFs.remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        StdFs.sync_dir(path)
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        StdFs.list_dir(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        StdFs.exists(path)
+    }
+}
+
+fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
+    let mut o = default_options();
+    o.segment_size = segment_size;
+    o.recover.checkpoint_interval = cp;
+    o
+}
+
+fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
+    Partition::create(fs.as_ref(), dir, 0, KEY)?;
+    Partition::open(fs, dir, 0, KEY, o)
+}
+
+fn gated(dir: &Path) -> (Arc<Partition>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let p = open_with(Arc::new(GateFs { gate: gate.clone() }), dir, opts(1 << 30, 1000)).unwrap();
+    (Arc::new(p), gate)
+}
+
+fn one(data: &[u8]) -> [NewRecord<'_>; 1] {
+    [NewRecord { req_id: ReqId::default(), header: 0, data, data_crc: None }]
+}
+
+fn append_bg(p: &Arc<Partition>, first: Option<i64>, data: Vec<u8>) -> std::thread::JoinHandle<Result<(i64, i64)>> {
+    let p = p.clone();
+    std::thread::spawn(move || p.append_at_opt(first, &one(&data)))
+}
+
+fn wait_next_txid(p: &Partition, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lock(&p.state).next_txid != n {
+        assert!(Instant::now() < deadline, "append never enqueued");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Give the appender time to reach wait_durable (it only needs the sync lock).
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+fn fill(p: &Partition, n: i64) {
+    for t in 0..n {
+        let d = format!("base-{t}").into_bytes();
+        p.append(t, &one(&d)).unwrap();
+    }
+}
+
+/// F1: a sync leader that was in flight when `truncate` ran raises `durable` back above the
+/// truncated log end; the next (not yet synced) append is then readable and counted durable.
+#[test]
+fn r1_durable_watermark_after_truncate_during_a_sync() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5); // txids 0..=4
+    gate.arm(1);
+    let x = append_bg(&p, None, b"X".to_vec()); // txid 5, leader, blocked in fdatasync
+    gate.wait_blocked(1);
+    // The truncation waits for the in-flight sync (one syncer at a time), then cuts.
+    let pt = p.clone();
+    let t = std::thread::spawn(move || pt.truncate(4));
+    std::thread::sleep(Duration::from_millis(50));
+    gate.release(false);
+    let _ = x.join().unwrap();
+    assert_eq!(t.join().unwrap().unwrap(), 4);
+    assert_eq!(p.max_txid(), 4);
+    let mut problems = Vec::new();
+    if p.max_txid() != 4 {
+        problems.push(format!("max_txid() = {} after truncate(4) (log ends at {})", p.max_txid(), lock(&p.state).next_txid - 1));
+    }
+    // A new append whose fdatasync will fail: while it is in flight it must not be readable.
+    gate.arm(1);
+    let b = append_bg(&p, None, b"B-not-durable".to_vec());
+    gate.wait_blocked(1);
+    let seen = p.read_record(5).unwrap();
+    gate.release(true);
+    let br = b.join().unwrap();
+    if let Some(r) = seen {
+        problems.push(format!(
+            "read_record(5) returned {:?} while its fdatasync was in flight; that append then returned {:?}",
+            String::from_utf8_lossy(&r.data),
+            br.map_err(|e| e.to_string())
+        ));
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// F2: records still waiting for their sync are cut by `truncate`, then acknowledged.
+#[test]
+fn r2_truncate_cuts_queued_records_that_are_then_acknowledged() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5);
+    gate.arm(1);
+    let x = append_bg(&p, None, b"X".to_vec()); // txid 5: leader, blocked in fdatasync
+    gate.wait_blocked(1);
+    let a = append_bg(&p, None, b"A-record".to_vec()); // txid 6: queued, waits for the leader
+    wait_next_txid(&p, 7);
+    let pt = p.clone();
+    let t = std::thread::spawn(move || pt.truncate(4)); // waits for the in-flight sync
+    std::thread::sleep(Duration::from_millis(50));
+    gate.release(false);
+    let (xr, ar, tr) = (x.join().unwrap(), a.join().unwrap(), t.join().unwrap());
+    assert_eq!(tr.unwrap(), 4);
+    assert!(xr.is_ok());
+    // A was either synced before the cut (acknowledged, then truncated on request) or cut
+    // before any sync covered it, and then it must fail: never acknowledged unsynced.
+    assert!(matches!(ar, Ok(_) | Err(Error::AppendTruncated { .. })), "{ar:?}");
+    assert_eq!(p.append_at_opt(Some(5), &one(b"B-record")).unwrap(), (5, 5));
+    assert_eq!(p.read_record(5).unwrap().unwrap().data, b"B-record");
+    assert!(p.read_record(6).unwrap().is_none());
+}
+
+/// A queued append that a truncation cuts before any sync fails instead of being acknowledged.
+#[test]
+fn r2b_a_queued_append_cut_by_truncate_fails() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    fill(&p, 5);
+    let kept = p.enqueue(None, &one(b"kept")).unwrap(); // txid 5
+    let cut = p.enqueue(None, &one(b"cut")).unwrap(); // txid 6
+    assert_eq!(p.truncate(5).unwrap(), 5);
+    assert!(p.wait_durable(kept.seq).is_ok());
+    assert!(matches!(p.wait_durable(cut.seq), Err(Error::AppendTruncated { .. })));
+    assert_eq!(p.read_record(5).unwrap().unwrap().data, b"kept");
+    assert!(p.read_record(6).unwrap().is_none());
+}
+
+/// F3: a write failure in `flush_index` (Storage.flush / close) drops the queue without
+/// poisoning; the queued appender is then acknowledged for bytes that were never written.
+#[test]
+fn r3_flush_index_write_error_loses_a_queued_record_that_is_then_acknowledged() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5);
+    gate.arm(1);
+    let x = append_bg(&p, None, b"X".to_vec()); // txid 5, leader blocked in fdatasync
+    gate.wait_blocked(1);
+    let a = append_bg(&p, None, b"A-record".to_vec()); // txid 6, queued
+    wait_next_txid(&p, 7);
+    gate.fail_writes(true);
+    let fl = p.flush_index();
+    gate.fail_writes(false);
+    let poisoned = p.is_failed();
+    gate.release(false);
+    let (_xr, ar) = (x.join().unwrap(), a.join().unwrap());
+    let max = p.max_txid();
+    drop(p);
+    let p2 = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    let after = p2.read_record(6).unwrap();
+    assert!(
+        !(ar.is_ok() && after.is_none()),
+        "flush_index -> {:?}, poisoned: {:?}; A acknowledged as {:?} (max_txid {}), but after reopen \
+         txid 6 is {:?} and max_txid is {}",
+        fl.map_err(|e| e.to_string()),
+        poisoned,
+        ar.ok(),
+        max,
+        after,
+        p2.max_txid()
+    );
+}
+
+/// Close variant of F3: the failure is only logged.
+#[test]
+fn r3b_close_write_error_loses_a_queued_record_that_is_then_acknowledged() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5);
+    gate.arm(1);
+    let x = append_bg(&p, None, b"X".to_vec());
+    gate.wait_blocked(1);
+    let a = append_bg(&p, None, b"A-record".to_vec());
+    wait_next_txid(&p, 7);
+    gate.fail_writes(true);
+    p.close();
+    gate.fail_writes(false);
+    gate.release(false);
+    let (_xr, ar) = (x.join().unwrap(), a.join().unwrap());
+    drop(p);
+    let p2 = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    let after = p2.read_record(6).unwrap();
+    assert!(!(ar.is_ok() && after.is_none()), "A acknowledged as {:?}, after reopen txid 6 = {:?}", ar.ok(), after);
+}
+
+fn payload(t: i64) -> Vec<u8> {
+    format!("payload-{t}-").repeat((t % 7 + 1) as usize).into_bytes()
+}
+
+fn write_250(dir: &Path, cp: u64) {
+    let p = open_with(Arc::new(StdFs), dir, opts(1 << 30, cp)).unwrap();
+    for t in 0..250 {
+        p.append(t, &one(&payload(t))).unwrap();
+    }
+    drop(p); // clean close: complete index
+}
+
+/// F4: only the highest checkpoint window is verified; entries of earlier windows are trusted,
+/// so one damaged entry makes an intact, acknowledged record unreadable on every later open.
+#[test]
+fn r4_damaged_entry_in_an_earlier_window_is_trusted_forever() {
+    let d = tempfile::tempdir().unwrap();
+    write_250(d.path(), 100);
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    idx.write_all_at(&[0u8; 8], HEADER_LEN + 8 * 50).unwrap(); // window [0,100), below cp 200
+    for _ in 0..2 {
+        let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
+        let r = p.read_record(50);
+        assert!(
+            matches!(&r, Ok(Some(rec)) if rec.data == payload(50)),
+            "intact record 50 unreadable after reopen (scanned {} records): {:?}",
+            p.recovery.scanned_records,
+            r.map(|o| o.map(|r| r.txid)).map_err(|e| e.to_string())
+        );
+    }
+}
+
+/// F5: an index entry of -1 (bytes FF..FF) overflows `pos + needed` in `visit`: a panic in debug
+/// builds, an endless loop in release builds (the extension is built release).
+#[test]
+fn r5_index_entry_minus_one_hangs_or_panics_the_reader() {
+    let d = tempfile::tempdir().unwrap();
+    write_250(d.path(), 100);
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    idx.write_all_at(&[0xFFu8; 8], HEADER_LEN + 8 * 50).unwrap();
+    let p = Arc::new(open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let p2 = p.clone();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p2.read_record(50).map(|_| ()).map_err(|e| e.to_string())));
+        let _ = tx.send(r.map_err(|e| e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))));
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Ok(r)) => println!("read_record(50) -> {r:?}"),
+        Ok(Err(panic)) => panic!("read_record(50) panicked: {panic:?}"),
+        Err(_) => panic!("read_record(50) still running after 5 s (endless loop)"),
+    }
+}
+
+/// F6: after a failed fdatasync and a reopen, recovery reads the never-synced record back from
+/// the page cache and reports it durable, without any successful fdatasync covering it.
+#[test]
+fn r6_record_whose_fsync_failed_is_durable_after_reopen() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = Arc::new(FaultFs::new());
+    let p = open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap();
+    fill(&p, 5);
+    fs.syncs_before_eio.store(0, Ordering::SeqCst);
+    assert!(p.append(5, &one(b"never-synced")).is_err());
+    fs.syncs_before_eio.store(-1, Ordering::SeqCst);
+    drop(p);
+    let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
+    assert_eq!(p.max_txid(), 4, "record 5 (its fdatasync failed) is reported durable after reopen: {:?}", p.read_record(5).unwrap().map(|r| r.data));
+}
+
+/// F7: truncate/drop_segments_before check `closed` before taking the state lock; a call that
+/// waited for the lock runs on a partition that close() already handed back.
+#[test]
+fn r7_truncate_runs_after_close() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Arc::new(open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap());
+    fill(&p, 10);
+    let guard = lock(&p.state);
+    let pt = p.clone();
+    let t = std::thread::spawn(move || pt.truncate(2));
+    std::thread::sleep(Duration::from_millis(100)); // truncate passed check_writable, waits for the lock
+    p.closed.store(true, Ordering::Release); // what close() does first
+    drop(guard);
+    let r = t.join().unwrap();
+    drop(p);
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    assert!(r.is_err(), "truncate on a closed partition returned {:?}; the files now end at {}", r.ok(), p.max_txid());
+}
+
+/// F8: a read-only open with a pending truncation intent serves the records being truncated.
+#[test]
+fn r8_read_only_open_with_intent_serves_truncated_records() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    fill(&p, 10);
+    drop(p);
+    write_file_atomically(&StdFs, &d.path().join(TRUNCATE_INTENT), &encode_intent(3)).unwrap();
+    let mut o = opts(1 << 30, 1000);
+    o.recover.read_only = true;
+    let p = Partition::open(Arc::new(StdFs), d.path(), 0, KEY, o).unwrap();
+    assert_eq!(p.max_txid(), 3, "read-only view shows {} (finished_truncation = {:?})", p.max_txid(), p.recovery.finished_truncation);
+}
+
+/// F4b: `truncate` trusts the same unverified entry as the cut point (`cut_after` -> offset_of ->
+/// set_len), so one damaged index entry deletes acknowledged records below the target.
+#[test]
+fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
+    let d = tempfile::tempdir().unwrap();
+    write_250(d.path(), 100);
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    idx.write_all_at(&(HEADER_LEN as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap(); // entry 50 := 128
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
+    assert_eq!(p.truncate(49).unwrap(), 49);
+    drop(p);
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
+    let r = p.read_record(10);
+    assert!(
+        matches!(&r, Ok(Some(rec)) if rec.data == payload(10)),
+        "after truncate(49) record 10 is {:?}; max_txid {}; data file {} bytes",
+        r.map(|o| o.map(|r| r.txid)).map_err(|e| e.to_string()),
+        p.max_txid(),
+        std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len()
+    );
+}
