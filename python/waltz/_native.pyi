@@ -203,6 +203,7 @@ class StorageNode:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
+        admin_port: int | None = None,
         max_frame: int = 64 << 20,
         max_list_count: int = 10_000,
         max_list_bytes: int = 16 << 20,
@@ -211,6 +212,8 @@ class StorageNode:
     ) -> StorageNode: ...
     @property
     def address(self) -> tuple[str, int]: ...
+    @property
+    def admin_address(self) -> tuple[str, int] | None: ...
     def stats(self) -> dict[str, int]: ...
     def stop(self) -> None:
         """Stops accepting and closes connections; queued appends finish their fsync first."""
@@ -220,7 +223,7 @@ class StorageNode:
 @final
 class ResponseReader:
     """Splits bytes from a storage node into responses: (kind, seq, session_id, partition_id, value)."""
-    def __new__(cls, max_frame: int = 64 << 20) -> ResponseReader: ...
+    def __new__(cls, max_frame: int = 64 << 20, *, admin: bool = False) -> ResponseReader: ...
     def feed(self, data: bytes) -> None: ...
     def next_response(self) -> tuple[str, int, int, int, object] | None: ...
 
@@ -240,6 +243,19 @@ def encode_request(
 ) -> bytes:
     """One storage-protocol request frame: hello, open, last_session_info, max_transaction_id,
     truncate, set_low_water_mark, record_header, record, record_header_list, record_list."""
+
+def encode_admin_request(
+    kind: str,
+    seq: int = 0,
+    partition_id: int = 0,
+    *,
+    cluster_key: _Key | None = None,
+    partition_count: int = 0,
+    delete_files: bool = False,
+    readable: bool = True,
+    writable: bool = True,
+) -> bytes:
+    """One admin-protocol request frame: hello, open, assign, unassign, set_availability, status."""
 
 def encode_append(session_id: int, seq: int, partition_id: int, first_txid: int, batch: RecordBatch) -> bytes:
     """An Append frame of `batch` as transactions first_txid, first_txid + 1, ..."""

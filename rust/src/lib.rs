@@ -832,6 +832,41 @@ mod python {
         Ok(PyBytes::new(py, &out))
     }
 
+    /// Encodes one admin-protocol request frame: hello, open, assign, unassign,
+    /// set_availability, status.
+    #[pyfunction]
+    #[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn encode_admin_request<'py>(
+        py: Python<'py>,
+        kind: &str,
+        seq: i64,
+        partition_id: i32,
+        cluster_key: Option<&Bound<'_, PyAny>>,
+        partition_count: i32,
+        delete_files: bool,
+        readable: bool,
+        writable: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        use crate::protocol::AdminRequest;
+        let h = MsgHeader { session_id: -1, seq, partition_id };
+        let req = match kind {
+            "hello" => AdminRequest::Hello { min_version: 1, max_version: 1 },
+            "open" => {
+                let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
+                AdminRequest::Open { h, cluster_key: parse_key(k)?, partition_count }
+            }
+            "assign" => AdminRequest::Assign { h },
+            "unassign" => AdminRequest::Unassign { h, delete_files },
+            "set_availability" => AdminRequest::SetAvailability { h, readable, writable },
+            "status" => AdminRequest::Status { h },
+            other => return Err(InvalidArgumentError::new_err(format!("unknown admin request kind {other:?}"))),
+        };
+        let mut out = Vec::new();
+        req.encode(&mut out);
+        Ok(PyBytes::new(py, &out))
+    }
+
     /// Encodes an Append frame of `batch` as transactions first_txid, first_txid + 1, ...
     #[pyfunction]
     fn encode_append<'py>(
@@ -891,20 +926,24 @@ mod python {
     pub struct PyResponseReader {
         buf: Vec<u8>,
         max_frame: usize,
+        admin: bool,
     }
 
     #[pymethods]
     impl PyResponseReader {
         #[new]
-        #[pyo3(signature = (max_frame=crate::protocol::DEFAULT_MAX_FRAME))]
-        fn new(max_frame: usize) -> Self {
-            PyResponseReader { buf: Vec::new(), max_frame }
+        #[pyo3(signature = (max_frame=crate::protocol::DEFAULT_MAX_FRAME, *, admin=false))]
+        fn new(max_frame: usize, admin: bool) -> Self {
+            PyResponseReader { buf: Vec::new(), max_frame, admin }
         }
         fn feed(&mut self, data: &[u8]) {
             self.buf.extend_from_slice(data);
         }
         /// The next whole response, or None until more bytes arrive. Raises ProtocolError.
         fn next_response<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+            if self.admin {
+                return self.next_admin(py);
+            }
             let (size, resp) = match split_frame(&self.buf, MAGIC_STORAGE, self.max_frame) {
                 Ok(Some(f)) => (f.size, Response::decode(&f)),
                 Ok(None) => return Ok(None),
@@ -964,23 +1003,73 @@ mod python {
         }
     }
 
+    impl PyResponseReader {
+        fn next_admin<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+            use crate::protocol::{AdminResponse, MAGIC_ADMIN};
+            let (size, resp) = match split_frame(&self.buf, MAGIC_ADMIN, self.max_frame) {
+                Ok(Some(f)) => (f.size, AdminResponse::decode(&f)),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(ProtocolError::new_err(e.to_string())),
+            };
+            self.buf.drain(..size);
+            let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
+            let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
+                AdminResponse::HelloOk { version } => ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind()),
+                AdminResponse::Success { h } => ("success", h, py.None()),
+                AdminResponse::Failure { h, kind, message } => {
+                    ("failure", h, (failure_name(kind), message).into_pyobject(py)?.into_any().unbind())
+                }
+                AdminResponse::Status { h, partitions } => {
+                    let list = PyList::empty(py);
+                    for p in partitions {
+                        let d = PyDict::new(py);
+                        d.set_item("partition", p.partition_id)?;
+                        d.set_item("first_transaction_id", p.first_txid)?;
+                        d.set_item("max_transaction_id", p.max_txid)?;
+                        d.set_item("session_id", p.session_id)?;
+                        d.set_item("low_water_mark", p.low_water_mark)?;
+                        d.set_item("local_low_water_mark", p.local_low_water_mark)?;
+                        d.set_item("newest_session", p.newest_session)?;
+                        d.set_item("readable", p.readable)?;
+                        d.set_item("writable", p.writable)?;
+                        d.set_item("failure", if p.failure.is_empty() { None } else { Some(p.failure) })?;
+                        list.append(d)?;
+                    }
+                    ("status", h, list.into_any().unbind())
+                }
+            };
+            Ok(Some(PyTuple::new(
+                py,
+                [
+                    kind.into_pyobject(py)?.into_any().unbind(),
+                    h.seq.into_pyobject(py)?.into_any().unbind(),
+                    h.session_id.into_pyobject(py)?.into_any().unbind(),
+                    h.partition_id.into_pyobject(py)?.into_any().unbind(),
+                    value,
+                ],
+            )?))
+        }
+    }
+
     /// A storage node serving `storage` over TCP (the storage protocol) on its own tokio runtime.
     #[pyclass(name = "StorageNode", module = "waltz._native", frozen)]
     pub struct PyStorageNode {
         handle: std::sync::Mutex<Option<crate::node::NodeHandle>>,
         addr: std::net::SocketAddr,
+        admin_addr: Option<std::net::SocketAddr>,
     }
 
     #[pymethods]
     impl PyStorageNode {
         #[staticmethod]
-        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024))]
+        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024))]
         #[allow(clippy::too_many_arguments)]
         fn start(
             py: Python<'_>,
             storage: &PyStorage,
             host: &str,
             port: u16,
+            admin_port: Option<u16>,
             max_frame: usize,
             max_list_count: usize,
             max_list_bytes: usize,
@@ -999,16 +1088,22 @@ mod python {
             };
             let s = storage.0.clone();
             let bind = format!("{host}:{port}");
+            let admin_bind = admin_port.map(|p| format!("{host}:{p}"));
             let h = py
-                .detach(move || crate::node::start(s, &bind, opts))
+                .detach(move || crate::node::start(s, &bind, admin_bind.as_deref(), opts))
                 .map_err(|e| StorageIOError::new_err(format!("cannot listen on {host}:{port}: {e}")))?;
-            let addr = h.addr;
-            Ok(PyStorageNode { handle: std::sync::Mutex::new(Some(h)), addr })
+            let (addr, admin_addr) = (h.addr, h.admin_addr);
+            Ok(PyStorageNode { handle: std::sync::Mutex::new(Some(h)), addr, admin_addr })
         }
         /// (host, port) the node listens on.
         #[getter]
         fn address(&self) -> (String, u16) {
             (self.addr.ip().to_string(), self.addr.port())
+        }
+        /// (host, port) of the admin port, or None when it was not started.
+        #[getter]
+        fn admin_address(&self) -> Option<(String, u16)> {
+            self.admin_addr.map(|a| (a.ip().to_string(), a.port()))
         }
         fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
             use std::sync::atomic::Ordering::Relaxed;
@@ -1046,6 +1141,7 @@ mod python {
         m.add_function(wrap_pyfunction!(raw_append_loop, m)?)?;
         m.add_function(wrap_pyfunction!(encode_request, m)?)?;
         m.add_function(wrap_pyfunction!(encode_append, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_admin_request, m)?)?;
         m.add_class::<PyResponseReader>()?;
         m.add_class::<PyStorageNode>()?;
         m.add_class::<PyStorage>()?;

@@ -12,7 +12,8 @@
 use crate::error::Error;
 use crate::partition::Partition;
 use crate::protocol::{
-    split_frame, FailureKind, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE, VERSION,
+    split_frame, AdminRequest, AdminResponse, FailureKind, MsgHeader, PartitionStatus, Request, Response, WireRecord,
+    MAGIC_ADMIN, MAGIC_STORAGE, VERSION,
 };
 use crate::record::NewRecord;
 use crate::storage::Storage;
@@ -64,11 +65,14 @@ struct Shared {
     opts: NodeOptions,
     /// Newest session id seen per partition.
     fences: Mutex<HashMap<i32, i64>>,
+    /// (readable, writable) per partition, set through the admin port; absent means both.
+    availability: Mutex<HashMap<i32, (bool, bool)>>,
     stats: NodeStats,
 }
 
 pub struct NodeHandle {
     pub addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     shutdown: Arc<Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -94,7 +98,9 @@ impl Drop for NodeHandle {
     }
 }
 
-pub fn start(storage: Arc<Storage>, bind: &str, opts: NodeOptions) -> std::io::Result<NodeHandle> {
+/// Starts serving the storage protocol on `bind` and, when given, the admin protocol on
+/// `admin_bind` (host:port; port 0 picks a free one).
+pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: NodeOptions) -> std::io::Result<NodeHandle> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("waltz-node")
@@ -102,14 +108,40 @@ pub fn start(storage: Arc<Storage>, bind: &str, opts: NodeOptions) -> std::io::R
         .build()?;
     let listener = rt.block_on(TcpListener::bind(bind))?;
     let addr = listener.local_addr()?;
-    let shared = Arc::new(Shared { storage, opts, fences: Mutex::new(HashMap::new()), stats: NodeStats::default() });
+    let admin = match admin_bind {
+        Some(b) => Some(rt.block_on(TcpListener::bind(b))?),
+        None => None,
+    };
+    let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
+    let shared = Arc::new(Shared {
+        storage,
+        opts,
+        fences: Mutex::new(HashMap::new()),
+        availability: Mutex::new(HashMap::new()),
+        stats: NodeStats::default(),
+    });
     let shutdown = Arc::new(Notify::new());
     let (sh, stop) = (shared.clone(), shutdown.clone());
     let thread = std::thread::Builder::new().name("waltz-node-accept".into()).spawn(move || {
         rt.block_on(async move {
+            let admin_accept = async {
+                match admin {
+                    Some(l) => loop {
+                        match l.accept().await {
+                            Ok((stream, peer)) => {
+                                tokio::spawn(serve_admin(stream, peer, sh.clone()));
+                            }
+                            Err(e) => log::warn!("admin accept failed: {e}"),
+                        }
+                    },
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::pin!(admin_accept);
             loop {
                 tokio::select! {
                     _ = stop.notified() => break,
+                    _ = &mut admin_accept => {}
                     accepted = listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
@@ -124,7 +156,7 @@ pub fn start(storage: Arc<Storage>, bind: &str, opts: NodeOptions) -> std::io::R
         // Appends already queued finish their fsync on the blocking pool before it stops.
         rt.shutdown_timeout(Duration::from_secs(10));
     })?;
-    Ok(NodeHandle { addr, shared, shutdown, thread: Some(thread) })
+    Ok(NodeHandle { addr, admin_addr, shared, shutdown, thread: Some(thread) })
 }
 
 fn failure_kind(e: &Error) -> FailureKind {
@@ -282,6 +314,20 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
             return Ok(ready(resp));
         }
     };
+    let (readable, writable) = shared
+        .availability
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&h.partition_id)
+        .copied()
+        .unwrap_or((true, true));
+    let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
+    if mutates && !writable {
+        return Ok(ready(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))));
+    }
+    if !mutates && !readable {
+        return Ok(ready(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
+    }
     Ok(match req {
         Request::Append { records, .. } => append(shared, h, part, records),
         Request::MaxTransactionId { .. } => ready(Response::MaxTransactionId { h, txid: part.max_txid() }),
@@ -401,3 +447,135 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     }
 }
 
+
+/// The admin port: one request at a time, answered in order.
+async fn serve_admin(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let mut buf: Vec<u8> = Vec::new();
+    let (mut greeted, mut opened) = (false, false);
+    let reason: String = 'conn: loop {
+        loop {
+            let (size, req) = match split_frame(&buf, MAGIC_ADMIN, shared.opts.max_frame) {
+                Ok(Some(f)) => (f.size, AdminRequest::decode(&f)),
+                Ok(None) => break,
+                Err(e) => break 'conn format!("bad admin frame: {e}"),
+            };
+            buf.drain(..size);
+            let req = match req {
+                Ok(r) => r,
+                Err(e) => break 'conn format!("bad admin frame: {e}"),
+            };
+            let resp = match (greeted, req) {
+                (false, AdminRequest::Hello { min_version, max_version }) if min_version <= VERSION && VERSION <= max_version => {
+                    greeted = true;
+                    AdminResponse::HelloOk { version: VERSION }
+                }
+                (false, _) => break 'conn "the first admin frame must be a Hello this node speaks".into(),
+                (true, AdminRequest::Hello { .. }) => break 'conn "Hello sent twice".into(),
+                (true, AdminRequest::Open { h, cluster_key, partition_count }) => {
+                    let s = &shared.storage;
+                    if cluster_key != s.cluster_key {
+                        admin_fail(h, FailureKind::ClusterKeyMismatch, "cluster key does not match this storage".into())
+                    } else if partition_count != s.partition_count {
+                        admin_fail(h, FailureKind::PartitionCountMismatch, format!("this storage has {} partitions", s.partition_count))
+                    } else {
+                        opened = true;
+                        AdminResponse::Success { h }
+                    }
+                }
+                (true, req) if !opened => admin_fail(req.header().unwrap_or_default(), FailureKind::NotOpened, "send Open first".into()),
+                (true, req) => {
+                    let sh = shared.clone();
+                    match tokio::task::spawn_blocking(move || admin(&sh, req)).await {
+                        Ok(r) => r,
+                        Err(e) => admin_fail(MsgHeader::default(), FailureKind::Internal, e.to_string()),
+                    }
+                }
+            };
+            let mut out = Vec::new();
+            resp.encode(&mut out);
+            if stream.write_all(&out).await.is_err() {
+                break 'conn String::new();
+            }
+        }
+        let mut chunk = [0u8; 16 << 10];
+        match tokio::time::timeout(shared.opts.idle_timeout, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) => break String::new(),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(e)) => break format!("read failed: {e}"),
+            Err(_) => break format!("idle for {:?}", shared.opts.idle_timeout),
+        }
+    };
+    if !reason.is_empty() {
+        log::warn!("closing admin connection from {peer}: {reason}");
+    }
+}
+
+fn admin_fail(h: MsgHeader, kind: FailureKind, message: String) -> AdminResponse {
+    AdminResponse::Failure { h, kind, message }
+}
+
+fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
+    let s = &shared.storage;
+    let h = req.header().unwrap_or_default();
+    let pid = h.partition_id;
+    let done = |r: crate::error::Result<()>| match r {
+        Ok(()) => AdminResponse::Success { h },
+        Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
+    };
+    match req {
+        AdminRequest::Assign { .. } => done(s.add_partition(pid).and_then(|_| s.partition(pid).map(|_| ()))),
+        AdminRequest::Unassign { delete_files, .. } => {
+            let r = s.remove_partition(pid, delete_files);
+            shared.fences.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
+            done(r)
+        }
+        AdminRequest::SetAvailability { readable, writable, .. } => {
+            if pid < 0 || pid >= s.partition_count {
+                return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
+            }
+            shared.availability.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, (readable, writable));
+            AdminResponse::Success { h }
+        }
+        AdminRequest::Status { .. } => {
+            let ids = match s.partition_ids() {
+                Ok(ids) => ids,
+                Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
+            };
+            let fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let avail = shared.availability.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut partitions = Vec::new();
+            for id in ids {
+                let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));
+                let (readable, writable) = avail.get(&id).copied().unwrap_or((true, true));
+                partitions.push(match st {
+                    Ok((p, info)) => PartitionStatus {
+                        partition_id: id,
+                        first_txid: p.first_txid(),
+                        max_txid: p.max_txid(),
+                        session_id: info.session_id,
+                        low_water_mark: info.low_water_mark,
+                        local_low_water_mark: info.local_low_water_mark,
+                        newest_session: fences.get(&id).copied().unwrap_or(info.session_id),
+                        readable,
+                        writable,
+                        failure: p.is_failed().unwrap_or_default(),
+                    },
+                    Err(e) => PartitionStatus {
+                        partition_id: id,
+                        first_txid: -1,
+                        max_txid: -1,
+                        session_id: -1,
+                        low_water_mark: -1,
+                        local_low_water_mark: -1,
+                        newest_session: -1,
+                        readable,
+                        writable,
+                        failure: format!("cannot open: {e}"),
+                    },
+                });
+            }
+            AdminResponse::Status { h, partitions }
+        }
+        AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
+    }
+}

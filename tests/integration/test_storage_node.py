@@ -280,3 +280,49 @@ def test_kill9_during_pipelined_appends_loses_nothing_acknowledged(tmp_path):
             assert r.data == bytes([r.txid % 251]) * 100
         acked_total += len(acked)
     assert acked_total > 20
+
+
+def test_admin_port_assigns_toggles_and_reports(tmp_path):
+    from waltz.storage import StorageAdminClient
+
+    key = uuid.uuid4()
+    s = Storage.create(tmp_path / "node", key, 3)
+    with StorageNode.start(s, admin_port=0) as node:
+        admin_addr = node.admin_address
+        assert admin_addr is not None
+
+        async def go():
+            async with await StorageAdminClient.connect(*admin_addr, cluster_key=key, partition_count=3) as admin:
+                assert await admin.status() == []
+                await admin.assign(1)
+                await admin.assign(1)  # idempotent
+                c = await StorageClient.connect(*node.address, cluster_key=key, partition_count=3)
+                await c.append(1, 2, 0, batch(0, 4))
+                [st] = await admin.status()
+                assert (st["partition"], st["max_transaction_id"], st["newest_session"], st["failure"]) == (1, 3, 2, None)
+                assert (st["readable"], st["writable"]) == (True, True)
+
+                await admin.set_availability(1, readable=True, writable=False)
+                with pytest.raises(errors.StorageRequestError, match="not writable") as e:
+                    await c.append(1, 2, 4, batch(4, 1))
+                assert e.value.kind == "partition_not_writable"
+                assert await c.max_transaction_id(1, 2) == 3  # reads still allowed
+                await admin.set_availability(1, readable=False, writable=False)
+                with pytest.raises(errors.StorageRequestError, match="not readable"):
+                    await c.record(1, 2, 0)
+                await admin.set_availability(1, readable=True, writable=True)
+                await c.append(1, 2, 4, batch(4, 1))
+
+                with pytest.raises(errors.PartitionNotFoundError):
+                    await admin.set_availability(7, readable=True, writable=True)
+                await admin.unassign(1, delete_files=True)
+                assert await admin.status() == []
+                with pytest.raises(errors.PartitionNotFoundError):
+                    await c.max_transaction_id(1, 2)
+                await c.close()
+
+            with pytest.raises(errors.ClusterKeyMismatch):
+                await StorageAdminClient.connect(*admin_addr, cluster_key=uuid.uuid4(), partition_count=3)
+
+        run(go())
+    s.close()

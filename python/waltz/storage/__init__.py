@@ -11,7 +11,7 @@ from waltz._native import (
     Storage,
     StorageNode,
 )
-from waltz.storage.client import StorageClient
+from waltz.storage.client import StorageAdminClient, StorageClient
 from waltz.storage.scan import iter_scan, scan_to_arrow
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "ReqId",
     "ScanChunk",
     "Storage",
+    "StorageAdminClient",
     "StorageClient",
     "StorageNode",
     "iter_scan",

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from waltz import errors
-from waltz._native import RecordBatch, ResponseReader, encode_append, encode_request
+from waltz._native import RecordBatch, ResponseReader, encode_admin_request, encode_append, encode_request
 
 _FAILURES: dict[str, type[errors.StorageError]] = {
     "cluster_key_mismatch": errors.ClusterKeyMismatch,
@@ -41,45 +41,38 @@ def _failure(address: str, kind: str, message: str) -> errors.StorageError:
     return err
 
 
-class StorageClient:
-    """One connection to one storage node. Use `await StorageClient.connect(...)`."""
+class _Connection:
+    """A pipelined request/response connection: handshake, sequence numbers, a read loop."""
+
+    ADMIN = False
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout: float):
         self._reader = reader
         self._writer = writer
         self.address = address
         self.timeout = timeout
-        self._decoder = ResponseReader()
+        self._decoder = ResponseReader(admin=self.ADMIN)
         self._pending: dict[int, asyncio.Future[tuple[str, Any]]] = {}
         self._seq = itertools.count(1)
         self._closed: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        *,
-        cluster_key: uuid.UUID | str,
-        partition_count: int,
-        timeout: float = 10.0,
-    ) -> StorageClient:
-        """Connects, agrees on a protocol version and opens the session-less Open handshake."""
+    async def _open(cls, host: str, port: int, timeout: float, hello: bytes, open_request: Any) -> Any:
         address = f"{host}:{port}"
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         except (OSError, asyncio.TimeoutError) as e:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
         client = cls(reader, writer, address, timeout)
-        writer.write(encode_request("hello", min_version=1, max_version=1))
-        await client._read_hello()
-        client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
-        await client._call(
-            lambda seq: encode_request(
-                "open", -1, seq, -1, cluster_key=str(cluster_key), partition_count=partition_count
-            )
-        )
+        try:
+            writer.write(hello)
+            await client._read_hello()
+            client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
+            await client._call(open_request)
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     async def _read_hello(self) -> None:
@@ -141,6 +134,47 @@ class StorageClient:
             raise _failure(self.address, *value)
         return value
 
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, errors.WaltzError):
+                pass
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class StorageClient(_Connection):
+    """One connection to one storage node (storage protocol). Use `await StorageClient.connect()`."""
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        cluster_key: uuid.UUID | str,
+        partition_count: int,
+        timeout: float = 10.0,
+    ) -> StorageClient:
+        """Connects, agrees on a protocol version and sends Open (cluster key, partition count)."""
+        return await cls._open(
+            host,
+            port,
+            timeout,
+            encode_request("hello", min_version=1, max_version=1),
+            lambda seq: encode_request("open", -1, seq, -1, cluster_key=str(cluster_key), partition_count=partition_count),
+        )
     async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
         """(session id, low-water mark) of the partition's last store session on this node."""
         return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition))
@@ -176,21 +210,44 @@ class StorageClient:
             lambda seq: encode_request("record_list", session, seq, partition, txid=txid, max_count=max_count)
         )
 
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, errors.WaltzError):
-                pass
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except OSError:
-            pass
 
-    async def __aenter__(self) -> StorageClient:
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+class StorageAdminClient(_Connection):
+    """One connection to a storage node's admin port. Use `await StorageAdminClient.connect()`."""
+
+    ADMIN = True
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        cluster_key: uuid.UUID | str,
+        partition_count: int,
+        timeout: float = 10.0,
+    ) -> StorageAdminClient:
+        return await cls._open(
+            host,
+            port,
+            timeout,
+            encode_admin_request("hello"),
+            lambda seq: encode_admin_request("open", seq, cluster_key=str(cluster_key), partition_count=partition_count),
+        )
+
+    async def assign(self, partition: int) -> None:
+        """Assigns the partition to the node, creating its files if needed (idempotent)."""
+        await self._call(lambda seq: encode_admin_request("assign", seq, partition))
+
+    async def unassign(self, partition: int, *, delete_files: bool = False) -> None:
+        await self._call(lambda seq: encode_admin_request("unassign", seq, partition, delete_files=delete_files))
+
+    async def set_availability(self, partition: int, *, readable: bool, writable: bool) -> None:
+        await self._call(
+            lambda seq: encode_admin_request("set_availability", seq, partition, readable=readable, writable=writable)
+        )
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Per partition: first and max transaction id, last session and low-water marks, the
+        newest session seen (the fence), readable, writable, and why it failed (or None)."""
+        return await self._call(lambda seq: encode_admin_request("status", seq))
