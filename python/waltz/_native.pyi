@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from typing import Literal, TypedDict, final
 
 __version__: str
+SYNC_MICROS_BOUNDS: list[int]
+BATCH_RECORDS_BOUNDS: list[int]
 
 _Key = uuid.UUID | str | bytes
 _ReqIdLike = ReqId | tuple[int, int, int, int]
@@ -95,6 +97,8 @@ class _Stats(TypedDict):
     records: int
     bytes: int
     syncs: int
+    sync_micros: tuple[list[int], int]
+    batch_records: tuple[list[int], int]
 
 class _Recovery(TypedDict):
     segments: int
@@ -214,7 +218,7 @@ class StorageNode:
     def address(self) -> tuple[str, int]: ...
     @property
     def admin_address(self) -> tuple[str, int] | None: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int | dict[str, int]]: ...
     def stop(self) -> None:
         """Stops accepting and closes connections; queued appends finish their fsync first."""
     def __enter__(self) -> StorageNode: ...

@@ -669,6 +669,8 @@ mod python {
             d.set_item("records", s.records)?;
             d.set_item("bytes", s.bytes)?;
             d.set_item("syncs", s.syncs)?;
+            d.set_item("sync_micros", s.sync_micros)?;
+            d.set_item("batch_records", s.batch_records)?;
             Ok(d)
         }
         /// What opening the partition found and did.
@@ -1115,6 +1117,17 @@ mod python {
                 d.set_item("failures", s.failures.load(Relaxed))?;
                 d.set_item("closed_bad_frames", s.closed_bad_frames.load(Relaxed))?;
                 d.set_item("appended_records", s.appended_records.load(Relaxed))?;
+                d.set_item("bytes_in", s.bytes_in.load(Relaxed))?;
+                d.set_item("bytes_out", s.bytes_out.load(Relaxed))?;
+                let by_kind = PyDict::new(py);
+                for (code, c) in s.failures_by_kind.iter().enumerate() {
+                    let n = c.load(Relaxed);
+                    if n > 0 {
+                        let name = crate::protocol::FailureKind::from_u16(code as u16).map(failure_name).unwrap_or("internal");
+                        by_kind.set_item(name, n)?;
+                    }
+                }
+                d.set_item("failures_by_kind", by_kind)?;
             }
             Ok(d)
         }
@@ -1138,6 +1151,8 @@ mod python {
     fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("SYNC_MICROS_BOUNDS", crate::partition::SYNC_MICROS_BOUNDS.to_vec())?;
+        m.add("BATCH_RECORDS_BOUNDS", crate::partition::BATCH_RECORDS_BOUNDS.to_vec())?;
         m.add_function(wrap_pyfunction!(raw_append_loop, m)?)?;
         m.add_function(wrap_pyfunction!(encode_request, m)?)?;
         m.add_function(wrap_pyfunction!(encode_append, m)?)?;

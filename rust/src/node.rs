@@ -58,6 +58,10 @@ pub struct NodeStats {
     pub failures: AtomicU64,
     pub closed_bad_frames: AtomicU64,
     pub appended_records: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Failures answered, indexed by FailureKind code.
+    pub failures_by_kind: [AtomicU64; 17],
 }
 
 struct Shared {
@@ -180,6 +184,18 @@ fn fail(h: MsgHeader, kind: FailureKind, message: impl Into<String>) -> Response
     Response::Failure { h, kind, message: message.into() }
 }
 
+fn count_response(stats: &NodeStats, bytes: &[u8]) {
+    stats.bytes_out.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    // Frame type is at offset 7; a Failure's kind follows its 20-byte message header.
+    if bytes.len() > 30 && bytes[7] == crate::protocol::msg::FAILURE {
+        let kind = u16::from_be_bytes([bytes[28], bytes[29]]) as usize;
+        stats.failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = stats.failures_by_kind.get(kind) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 fn encoded(r: &Response) -> Vec<u8> {
     let mut b = Vec::new();
     r.encode(&mut b);
@@ -205,10 +221,12 @@ fn blocking(shared: &Arc<Shared>, f: impl FnOnce(&Shared) -> Response + Send + '
 async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<JoinHandle<Vec<u8>>>(shared.opts.max_in_flight);
+    let wshared = shared.clone();
     let writer = tokio::spawn(async move {
         while let Some(h) = rx.recv().await {
             match h.await {
                 Ok(bytes) => {
+                    count_response(&wshared.stats, &bytes);
                     if wr.write_all(&bytes).await.is_err() {
                         break;
                     }
@@ -245,7 +263,10 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         let mut chunk = [0u8; 64 << 10];
         match tokio::time::timeout(shared.opts.idle_timeout, rd.read(&mut chunk)).await {
             Ok(Ok(0)) => break String::new(),
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Ok(n)) => {
+                shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                buf.extend_from_slice(&chunk[..n])
+            }
             Ok(Err(e)) => break format!("read failed: {e}"),
             Err(_) => break format!("idle for {:?}", shared.opts.idle_timeout),
         }
@@ -309,10 +330,7 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     }
     let part = match partition_and_fence(shared, h).await {
         Ok(p) => p,
-        Err(resp) => {
-            shared.stats.failures.fetch_add(1, Ordering::Relaxed);
-            return Ok(ready(resp));
-        }
+        Err(resp) => return Ok(ready(resp)),
     };
     let (readable, writable) = shared
         .availability
@@ -440,10 +458,7 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
         }
-        Err(e) => {
-            shared.stats.failures.fetch_add(1, Ordering::Relaxed);
-            ready(fail(h, failure_kind(&e), e.to_string()))
-        }
+        Err(e) => ready(fail(h, failure_kind(&e), e.to_string())),
     }
 }
 

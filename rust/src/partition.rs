@@ -56,12 +56,49 @@ pub struct AppendTicket {
     pub last: i64,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+/// Upper bounds (inclusive) of the histogram buckets; the last bucket takes the rest.
+pub const SYNC_MICROS_BOUNDS: [u64; 10] = [50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 250_000];
+pub const BATCH_RECORDS_BOUNDS: [u64; 8] = [1, 2, 5, 10, 50, 100, 500, 1_000];
+
+/// A fixed-bucket histogram cheap enough for the append path (one relaxed add per sample).
+pub struct Histogram<const N: usize> {
+    counts: [AtomicU64; N],
+    overflow: AtomicU64,
+    sum: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Histogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), overflow: AtomicU64::new(0), sum: AtomicU64::new(0) }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    fn observe(&self, bounds: &[u64; N], v: u64) {
+        match bounds.iter().position(|b| v <= *b) {
+            Some(i) => self.counts[i].fetch_add(1, Ordering::Relaxed),
+            None => self.overflow.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+    /// Per-bucket counts (not cumulative), the overflow bucket last, and the sum of samples.
+    pub fn snapshot(&self) -> (Vec<u64>, u64) {
+        let mut v: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        v.push(self.overflow.load(Ordering::Relaxed));
+        (v, self.sum.load(Ordering::Relaxed))
+    }
+}
+
+#[derive(Clone, Debug, Default)]
 pub struct PartitionStats {
     pub appends: u64,
     pub records: u64,
     pub bytes: u64,
     pub syncs: u64,
+    /// fdatasync latency in microseconds: bucket counts (bounds SYNC_MICROS_BOUNDS, then +Inf), sum.
+    pub sync_micros: (Vec<u64>, u64),
+    /// Records per append: bucket counts (bounds BATCH_RECORDS_BOUNDS, then +Inf), sum.
+    pub batch_records: (Vec<u64>, u64),
 }
 
 struct State {
@@ -108,6 +145,8 @@ pub struct Partition {
     records: AtomicU64,
     bytes: AtomicU64,
     syncs: AtomicU64,
+    sync_micros: Histogram<10>,
+    batch_records: Histogram<8>,
     pub recovery: RecoveryReport,
 }
 
@@ -340,6 +379,8 @@ impl Partition {
             records: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            sync_micros: Histogram::default(),
+            batch_records: Histogram::default(),
             recovery: report,
         };
         if let Some(t) = intent {
@@ -473,6 +514,8 @@ impl Partition {
             records: self.records.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
+            sync_micros: self.sync_micros.snapshot(),
+            batch_records: self.batch_records.snapshot(),
         }
     }
 
@@ -578,6 +621,7 @@ impl Partition {
         tail.count += n;
         st.next_txid += n as i64;
         self.appends.fetch_add(1, Ordering::Relaxed);
+        self.batch_records.observe(&BATCH_RECORDS_BOUNDS, n);
         self.records.fetch_add(n, Ordering::Relaxed);
         self.bytes.fetch_add(written, Ordering::Relaxed);
         Ok(())
@@ -700,7 +744,9 @@ impl Partition {
             };
             let started = Instant::now();
             let result = written.and_then(|_| files.data.sync_data().at(&files.data_path));
-            self.last_sync_ns.store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let took = started.elapsed();
+            self.last_sync_ns.store(took.as_nanos() as u64, Ordering::Relaxed);
+            self.sync_micros.observe(&SYNC_MICROS_BOUNDS, took.as_micros() as u64);
             self.syncs.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = result {
                 let e = self.poison(e);

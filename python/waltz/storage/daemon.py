@@ -1,0 +1,81 @@
+"""`waltz-node storage`: runs one storage node from a configuration file until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from waltz import errors
+from waltz._native import Storage, StorageNode
+from waltz.config import StorageNodeConfig
+from waltz.storage.http import serve_http
+
+log = logging.getLogger("waltz.storage")
+
+
+def open_storage(config: StorageNodeConfig) -> Storage:
+    """Opens the storage directory, creating it when the configuration names the cluster."""
+    s = config.storage
+    try:
+        return Storage.open(
+            s.directory,
+            s.cluster_key,
+            s.partition_count,
+            segment_size=s.segment_size,
+            checkpoint_interval=s.checkpoint_interval,
+            max_record_size=s.max_record_size,
+        )
+    except errors.NotInitialisedError:
+        if s.cluster_key is None or s.partition_count is None:
+            raise errors.NotInitialisedError(
+                f"{s.directory} is not a storage directory yet: set [storage] cluster_key and partition_count to create it"
+            ) from None
+        log.info("creating storage directory %s for cluster %s", s.directory, s.cluster_key)
+        return Storage.create(
+            s.directory,
+            s.cluster_key,
+            s.partition_count,
+            segment_size=s.segment_size,
+            checkpoint_interval=s.checkpoint_interval,
+            max_record_size=s.max_record_size,
+        )
+
+
+def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None:
+    """Serves until SIGTERM or SIGINT, then stops cleanly (queued appends finish their fsync)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    storage = open_storage(config)
+    n = config.node
+    node = StorageNode.start(
+        storage,
+        n.host,
+        n.port,
+        admin_port=n.admin_port,
+        max_frame=n.max_frame,
+        max_list_count=n.max_list_count,
+        max_list_bytes=n.max_list_bytes,
+        idle_timeout=n.idle_timeout,
+        max_in_flight=n.max_in_flight,
+    )
+    http = serve_http(storage, node, n.host, n.http_port)
+    host, port = node.address
+    admin = node.admin_address
+    log.info(
+        "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)",
+        storage.path, host, port, admin[0] if admin else "-", admin[1] if admin else 0, n.host, http.server_address[1],
+    )
+    log.warning("TLS is not configured: storage, admin and HTTP traffic is plaintext")
+    if ready is not None:
+        ready.set()
+    try:
+        stop.wait()
+    finally:
+        log.info("stopping storage node")
+        http.shutdown()
+        node.stop()
+        storage.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        log.info("storage node stopped")

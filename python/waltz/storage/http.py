@@ -1,0 +1,145 @@
+"""The storage node's HTTP endpoint: `/health` (real checks) and `/metrics` (Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from waltz import errors
+from waltz._native import BATCH_RECORDS_BOUNDS, SYNC_MICROS_BOUNDS, Storage, StorageNode
+
+
+def health(storage: Storage) -> tuple[bool, dict[str, Any]]:
+    """Checks that the disk takes a synced write, every partition opens, and none has failed."""
+    checks: dict[str, Any] = {}
+    probe = os.path.join(storage.path, ".health-probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"ok")
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+        checks["disk_writable"] = True
+    except OSError as e:
+        checks["disk_writable"] = f"{type(e).__name__}: {e}"
+    partitions: dict[str, Any] = {}
+    try:
+        for pid in storage.partition_ids():
+            try:
+                failed = storage.partition(pid).failed
+                partitions[str(pid)] = True if failed is None else f"failed: {failed}"
+            except errors.WaltzError as e:
+                partitions[str(pid)] = f"cannot open: {e}"
+    except errors.WaltzError as e:
+        checks["partitions"] = f"cannot list: {e}"
+    else:
+        checks["partitions"] = partitions
+    ok = checks["disk_writable"] is True and isinstance(checks["partitions"], dict)
+    ok = ok and all(v is True for v in partitions.values())
+    return ok, checks
+
+
+class NodeCollector(Collector):
+    def __init__(self, storage: Storage, node: StorageNode) -> None:
+        self.storage = storage
+        self.node = node
+
+    def collect(self) -> Iterator[Any]:
+        s = self.node.stats()
+        for name, help_text in (
+            ("connections", "Connections accepted"),
+            ("requests", "Requests received"),
+            ("failures", "Failure responses sent"),
+            ("closed_bad_frames", "Connections closed for a malformed frame"),
+            ("appended_records", "Records appended through the storage protocol"),
+            ("bytes_in", "Bytes received"),
+            ("bytes_out", "Bytes sent"),
+        ):
+            value = s.get(name, 0)
+            yield CounterMetricFamily(f"waltz_storage_{name}", help_text, value=value if isinstance(value, int) else 0)
+        by_kind = CounterMetricFamily("waltz_storage_failures_by_kind", "Failure responses by kind", labels=["kind"])
+        kinds: dict[str, int] = s.get("failures_by_kind", {})  # type: ignore[assignment]
+        for kind, n in kinds.items():
+            by_kind.add_metric([kind], n)
+        yield by_kind
+        gauges = {
+            "max_transaction_id": GaugeMetricFamily("waltz_storage_partition_max_transaction_id", "Highest durable id", labels=["partition"]),
+            "failed": GaugeMetricFamily("waltz_storage_partition_failed", "1 when the partition refuses appends", labels=["partition"]),
+        }
+        counters = {
+            k: CounterMetricFamily(f"waltz_storage_partition_{k}", h, labels=["partition"])
+            for k, h in (("appends", "Append batches"), ("records", "Records appended"), ("bytes", "Bytes appended"), ("syncs", "fdatasync calls"))
+        }
+        sync_hist = HistogramMetricFamily("waltz_storage_fsync_seconds", "fdatasync latency", labels=["partition"])
+        batch_hist = HistogramMetricFamily("waltz_storage_append_batch_records", "Records per append", labels=["partition"])
+        try:
+            pids = self.storage.partition_ids()
+        except errors.WaltzError:
+            pids = []
+        for pid in pids:
+            try:
+                p = self.storage.partition(pid)
+            except errors.WaltzError:
+                continue
+            label = [str(pid)]
+            gauges["max_transaction_id"].add_metric(label, p.max_transaction_id)
+            gauges["failed"].add_metric(label, 0 if p.failed is None else 1)
+            st = p.stats()
+            for k, fam in counters.items():
+                fam.add_metric(label, st[k])  # type: ignore[literal-required]
+            sync_hist.add_metric(label, *_buckets(st["sync_micros"], SYNC_MICROS_BOUNDS, 1e-6))
+            batch_hist.add_metric(label, *_buckets(st["batch_records"], BATCH_RECORDS_BOUNDS, 1))
+        yield from gauges.values()
+        yield from counters.values()
+        yield sync_hist
+        yield batch_hist
+
+
+def _buckets(hist: Any, bounds: list[int], scale: float) -> tuple[list[tuple[str, float]], float]:
+    counts, total = hist
+    cumulative, out = 0, []
+    for bound, n in zip([*bounds, float("inf")], counts):
+        cumulative += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound * scale)), cumulative))
+    return out, total * scale
+
+
+def serve_http(storage: Storage, node: StorageNode, host: str, port: int) -> ThreadingHTTPServer:
+    """Starts the endpoint on a daemon thread; `server.shutdown()` stops it."""
+    registry = CollectorRegistry()
+    registry.register(NodeCollector(storage, node))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path == "/metrics":
+                self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
+            elif self.path == "/health":
+                ok, checks = health(storage)
+                body = json.dumps({"status": "ok" if ok else "failing", "checks": checks}).encode()
+                self._send(200 if ok else 503, body, "application/json")
+            else:
+                self._send(404, b"not found: try /health or /metrics\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="waltz-http", daemon=True).start()
+    return server
