@@ -404,34 +404,47 @@ async fn ready_after(h: JoinHandle<Vec<u8>>) -> JoinHandle<Vec<u8>> {
 }
 
 /// The partition, if this node has it, after the session fence; a Failure response otherwise.
+/// A newer session is made durable (the fence file) before its request is served, so no
+/// restart can let an older session write again.
 async fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partition>, Response> {
     let pid = h.partition_id;
-    let (part, persisted) = match shared.storage.open_partition_info(pid) {
-        Some((p, info)) => (p, info.session_id),
-        None => {
-            // First use: opening runs recovery, which reads the disk.
-            let sh = shared.clone();
-            let opened = tokio::task::spawn_blocking(move || {
-                let p = sh.storage.partition(pid)?;
-                let persisted = sh.storage.partition_info(pid)?.session_id;
-                Ok::<_, Error>((p, persisted))
-            })
-            .await
-            .map_err(|e| fail(h, FailureKind::Internal, e.to_string()))?;
-            opened.map_err(|e| fail(h, failure_kind(&e), e.to_string()))?
+    let cached = shared.storage.open_partition_info(pid).map(|(p, _)| p);
+    let newest = shared.fences.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).copied();
+    if let (Some(p), Some(n)) = (&cached, newest) {
+        if h.session_id == n {
+            return Ok(p.clone());
         }
-    };
-    let mut fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner());
-    let newest = fences.entry(pid).or_insert(persisted);
-    if h.session_id < *newest {
-        return Err(fail(
-            h,
-            FailureKind::StaleSession,
-            format!("session {} of partition {pid} is older than session {}", h.session_id, *newest),
-        ));
+        if h.session_id < n {
+            return Err(stale(h, n));
+        }
     }
-    *newest = h.session_id;
-    Ok(part)
+    // First use of the partition, or a new session: open and persist the fence off the loop.
+    let sh = shared.clone();
+    let session = h.session_id;
+    let outcome = tokio::task::spawn_blocking(move || {
+        let p = sh.storage.partition(pid)?;
+        Ok::<_, Error>((p, sh.storage.raise_fence(pid, session)?))
+    })
+    .await
+    .map_err(|e| fail(h, FailureKind::Internal, e.to_string()))?;
+    match outcome {
+        Ok((p, Ok(()))) => {
+            let mut fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner());
+            let newest = fences.entry(pid).or_insert(session);
+            *newest = (*newest).max(session);
+            Ok(p)
+        }
+        Ok((_, Err(current))) => Err(stale(h, current)),
+        Err(e) => Err(fail(h, failure_kind(&e), e.to_string())),
+    }
+}
+
+fn stale(h: MsgHeader, newest: i64) -> Response {
+    fail(
+        h,
+        FailureKind::StaleSession,
+        format!("session {} of partition {} is older than session {newest}", h.session_id, h.partition_id),
+    )
 }
 
 fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec<WireRecord>) -> JoinHandle<Vec<u8>> {
@@ -556,7 +569,6 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
                 Ok(ids) => ids,
                 Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
             };
-            let fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let avail = shared.availability.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut partitions = Vec::new();
             for id in ids {
@@ -570,7 +582,7 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
                         session_id: info.session_id,
                         low_water_mark: info.low_water_mark,
                         local_low_water_mark: info.local_low_water_mark,
-                        newest_session: fences.get(&id).copied().unwrap_or(info.session_id),
+                        newest_session: s.fence(id).unwrap_or(info.session_id),
                         readable,
                         writable,
                         failure: p.is_failed().unwrap_or_default(),

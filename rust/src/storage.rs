@@ -15,6 +15,7 @@ pub struct Storage {
     control: Mutex<Option<ControlFile>>,
     creation_ms: i64,
     partitions: Mutex<HashMap<i32, Arc<Partition>>>,
+    fences: Mutex<HashMap<i32, i64>>,
     pub cluster_key: [u8; 16],
     pub partition_count: i32,
 }
@@ -24,6 +25,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 const DELETING_SUFFIX: &str = ".deleting";
+/// The newest session id seen per partition (the storage node's fence), kept apart from the
+/// control file, whose session is the last session that set a low-water mark.
+pub const FENCE_FILE: &str = "waltz-storage.fence";
+
+/// `waltz-storage.fence`: version i32, count i32, then (partition id i32, session id i64) per
+/// entry, then CRC-32 of everything before it; always replaced whole (write, sync, rename).
+fn encode_fences(fences: &HashMap<i32, i64>) -> Vec<u8> {
+    let mut ids: Vec<_> = fences.iter().collect();
+    ids.sort();
+    let mut b = Vec::with_capacity(12 + 12 * ids.len());
+    b.extend_from_slice(&1i32.to_be_bytes());
+    b.extend_from_slice(&(ids.len() as i32).to_be_bytes());
+    for (pid, session) in ids {
+        b.extend_from_slice(&pid.to_be_bytes());
+        b.extend_from_slice(&session.to_be_bytes());
+    }
+    let crc = crate::record::crc32(&b);
+    b.extend_from_slice(&crc.to_be_bytes());
+    b
+}
+
+fn decode_fences(path: &Path, b: &[u8]) -> Result<HashMap<i32, i64>> {
+    use crate::record::{be_i32, be_i64, be_u32, crc32};
+    let bad = |why: &str| Error::corruption(path, 0, why.to_string());
+    if b.len() < 12 || crc32(&b[..b.len() - 4]) != be_u32(&b[b.len() - 4..]) {
+        return Err(bad("fence file fails its checksum"));
+    }
+    if be_i32(&b[0..4]) != 1 {
+        return Err(bad("unknown fence file version"));
+    }
+    let n = be_i32(&b[4..8]);
+    if n < 0 || b.len() != 12 + 12 * n as usize {
+        return Err(bad("fence file length does not match its count"));
+    }
+    Ok((0..n as usize).map(|i| (be_i32(&b[8 + 12 * i..]), be_i64(&b[12 + 12 * i..]))).collect())
+}
 
 impl Storage {
     pub fn create(path: &Path, cluster_key: [u8; 16], partition_count: i32, opts: PartitionOptions) -> Result<Storage> {
@@ -91,7 +128,17 @@ impl Storage {
                 }
             }
         }
+        let fence_path = path.join(FENCE_FILE);
+        let fences = if fs.exists(&fence_path) {
+            let f = fs.open(&fence_path, false).at(&fence_path)?;
+            let mut b = vec![0u8; f.len().at(&fence_path)?.min(1 << 24) as usize];
+            f.read_full_at(&mut b, 0).at(&fence_path)?;
+            decode_fences(&fence_path, &b)?
+        } else {
+            HashMap::new()
+        };
         Ok(Storage {
+            fences: Mutex::new(fences),
             path: path.to_path_buf(),
             cluster_key: control.header.cluster_key,
             partition_count: control.header.partition_count,
@@ -208,6 +255,35 @@ impl Storage {
             p.flush_index()?;
         }
         Ok(())
+    }
+
+    /// The newest session id seen for the partition: the higher of the persisted fence and the
+    /// session recorded by the last Set Low-water Mark.
+    pub fn fence(&self, pid: i32) -> Result<i64> {
+        let fences = lock(&self.fences);
+        let recorded = self.partition_info(pid)?.session_id;
+        Ok(fences.get(&pid).copied().unwrap_or(-1).max(recorded))
+    }
+
+    /// Raises the partition's fence to `session` and makes it durable before returning; a
+    /// session older than the fence is refused with the fence's value. The fence lock is held
+    /// from the check to the write (and always taken before the control file's).
+    pub fn raise_fence(&self, pid: i32, session: i64) -> Result<std::result::Result<(), i64>> {
+        self.check_pid(pid)?;
+        let mut fences = lock(&self.fences);
+        let recorded = self.partition_info(pid)?.session_id;
+        let current = fences.get(&pid).copied().unwrap_or(-1).max(recorded);
+        if session < current {
+            return Ok(Err(current));
+        }
+        if session > current {
+            let mut next = fences.clone();
+            next.insert(pid, session);
+            let path = self.path.join(FENCE_FILE);
+            crate::fs::write_file_atomically(self.fs.as_ref(), &path, &encode_fences(&next)).at(&path)?;
+            *fences = next;
+        }
+        Ok(Ok(()))
     }
 
     /// Closes every open partition (their index tails are flushed) and releases the directory

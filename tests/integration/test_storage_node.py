@@ -350,3 +350,33 @@ def test_admin_port_assigns_toggles_and_reports(tmp_path):
 
         run(go())
     s.close()
+
+
+def test_the_fence_survives_a_restart_even_before_any_low_water_mark(tmp_path):
+    """Session 6 only read (no Set Low-water Mark yet) when the node restarted: session 5 must
+    still be refused afterwards, or an old server could write behind a new one's recovery."""
+    key = uuid.uuid4()
+    path = tmp_path / "node"
+    s = Storage.create(path, key, 1)
+    s.add_partition(0)
+
+    async def before(node):
+        async with await connect_n(key, node, 1) as c:
+            await c.set_low_water_mark(0, 5, -1)
+            await c.append(0, 5, 0, batch(0, 3))
+            assert await c.max_transaction_id(0, 6) == 2  # session 6 seen: the fence moves
+
+    async def after(node):
+        async with await connect_n(key, node, 1) as c:
+            assert await c.last_session_info(0, 6) == (5, -1)  # still the last session that set a mark
+            with pytest.raises(errors.StaleSessionError, match="older than session 6"):
+                await c.append(0, 5, 3, batch(3, 1))
+            await c.append(0, 6, 3, batch(3, 1))
+
+    with StorageNode.start(s) as node:
+        run(before(node))
+    s.close()
+    s = Storage.open(path)
+    with StorageNode.start(s) as node:
+        run(after(node))
+    s.close()
