@@ -168,8 +168,9 @@ def closed_by_peer(sock: socket.socket) -> bool:
         frame(b"\x01\x01")[:-1] + b"\x00",  # wrong CRC
         frame(b"\x05\x09"),  # unsupported versions
         encode_request("max_transaction_id", 1, 1, 0),  # no Hello first
+        encode_request("hello") + frame(b"\x00" * 20)[:7] + b"\x7f" + frame(b"\x00" * 20)[8:],  # unknown type
     ],
-    ids=["oversized", "short", "magic", "crc", "version", "no-hello"],
+    ids=["oversized", "short", "magic", "crc", "version", "no-hello", "unknown-type"],
 )
 def test_bad_frames_close_only_their_connection(cluster, payload):
     key, node, _, _ = cluster
@@ -380,3 +381,30 @@ def test_the_fence_survives_a_restart_even_before_any_low_water_mark(tmp_path):
     with StorageNode.start(s) as node:
         run(after(node))
     s.close()
+
+
+def test_requests_time_out_when_the_node_stops_answering(tmp_path):
+    key = uuid.uuid4()
+    path = tmp_path / "node"
+    s = Storage.create(path, key, 1)
+    s.add_partition(0)
+    s.close()
+    proc = subprocess.Popen([sys.executable, str(NODE_PROCESS), str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        async def go():
+            c = await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=1.0)
+            assert await c.max_transaction_id(0, 1) == -1
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
+                    await c.append(0, 1, 0, batch(0, 1))
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            await c.close()
+
+        run(go())
+    finally:
+        proc.kill()
+        proc.wait()
