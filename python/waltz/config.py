@@ -4,6 +4,7 @@ an unknown key or a wrong type is an error naming the file and the key."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import tomllib
 import uuid
@@ -62,23 +63,55 @@ def _section(cls: type[T], raw: dict[str, Any], where: str) -> T:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(fields)})")
     values: dict[str, Any] = {}
     for name, value in raw.items():
-        kind = fields[name].type
+        kind = str(fields[name].type)
         try:
-            if "Path" in str(kind):
-                value = pathlib.Path(value)
-            elif "UUID" in str(kind):
-                value = uuid.UUID(str(value))
-            elif "int" in str(kind) and not isinstance(value, int) or isinstance(value, bool) and "bool" not in str(kind):
-                raise TypeError(f"expected an integer, got {value!r}")
-            elif "float" in str(kind):
-                value = float(value)
+            values[name] = _coerce(kind, value)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{where}.{name}: {e}") from None
-        values[name] = value
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
+    return cls(**values)
+
+
+def _coerce(kind: str, value: Any) -> Any:
+    if "Path" in kind:
+        if not isinstance(value, str):
+            raise TypeError(f"expected a path string, got {value!r}")
+        return pathlib.Path(value)
+    if "UUID" in kind:
+        return uuid.UUID(str(value))
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise TypeError(f"expected true or false, got {value!r}")
+        return value
+    if kind.startswith("int"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"expected an integer, got {value!r}")
+        return value
+    if kind.startswith("float"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise TypeError(f"expected a finite number, got {value!r}")
+        return float(value)
+    if kind.startswith("str"):
+        if not isinstance(value, str):
+            raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{path}: {what}")
+
+    n, st = config.node, config.storage
+    for name in ("port", "admin_port", "http_port"):
+        need(0 <= getattr(n, name) <= 65535, f"[node] {name} must be between 0 and 65535")
+    for name in ("max_frame", "max_list_count", "max_list_bytes", "max_in_flight"):
+        need(getattr(n, name) > 0, f"[node] {name} must be positive")
+    need(0 < n.idle_timeout <= 86_400, "[node] idle_timeout must be between 0 and 86400 seconds")
+    need(st.partition_count is None or st.partition_count > 0, "[storage] partition_count must be positive")
+    need(st.segment_size >= 4096, "[storage] segment_size must be at least 4096")
+    need(st.checkpoint_interval > 0, "[storage] checkpoint_interval must be positive")
+    need(0 < st.max_record_size <= 1 << 30, "[storage] max_record_size must be between 1 and 1 GiB")
+    need(config.logging.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
 
 
 def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
@@ -99,6 +132,5 @@ def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
         node=_section(NodeSection, raw.get("node", {}), f"{path} [node]"),
         logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
     )
-    if config.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"{path} [logging] level: one of debug, info, warning, error")
+    _check_ranges(path, config)
     return config

@@ -1078,8 +1078,10 @@ mod python {
             idle_timeout: f64,
             max_in_flight: usize,
         ) -> PyResult<Self> {
-            if !(idle_timeout > 0.0) || max_in_flight == 0 || max_frame < 64 {
-                return Err(InvalidArgumentError::new_err("idle_timeout, max_in_flight and max_frame must be positive"));
+            if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0) || max_in_flight == 0 || max_frame < 64 {
+                return Err(InvalidArgumentError::new_err(
+                    "idle_timeout must be finite, positive and at most a day; max_in_flight and max_frame positive",
+                ));
             }
             let opts = crate::node::NodeOptions {
                 max_frame,

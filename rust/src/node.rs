@@ -135,7 +135,10 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                             Ok((stream, peer)) => {
                                 tokio::spawn(serve_admin(stream, peer, sh.clone()));
                             }
-                            Err(e) => log::warn!("admin accept failed: {e}"),
+                            Err(e) => {
+                                log::warn!("admin accept failed: {e}");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
                         }
                     },
                     None => std::future::pending::<()>().await,
@@ -152,7 +155,11 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                             let _ = stream.set_nodelay(true);
                             tokio::spawn(serve(stream, peer, sh.clone()));
                         }
-                        Err(e) => log::warn!("accept failed: {e}"),
+                        Err(e) => {
+                            // Out of file descriptors, say: back off instead of spinning.
+                            log::warn!("accept failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
                     },
                 }
             }
@@ -206,16 +213,32 @@ fn ready(r: Response) -> JoinHandle<Vec<u8>> {
     tokio::spawn(async move { encoded(&r) })
 }
 
-/// Runs engine work on the blocking pool; its result becomes the response.
-fn blocking(shared: &Arc<Shared>, f: impl FnOnce(&Shared) -> Response + Send + 'static) -> JoinHandle<Vec<u8>> {
+/// Runs engine work on the blocking pool; its result becomes the response to request `h`.
+fn blocking(shared: &Arc<Shared>, h: MsgHeader, f: impl FnOnce(&Shared) -> Response + Send + 'static) -> JoinHandle<Vec<u8>> {
     let sh = shared.clone();
     tokio::spawn(async move {
-        let h = tokio::task::spawn_blocking(move || f(&sh));
-        match h.await {
+        match tokio::task::spawn_blocking(move || f(&sh)).await {
             Ok(r) => encoded(&r),
-            Err(e) => encoded(&fail(MsgHeader::default(), FailureKind::Internal, format!("request task failed: {e}"))),
+            Err(e) => encoded(&fail(h, FailureKind::Internal, format!("request task failed: {e}"))),
         }
     })
+}
+
+/// StaleSession if a session newer than the request's has been seen; call it holding the
+/// partition's fence gate (shared), so the answer stays true until the gate is released.
+fn fenced_out(storage: &Storage, h: MsgHeader) -> Option<Response> {
+    match storage.fence(h.partition_id) {
+        Ok(newest) if newest > h.session_id => Some(stale(h, newest)),
+        Ok(_) => None,
+        Err(e) => Some(fail(h, failure_kind(&e), e.to_string())),
+    }
+}
+
+/// Runs a mutation under the partition's fence gate, after checking the session is current.
+fn gated(storage: &Storage, h: MsgHeader, f: impl FnOnce() -> Response) -> Response {
+    let gate = storage.fence_gate(h.partition_id);
+    let _shared = gate.read().unwrap_or_else(|e| e.into_inner());
+    fenced_out(storage, h).unwrap_or_else(f)
 }
 
 async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
@@ -349,37 +372,41 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     Ok(match req {
         Request::Append { records, .. } => append(shared, h, part, records),
         Request::MaxTransactionId { .. } => ready(Response::MaxTransactionId { h, txid: part.max_txid() }),
-        Request::LastSessionInfo { .. } => blocking(shared, move |sh| match sh.storage.partition_info(h.partition_id) {
+        Request::LastSessionInfo { .. } => blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
             Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
         Request::Truncate { txid, .. } => {
-            let r = blocking(shared, move |_| match part.truncate(txid) {
-                Ok(_) => Response::Success { h },
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            let r = blocking(shared, h, move |sh| {
+                gated(&sh.storage, h, || match part.truncate(txid) {
+                    Ok(_) => Response::Success { h },
+                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
+                })
             });
-            ready_after(r).await
+            ready_after(r, h).await
         }
         Request::SetLowWaterMark { low_water_mark, .. } => {
-            let r = blocking(shared, move |sh| match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
-                Ok(_) => Response::Success { h },
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            let r = blocking(shared, h, move |sh| {
+                gated(&sh.storage, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+                    Ok(_) => Response::Success { h },
+                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
+                })
             });
-            ready_after(r).await
+            ready_after(r, h).await
         }
-        Request::RecordHeader { txid, .. } => blocking(shared, move |_| match part.read_header(txid) {
+        Request::RecordHeader { txid, .. } => blocking(shared, h, move |_| match part.read_header(txid) {
             Ok(header) => Response::RecordHeader { h, header },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
-        Request::Record { txid, .. } => blocking(shared, move |_| match part.read_record(txid) {
+        Request::Record { txid, .. } => blocking(shared, h, move |_| match part.read_record(txid) {
             Ok(r) => Response::Record { h, record: r.map(WireRecord::from) },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
         Request::RecordHeaderList { txid, max_count, .. } => {
             let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
-            blocking(shared, move |_| match part.read_headers(txid, n) {
+            blocking(shared, h, move |_| match part.read_headers(txid, n) {
                 Ok(headers) => Response::RecordHeaderList { h, headers },
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
@@ -387,7 +414,7 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
         Request::RecordList { txid, max_count, .. } => {
             let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
             let bytes = shared.opts.max_list_bytes;
-            blocking(shared, move |_| match part.read_records(txid, n, bytes) {
+            blocking(shared, h, move |_| match part.read_records(txid, n, bytes) {
                 Ok(rs) => Response::RecordList { h, records: rs.into_iter().map(WireRecord::from).collect() },
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
@@ -396,10 +423,10 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     })
 }
 
-async fn ready_after(h: JoinHandle<Vec<u8>>) -> JoinHandle<Vec<u8>> {
-    let bytes = h.await.unwrap_or_else(|e| {
-        encoded(&fail(MsgHeader::default(), FailureKind::Internal, format!("request task failed: {e}")))
-    });
+async fn ready_after(task: JoinHandle<Vec<u8>>, h: MsgHeader) -> JoinHandle<Vec<u8>> {
+    let bytes = task
+        .await
+        .unwrap_or_else(|e| encoded(&fail(h, FailureKind::Internal, format!("request task failed: {e}"))));
     tokio::spawn(async move { bytes })
 }
 
@@ -462,12 +489,24 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
         .iter()
         .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
         .collect();
-    // Queued in arrival order right here; only the wait for the fsync leaves this task.
-    match part.enqueue(Some(first), &recs) {
+    // Queued in arrival order right here, under the fence gate: no newer session can be
+    // served between the session check and the enqueue.
+    let gate = shared.storage.fence_gate(h.partition_id);
+    let queued = {
+        let _shared = gate.read().unwrap_or_else(|e| e.into_inner());
+        match fenced_out(&shared.storage, h) {
+            Some(stale) => return ready(stale),
+            None => part.enqueue(Some(first), &recs),
+        }
+    };
+    match queued {
         Ok(ticket) => {
             shared.stats.appended_records.fetch_add(records.len() as u64, Ordering::Relaxed);
-            blocking(shared, move |_| match part.wait_durable(ticket.seq) {
-                Ok(()) => Response::Success { h },
+            // Durable is not enough to acknowledge: if a newer session was served meanwhile (its
+            // recovery may have read the log without this batch), the old session must not count
+            // this replica, so the answer is StaleSession.
+            blocking(shared, h, move |sh| match part.wait_durable(ticket.seq) {
+                Ok(()) => gated(&sh.storage, h, || Response::Success { h }),
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
         }

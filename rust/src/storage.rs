@@ -1,5 +1,6 @@
 //! A storage directory: the control file plus one folder per partition.
 use crate::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
+
 use crate::error::{Error, IoContext, Result};
 use crate::fs::{parent_dir, FileSystem, StdFs};
 use crate::partition::{Partition, PartitionOptions};
@@ -16,6 +17,7 @@ pub struct Storage {
     creation_ms: i64,
     partitions: Mutex<HashMap<i32, Arc<Partition>>>,
     fences: Mutex<HashMap<i32, i64>>,
+    gates: Mutex<HashMap<i32, Arc<std::sync::RwLock<()>>>>,
     pub cluster_key: [u8; 16],
     pub partition_count: i32,
 }
@@ -25,6 +27,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 const DELETING_SUFFIX: &str = ".deleting";
+const UNASSIGNED_SUFFIX: &str = ".unassigned";
 /// The newest session id seen per partition (the storage node's fence), kept apart from the
 /// control file, whose session is the last session that set a low-water mark.
 pub const FENCE_FILE: &str = "waltz-storage.fence";
@@ -139,6 +142,7 @@ impl Storage {
         };
         Ok(Storage {
             fences: Mutex::new(fences),
+            gates: Mutex::new(HashMap::new()),
             path: path.to_path_buf(),
             cluster_key: control.header.cluster_key,
             partition_count: control.header.partition_count,
@@ -191,34 +195,67 @@ impl Storage {
         Ok(ids)
     }
 
+    /// Assigns the partition here: restores its files if it was unassigned without deleting
+    /// them, otherwise creates them (and resets its session info, which a deleted replica of
+    /// the same id may have left). Idempotent.
     pub fn add_partition(&self, pid: i32) -> Result<()> {
         self.check_pid(pid)?;
         self.with_control(|_| Ok(()))?;
         if self.opts.recover.read_only {
             return Err(Error::ReadOnly);
         }
-        Partition::create(self.fs.as_ref(), &self.partition_dir(pid), pid, self.cluster_key)
+        let _map = lock(&self.partitions);
+        let dir = self.partition_dir(pid);
+        let parked = self.path.join(format!("{pid}{UNASSIGNED_SUFFIX}"));
+        if !self.fs.exists(&dir) && self.fs.exists(&parked) {
+            self.fs.rename(&parked, &dir).at(&parked)?;
+            self.fs.sync_dir(&self.path).at(&self.path)?;
+            return Ok(());
+        }
+        let fresh = !self.fs.exists(&dir);
+        Partition::create(self.fs.as_ref(), &dir, pid, self.cluster_key)?;
+        if fresh && self.with_control(|c| c.info(pid))? != PartitionInfo::NONE {
+            self.with_control(|c| c.update(pid, PartitionInfo::NONE))?;
+        }
+        Ok(())
     }
 
-    /// Closes the partition and, if asked, deletes its files (renamed aside first, so a crash
-    /// mid-deletion never leaves a half-deleted partition that looks live).
+    /// Unassigns the partition: closes it and either deletes its files or parks them as
+    /// `<id>.unassigned` (kept, not served, restored by `add_partition`). Renamed aside first,
+    /// under the partition map's lock, so no request can reopen it half way.
     pub fn remove_partition(&self, pid: i32, delete_files: bool) -> Result<()> {
         self.check_pid(pid)?;
-        if let Some(p) = lock(&self.partitions).remove(&pid) {
+        let mut map = lock(&self.partitions);
+        if let Some(p) = map.remove(&pid) {
             p.close();
         }
         let dir = self.partition_dir(pid);
-        if delete_files && self.fs.exists(&dir) {
-            if self.opts.recover.read_only {
-                return Err(Error::ReadOnly);
-            }
-            let aside = self.path.join(format!("{pid}{DELETING_SUFFIX}"));
-            self.fs.rename(&dir, &aside).at(&dir)?;
-            self.fs.sync_dir(&self.path).at(&self.path)?;
+        if !self.fs.exists(&dir) {
+            return Ok(());
+        }
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let suffix = if delete_files { DELETING_SUFFIX } else { UNASSIGNED_SUFFIX };
+        let aside = self.path.join(format!("{pid}{suffix}"));
+        if self.fs.exists(&aside) {
+            self.fs.remove_dir_all(&aside).at(&aside)?;
+        }
+        self.fs.rename(&dir, &aside).at(&dir)?;
+        self.fs.sync_dir(&self.path).at(&self.path)?;
+        drop(map);
+        if delete_files {
             self.fs.remove_dir_all(&aside).at(&aside)?;
             self.fs.sync_dir(&self.path).at(&self.path)?;
         }
         Ok(())
+    }
+
+    /// The lock that orders a partition's writes and acknowledgements against a newer session:
+    /// raising the fence takes it exclusively, a write holds it shared from its fence check to
+    /// its effect, so no write of an older session lands after a newer session was served.
+    pub fn fence_gate(&self, pid: i32) -> Arc<std::sync::RwLock<()>> {
+        lock(&self.gates).entry(pid).or_default().clone()
     }
 
     /// The partition if it is already open (no I/O), with its session info.
@@ -270,6 +307,8 @@ impl Storage {
     /// from the check to the write (and always taken before the control file's).
     pub fn raise_fence(&self, pid: i32, session: i64) -> Result<std::result::Result<(), i64>> {
         self.check_pid(pid)?;
+        let gate = self.fence_gate(pid);
+        let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
         let mut fences = lock(&self.fences);
         let recorded = self.partition_info(pid)?.session_id;
         let current = fences.get(&pid).copied().unwrap_or(-1).max(recorded);

@@ -121,15 +121,21 @@ class _Connection:
         seq = next(self._seq)
         fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = fut
-        self._writer.write(encode(seq))
+
+        async def send_and_wait() -> tuple[str, Any]:
+            self._writer.write(encode(seq))
+            await self._writer.drain()  # a node that stops reading must not stall us past the timeout
+            return await fut
+
         try:
-            await self._writer.drain()
-            kind, value = await asyncio.wait_for(fut, self.timeout)
+            kind, value = await asyncio.wait_for(send_and_wait(), self.timeout)
         except asyncio.TimeoutError as e:
-            self._pending.pop(seq, None)
             raise errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s") from e
         except (ConnectionError, OSError) as e:
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
+        finally:
+            # Whatever ended the wait (answer, timeout, cancellation), the entry goes.
+            self._pending.pop(seq, None)
         if kind == "failure":
             raise _failure(self.address, *value)
         return value

@@ -45,37 +45,42 @@ def open_storage(config: StorageNodeConfig) -> Storage:
 def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None:
     """Serves until SIGTERM or SIGINT, then stops cleanly (queued appends finish their fsync)."""
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     storage = open_storage(config)
-    n = config.node
-    node = StorageNode.start(
-        storage,
-        n.host,
-        n.port,
-        admin_port=n.admin_port,
-        max_frame=n.max_frame,
-        max_list_count=n.max_list_count,
-        max_list_bytes=n.max_list_bytes,
-        idle_timeout=n.idle_timeout,
-        max_in_flight=n.max_in_flight,
-    )
-    http = serve_http(storage, node, n.host, n.http_port)
-    host, port = node.address
-    admin = node.admin_address
-    log.info(
-        "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)",
-        storage.path, host, port, admin[0] if admin else "-", admin[1] if admin else 0, n.host, http.server_address[1],
-    )
-    log.warning("TLS is not configured: storage, admin and HTTP traffic is plaintext")
-    if ready is not None:
-        ready.set()
+    node: StorageNode | None = None
+    http = None
+    previous = {}
     try:
+        n = config.node
+        node = StorageNode.start(
+            storage,
+            n.host,
+            n.port,
+            admin_port=n.admin_port,
+            max_frame=n.max_frame,
+            max_list_count=n.max_list_count,
+            max_list_bytes=n.max_list_bytes,
+            idle_timeout=n.idle_timeout,
+            max_in_flight=n.max_in_flight,
+        )
+        http = serve_http(storage, node, n.host, n.http_port)
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        host, port = node.address
+        admin = node.admin_address
+        log.info(
+            "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)",
+            storage.path, host, port, admin[0] if admin else "-", admin[1] if admin else 0, n.host, http.server_address[1],
+        )
+        log.warning("TLS is not configured: storage, admin and HTTP traffic is plaintext")
+        if ready is not None:
+            ready.set()
         stop.wait()
-    finally:
         log.info("stopping storage node")
-        http.shutdown()
-        node.stop()
+    finally:
+        if http is not None:
+            http.shutdown()
+        if node is not None:
+            node.stop()
         storage.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        log.info("storage node stopped")
+    log.info("storage node stopped")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,9 +21,9 @@ from waltz._native import BATCH_RECORDS_BOUNDS, SYNC_MICROS_BOUNDS, Storage, Sto
 def health(storage: Storage) -> tuple[bool, dict[str, Any]]:
     """Checks that the disk takes a synced write, every partition opens, and none has failed."""
     checks: dict[str, Any] = {}
-    probe = os.path.join(storage.path, ".health-probe")
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A file of its own per probe: concurrent probes must not race on one name.
+        fd, probe = tempfile.mkstemp(prefix=".health-", dir=storage.path)
         try:
             os.write(fd, b"ok")
             os.fdatasync(fd)

@@ -1,0 +1,400 @@
+//! Races between sessions, fencing and assignment on a running storage node, driven over TCP
+//! with gated fsyncs. Found by an adversarial review; each lost an acknowledged append before
+//! its fix.
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use waltz_native::fs::{FileHandle, FileSystem, StdFs};
+use waltz_native::node::{self, NodeOptions};
+use waltz_native::partition::default_options;
+use waltz_native::protocol::{split_frame, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
+use waltz_native::record::{crc32, ReqId};
+use waltz_native::storage::Storage;
+
+const KEY: [u8; 16] = [7; 16];
+
+// ---------------------------------------------------------------- gated file system
+#[derive(Default)]
+struct GateSt {
+    armed: bool,
+    open: bool,
+    blocked: u32,
+    ext: &'static str,
+    once_exists: Option<PathBuf>,
+}
+#[derive(Default)]
+struct Gate {
+    st: Mutex<GateSt>,
+    cv: Condvar,
+}
+impl Gate {
+    fn arm(&self, ext: &'static str) {
+        let mut s = self.st.lock().unwrap();
+        *s = GateSt { armed: true, open: false, blocked: 0, ext, once_exists: None };
+    }
+    fn arm_exists(&self, p: PathBuf) {
+        let mut s = self.st.lock().unwrap();
+        *s = GateSt { armed: false, open: false, blocked: 0, ext: "", once_exists: Some(p) };
+    }
+    fn wait_blocked(&self, n: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut s = self.st.lock().unwrap();
+        while s.blocked < n {
+            assert!(Instant::now() < deadline, "nobody reached the gate");
+            s = self.cv.wait_timeout(s, Duration::from_millis(20)).unwrap().0;
+        }
+    }
+    fn release(&self) {
+        let mut s = self.st.lock().unwrap();
+        s.open = true;
+        s.armed = false;
+        self.cv.notify_all();
+    }
+}
+struct GFile {
+    inner: Arc<dyn FileHandle>,
+    ext: String,
+    gate: Arc<Gate>,
+}
+impl FileHandle for GFile {
+    fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<usize> {
+        self.inner.read_at(b, o)
+    }
+    fn write_all_at(&self, b: &[u8], o: u64) -> io::Result<()> {
+        self.inner.write_all_at(b, o)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        {
+            let mut s = self.gate.st.lock().unwrap();
+            if s.armed && s.ext == self.ext {
+                s.blocked += 1;
+                self.gate.cv.notify_all();
+                while !s.open {
+                    s = self.gate.cv.wait(s).unwrap();
+                }
+            }
+        }
+        self.inner.sync_data()
+    }
+    fn set_len(&self, l: u64) -> io::Result<()> {
+        self.inner.set_len(l)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        self.inner.try_lock_exclusive()
+    }
+}
+struct GFs {
+    gate: Arc<Gate>,
+}
+impl GFs {
+    fn wrap(&self, p: &Path, f: Arc<dyn FileHandle>) -> Arc<dyn FileHandle> {
+        let ext = p.extension().map(|e| e.to_string_lossy().to_string()).unwrap_or_default();
+        Arc::new(GFile { inner: f, ext, gate: self.gate.clone() })
+    }
+}
+impl FileSystem for GFs {
+    fn open(&self, p: &Path, w: bool) -> io::Result<Arc<dyn FileHandle>> {
+        Ok(self.wrap(p, StdFs.open(p, w)?))
+    }
+    fn create_new(&self, p: &Path) -> io::Result<Arc<dyn FileHandle>> {
+        Ok(self.wrap(p, StdFs.create_new(p)?))
+    }
+    fn rename(&self, a: &Path, b: &Path) -> io::Result<()> {
+        StdFs.rename(a, b)
+    }
+    fn remove_file(&self, p: &Path) -> io::Result<()> {
+        StdFs.remove_file(p)
+    }
+    fn create_dir(&self, p: &Path) -> io::Result<()> {
+        StdFs.create_dir(p)
+    }
+    fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
+        StdFs.remove_dir_all(p)
+    }
+    fn sync_dir(&self, p: &Path) -> io::Result<()> {
+        StdFs.sync_dir(p)
+    }
+    fn list_dir(&self, p: &Path) -> io::Result<Vec<PathBuf>> {
+        StdFs.list_dir(p)
+    }
+    fn exists(&self, p: &Path) -> bool {
+        {
+            let mut s = self.gate.st.lock().unwrap();
+            if s.once_exists.as_deref() == Some(p) {
+                s.once_exists = None;
+                s.blocked += 1;
+                self.gate.cv.notify_all();
+                while !s.open {
+                    s = self.gate.cv.wait(s).unwrap();
+                }
+            }
+        }
+        StdFs.exists(p)
+    }
+}
+
+fn gated_storage(dir: &Path, parts: i32) -> (Arc<Storage>, Arc<Gate>) {
+    let gate = Arc::new(Gate::default());
+    let fs: Arc<dyn FileSystem> = Arc::new(GFs { gate: gate.clone() });
+    let s = Storage::create_with(fs, dir, KEY, parts, default_options()).unwrap();
+    for p in 0..parts {
+        s.add_partition(p).unwrap();
+    }
+    (Arc::new(s), gate)
+}
+
+// ---------------------------------------------------------------- a tiny blocking client
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+    seq: i64,
+}
+impl Client {
+    fn connect(addr: std::net::SocketAddr, parts: i32) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut c = Client { s, buf: Vec::new(), seq: 0 };
+        c.send(&Request::Hello { min_version: 1, max_version: 1 });
+        assert!(matches!(c.recv(), Response::HelloOk { .. }));
+        let h = c.h(-1, -1);
+        c.send(&Request::Open { h, cluster_key: KEY, partition_count: parts });
+        assert!(matches!(c.recv(), Response::Success { .. }));
+        c
+    }
+    fn h(&mut self, session: i64, pid: i32) -> MsgHeader {
+        self.seq += 1;
+        MsgHeader { session_id: session, seq: self.seq, partition_id: pid }
+    }
+    fn send(&mut self, r: &Request) {
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        self.s.write_all(&b).unwrap();
+    }
+    fn try_recv(&mut self) -> io::Result<Response> {
+        loop {
+            if let Some(f) = split_frame(&self.buf, MAGIC_STORAGE, 1 << 30).unwrap() {
+                let size = f.size;
+                let r = Response::decode(&f).unwrap();
+                self.buf.drain(..size);
+                return Ok(r);
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    fn recv(&mut self) -> Response {
+        self.try_recv().unwrap()
+    }
+    fn call(&mut self, r: Request) -> Response {
+        self.send(&r);
+        self.recv()
+    }
+}
+
+fn recs(first: i64, n: i64, size: usize) -> Vec<WireRecord> {
+    (first..first + n)
+        .map(|t| {
+            let data = vec![(t % 251) as u8; size];
+            WireRecord { txid: t, req_id: ReqId::default(), header: 0, data_crc: crc32(&data), data }
+        })
+        .collect()
+}
+
+fn max_txid(c: &mut Client, session: i64, pid: i32) -> Response {
+    let h = c.h(session, pid);
+    c.call(Request::MaxTransactionId { h })
+}
+
+/// R1. A stale session's Truncate passes the fence, then waits (for the sync leadership) while a
+/// newer session is fenced in and gets an append acknowledged; the stale truncate then runs and
+/// cuts the newer session's acknowledged transaction.
+#[test]
+fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
+    let mut lost = 0;
+    let mut stale_truncate_ran_after_newer_session = 0;
+    let trials = 12;
+    for _ in 0..trials {
+        let d = tempfile::tempdir().unwrap();
+        let (s, gate) = gated_storage(d.path(), 1);
+        let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+        let mut a = Client::connect(node.addr, 1);
+        let h = a.h(5, 0);
+        assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+        let h = a.h(5, 0);
+        assert!(matches!(a.call(Request::Append { h, records: recs(0, 5, 10) }), Response::Success { .. }));
+
+        // Session 5 append #5: its sync leader blocks in fdatasync.
+        gate.arm("seg");
+        let h = a.h(5, 0);
+        a.send(&Request::Append { h, records: recs(5, 1, 10) });
+        gate.wait_blocked(1);
+        // Session 5 (old server, second connection) truncates to 4: passes the fence now.
+        let mut b = Client::connect(node.addr, 1);
+        let h = b.h(5, 0);
+        b.send(&Request::Truncate { h, txid: 4 });
+        std::thread::sleep(Duration::from_millis(150));
+        // Session 6 (new server) shows up: its first request raises the fence, which waits
+        // for the stale truncate already under way (so it is sent, not awaited, here).
+        let mut c = Client::connect(node.addr, 1);
+        let h = c.h(6, 0);
+        c.send(&Request::MaxTransactionId { h });
+        std::thread::sleep(Duration::from_millis(150));
+        gate.release();
+        let _ = a.recv();
+        let tr = b.recv();
+        let max6 = match c.recv() {
+            Response::MaxTransactionId { txid, .. } => txid,
+            other => panic!("{other:?}"),
+        };
+        if matches!(tr, Response::Success { .. }) && max6 > 4 {
+            stale_truncate_ran_after_newer_session += 1;
+        }
+        // Session 6 appends where it saw the log end; nothing of session 5 may cut it now.
+        let h = c.h(6, 0);
+        assert!(matches!(c.call(Request::Append { h, records: recs(max6 + 1, 1, 10) }), Response::Success { .. }));
+        let h = b.h(5, 0);
+        assert!(matches!(b.call(Request::Truncate { h, txid: 0 }), Response::Failure { .. }));
+        match max_txid(&mut c, 6, 0) {
+            Response::MaxTransactionId { txid, .. } if txid == max6 + 1 => {}
+            _ => lost += 1,
+        }
+        drop(node);
+        s.close();
+    }
+    eprintln!("trials {trials}: stale truncate succeeded after session 6 was served: {stale_truncate_ran_after_newer_session}; session 6's acked txid lost: {lost}");
+    assert_eq!(stale_truncate_ran_after_newer_session, 0, "a session-5 Truncate ran after session 6 was fenced in");
+    assert_eq!(lost, 0, "an acknowledged append of the newer session was cut by the stale session");
+}
+
+/// R2. Unassign(delete_files) racing a request for the partition leaves a "ghost" partition open
+/// on deleted files; after Assign the node serves (and acknowledges appends into) the ghost, and
+/// they are gone after a restart.
+#[test]
+fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
+    use waltz_native::protocol::{AdminRequest, AdminResponse, MAGIC_ADMIN};
+    let d = tempfile::tempdir().unwrap();
+    let (s, gate) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let mut c = Client::connect(node.addr, 1);
+    let h = c.h(5, 0);
+    assert!(matches!(c.call(Request::Append { h, records: recs(0, 3, 10) }), Response::Success { .. }));
+
+    // Admin client
+    let mut adm = TcpStream::connect(node.admin_addr.unwrap()).unwrap();
+    adm.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut abuf = Vec::new();
+    let mut admin_call = |r: AdminRequest, adm: &mut TcpStream| -> AdminResponse {
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        adm.write_all(&b).unwrap();
+        loop {
+            if let Some(f) = split_frame(&abuf, MAGIC_ADMIN, 1 << 30).unwrap() {
+                let size = f.size;
+                let r = AdminResponse::decode(&f).unwrap();
+                abuf.drain(..size);
+                return r;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = adm.read(&mut chunk).unwrap();
+            assert!(n > 0);
+            abuf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let ah = |pid| MsgHeader { session_id: 0, seq: 1, partition_id: pid };
+    assert!(matches!(admin_call(AdminRequest::Hello { min_version: 1, max_version: 1 }, &mut adm), AdminResponse::HelloOk { .. }));
+    assert!(matches!(
+        admin_call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }, &mut adm),
+        AdminResponse::Success { .. }
+    ));
+    // Unassign with delete: hold it after the partition left the map and was closed, before its
+    // folder is renamed away (remove_partition's exists(dir) check).
+    gate.arm_exists(d.path().join("0"));
+    let mut adm2 = adm.try_clone().unwrap();
+    let unassign = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        AdminRequest::Unassign { h: MsgHeader { session_id: 0, seq: 2, partition_id: 0 }, delete_files: true }.encode(&mut b);
+        adm2.write_all(&b).unwrap();
+    });
+    gate.wait_blocked(1);
+    // Any request for the partition now reopens it from the folder that is about to go.
+    let mut c2 = Client::connect(node.addr, 1);
+    let h = c2.h(5, 0);
+    c2.send(&Request::MaxTransactionId { h }); // waits: the unassign holds the partition map
+    std::thread::sleep(Duration::from_millis(150));
+    gate.release();
+    let r = c2.recv();
+    eprintln!("request during unassign: {r:?}");
+    assert!(matches!(r, Response::Failure { .. }), "the partition being deleted must not be served: {r:?}");
+    unassign.join().unwrap();
+    // read the Unassign response
+    let mut chunk = [0u8; 4096];
+    let _ = adm.read(&mut chunk).unwrap();
+    assert!(!d.path().join("0").exists(), "unassign deleted the folder");
+    // Later the partition is assigned here again.
+    let mut b = Vec::new();
+    AdminRequest::Assign { h: ah(0) }.encode(&mut b);
+    adm.write_all(&b).unwrap();
+    let _ = adm.read(&mut chunk).unwrap();
+    let r = max_txid(&mut c2, 7, 0);
+    eprintln!("after re-assign, max txid (new empty partition expected -1): {r:?}");
+    // A new session appends from where the node says the log ends.
+    let next = match r {
+        Response::MaxTransactionId { txid, .. } => txid + 1,
+        other => panic!("{other:?}"),
+    };
+    let h = c2.h(7, 0);
+    let ack = c2.call(Request::Append { h, records: recs(next, 2, 10) });
+    eprintln!("append after re-assign: {ack:?}");
+    let acked = matches!(ack, Response::Success { .. });
+    drop(c);
+    drop(c2);
+    drop(node);
+    s.close();
+    let s = Storage::open(d.path(), None, None, default_options()).unwrap();
+    let max = s.partition(0).unwrap().max_txid();
+    eprintln!("after restart: max txid {max}");
+    assert!(!acked || max >= next + 1, "acknowledged appends {next}..={} are gone after a restart", next + 1);
+}
+
+/// R3. One partition's slow open (recovery / open-time fsync) stalls requests for every other
+/// partition: the fast path takes Storage.partitions' std mutex on a tokio worker.
+#[test]
+fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_served() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, gate) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let mut a = Client::connect(node.addr, 1);
+    let h = a.h(5, 0);
+    assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    let h = a.h(5, 0);
+    assert!(matches!(a.call(Request::Append { h, records: recs(0, 5, 10) }), Response::Success { .. }));
+    gate.arm("seg");
+    let h = a.h(5, 0);
+    a.send(&Request::Append { h, records: recs(5, 1, 10) });
+    gate.wait_blocked(1);
+    let mut c = Client::connect(node.addr, 1);
+    let seen = match max_txid(&mut c, 6, 0) {
+        Response::MaxTransactionId { txid, .. } => txid,
+        other => panic!("{other:?}"),
+    };
+    // From here on session 6 owns the partition.
+    gate.release();
+    let late = a.recv();
+    eprintln!("session 6 saw max txid {seen}; session 5's in-flight append then got {late:?}");
+    assert!(
+        !matches!(late, Response::Success { .. }),
+        "session 5 was told txid 5 is durable after session 6 was fenced in and saw max {seen}"
+    );
+    drop(node);
+    s.close();
+}
