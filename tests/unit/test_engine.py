@@ -94,7 +94,12 @@ def test_partitions_add_remove_and_list(storage, data_dir):
     storage.remove_partition(2)
     with pytest.raises(errors.PartitionClosedError):
         p2.read_record(0)
-    assert storage.partition_ids() == [0, 2]  # files kept
+    # Files kept but parked: not listed, not served, until assigned again.
+    assert storage.partition_ids() == [0]
+    assert (data_dir / "2.unassigned").is_dir()
+    with pytest.raises(errors.PartitionNotFoundError):
+        storage.partition(2)
+    storage.add_partition(2)
     assert_log(storage.partition(2), 2)
     storage.remove_partition(2, delete_files=True)
     assert storage.partition_ids() == [0]
