@@ -117,7 +117,7 @@ pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
 }
 
 /// Record size from which combining CRCs beats hashing the data a second time.
-const COMBINE_FROM: usize = 4096;
+const COMBINE_FROM: usize = 1024;
 
 /// Why the bytes at some offset are not a valid record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn combined_record_crc_equals_hashing_everything() {
-        for len in [0usize, 1, 4095, 4096, 4097, 65536, 100_003] {
+        for len in [0usize, 1, 1023, 1024, 1025, 4096, 65536, 100_003] {
             let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
             let mut known = rec(&data);
             known.data_crc = Some(crc32(&data));

@@ -122,14 +122,14 @@ class _Connection:
         fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = fut
 
-        async def send_and_wait() -> tuple[str, Any]:
-            self._writer.write(encode(seq))
-            await self._writer.drain()  # a node that stops reading must not stall us past the timeout
-            return await fut
-
         try:
-            kind, value = await asyncio.wait_for(send_and_wait(), self.timeout)
-        except asyncio.TimeoutError as e:
+            # One deadline over sending and waiting: a node that stops reading must not stall
+            # us past the timeout either (asyncio.timeout, unlike wait_for, adds no task).
+            async with asyncio.timeout(self.timeout):
+                self._writer.write(encode(seq))
+                await self._writer.drain()
+                kind, value = await fut
+        except TimeoutError as e:
             raise errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s") from e
         except (ConnectionError, OSError) as e:
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
