@@ -918,6 +918,20 @@ mod python {
         }
     }
 
+    /// (kind, seq, session_id, partition_id, value): what ResponseReader yields for either protocol.
+    fn response_tuple<'py>(py: Python<'py>, kind: &str, h: MsgHeader, value: Py<PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(
+            py,
+            [
+                kind.into_pyobject(py)?.into_any().unbind(),
+                h.seq.into_pyobject(py)?.into_any().unbind(),
+                h.session_id.into_pyobject(py)?.into_any().unbind(),
+                h.partition_id.into_pyobject(py)?.into_any().unbind(),
+                value,
+            ],
+        )
+    }
+
     fn wire_record(py: Python<'_>, r: WireRecord) -> PyRecord {
         PyRecord::new(py, Record { txid: r.txid, req_id: r.req_id, header: r.header, data: r.data })
     }
@@ -992,16 +1006,7 @@ mod python {
                     ("record_list", h, items.into_any().unbind())
                 }
             };
-            Ok(Some(PyTuple::new(
-                py,
-                [
-                    kind.into_pyobject(py)?.into_any().unbind(),
-                    h.seq.into_pyobject(py)?.into_any().unbind(),
-                    h.session_id.into_pyobject(py)?.into_any().unbind(),
-                    h.partition_id.into_pyobject(py)?.into_any().unbind(),
-                    value,
-                ],
-            )?))
+            response_tuple(py, kind, h, value).map(Some)
         }
     }
 
@@ -1040,16 +1045,7 @@ mod python {
                     ("status", h, list.into_any().unbind())
                 }
             };
-            Ok(Some(PyTuple::new(
-                py,
-                [
-                    kind.into_pyobject(py)?.into_any().unbind(),
-                    h.seq.into_pyobject(py)?.into_any().unbind(),
-                    h.session_id.into_pyobject(py)?.into_any().unbind(),
-                    h.partition_id.into_pyobject(py)?.into_any().unbind(),
-                    value,
-                ],
-            )?))
+            response_tuple(py, kind, h, value).map(Some)
         }
     }
 

@@ -283,15 +283,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
                 Err(why) => break 'conn why,
             }
         }
-        let mut chunk = [0u8; 64 << 10];
-        match tokio::time::timeout(shared.opts.idle_timeout, rd.read(&mut chunk)).await {
-            Ok(Ok(0)) => break String::new(),
-            Ok(Ok(n)) => {
-                shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                buf.extend_from_slice(&chunk[..n])
-            }
-            Ok(Err(e)) => break format!("read failed: {e}"),
-            Err(_) => break format!("idle for {:?}", shared.opts.idle_timeout),
+        if let Err(why) = read_more(&mut rd, &mut buf, &shared).await {
+            break why;
         }
     };
     if !reason.is_empty() {
@@ -305,6 +298,22 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
 struct Conn {
     greeted: bool,
     opened: bool,
+}
+
+/// Appends what the peer sends next to `buf`. Err ends the connection: an empty reason for a
+/// clean close, else why (a read error, or silence longer than the idle timeout).
+async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut Vec<u8>, shared: &Shared) -> Result<(), String> {
+    let mut chunk = [0u8; 64 << 10];
+    match tokio::time::timeout(shared.opts.idle_timeout, rd.read(&mut chunk)).await {
+        Ok(Ok(0)) => Err(String::new()),
+        Ok(Ok(n)) => {
+            shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+            buf.extend_from_slice(&chunk[..n]);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!("read failed: {e}")),
+        Err(_) => Err(format!("idle for {:?}", shared.opts.idle_timeout)),
+    }
 }
 
 /// Turns one request into its (future) response. Err closes the connection with that reason.
@@ -564,12 +573,8 @@ async fn serve_admin(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared
                 break 'conn String::new();
             }
         }
-        let mut chunk = [0u8; 16 << 10];
-        match tokio::time::timeout(shared.opts.idle_timeout, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) => break String::new(),
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-            Ok(Err(e)) => break format!("read failed: {e}"),
-            Err(_) => break format!("idle for {:?}", shared.opts.idle_timeout),
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared).await {
+            break why;
         }
     };
     if !reason.is_empty() {

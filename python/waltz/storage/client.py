@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from waltz import errors
 from waltz._native import RecordBatch, ResponseReader, encode_admin_request, encode_append, encode_request
@@ -41,6 +41,9 @@ def _failure(address: str, kind: str, message: str) -> errors.StorageError:
     return err
 
 
+C = TypeVar("C", bound="_Connection")
+
+
 class _Connection:
     """A pipelined request/response connection: handshake, sequence numbers, a read loop."""
 
@@ -58,7 +61,16 @@ class _Connection:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def _open(cls, host: str, port: int, timeout: float, hello: bytes, open_request: Any) -> Any:
+    async def connect(
+        cls: type[C],
+        host: str,
+        port: int,
+        *,
+        cluster_key: uuid.UUID | str,
+        partition_count: int,
+        timeout: float = 10.0,
+    ) -> C:
+        """Connects, agrees on a protocol version and sends Open (cluster key, partition count)."""
         address = f"{host}:{port}"
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
@@ -66,14 +78,22 @@ class _Connection:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
         client = cls(reader, writer, address, timeout)
         try:
-            writer.write(hello)
+            writer.write(cls._hello())
             await client._read_hello()
             client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
-            await client._call(open_request)
+            await client._call(lambda seq: cls._open_frame(seq, str(cluster_key), partition_count))
         except BaseException:
             await client.close()
             raise
         return client
+
+    @staticmethod
+    def _hello() -> bytes:
+        raise NotImplementedError
+
+    @staticmethod
+    def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
+        raise NotImplementedError
 
     async def _read_hello(self) -> None:
         while True:
@@ -163,24 +183,14 @@ class _Connection:
 class StorageClient(_Connection):
     """One connection to one storage node (storage protocol). Use `await StorageClient.connect()`."""
 
-    @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        *,
-        cluster_key: uuid.UUID | str,
-        partition_count: int,
-        timeout: float = 10.0,
-    ) -> StorageClient:
-        """Connects, agrees on a protocol version and sends Open (cluster key, partition count)."""
-        return await cls._open(
-            host,
-            port,
-            timeout,
-            encode_request("hello", min_version=1, max_version=1),
-            lambda seq: encode_request("open", -1, seq, -1, cluster_key=str(cluster_key), partition_count=partition_count),
-        )
+    @staticmethod
+    def _hello() -> bytes:
+        return encode_request("hello", min_version=1, max_version=1)
+
+    @staticmethod
+    def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
+        return encode_request("open", -1, seq, -1, cluster_key=cluster_key, partition_count=partition_count)
+
     async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
         """(session id, low-water mark) of the partition's last store session on this node."""
         return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition))
@@ -223,23 +233,13 @@ class StorageAdminClient(_Connection):
 
     ADMIN = True
 
-    @classmethod
-    async def connect(
-        cls,
-        host: str,
-        port: int,
-        *,
-        cluster_key: uuid.UUID | str,
-        partition_count: int,
-        timeout: float = 10.0,
-    ) -> StorageAdminClient:
-        return await cls._open(
-            host,
-            port,
-            timeout,
-            encode_admin_request("hello"),
-            lambda seq: encode_admin_request("open", seq, cluster_key=str(cluster_key), partition_count=partition_count),
-        )
+    @staticmethod
+    def _hello() -> bytes:
+        return encode_admin_request("hello")
+
+    @staticmethod
+    def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
+        return encode_admin_request("open", seq, cluster_key=cluster_key, partition_count=partition_count)
 
     async def assign(self, partition: int) -> None:
         """Assigns the partition to the node, creating its files if needed (idempotent)."""
