@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 #[derive(Clone, Debug)]
@@ -241,17 +241,28 @@ fn gated(storage: &Storage, h: MsgHeader, f: impl FnOnce() -> Response) -> Respo
     fenced_out(storage, h).unwrap_or_else(f)
 }
 
+/// Record-list responses (up to `max_list_bytes` each) a connection may have in flight: with the
+/// default 16 MiB lists a client that never reads its answers pins at most 256 MiB.
+const MAX_LISTS_IN_FLIGHT: usize = 16;
+
 async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<JoinHandle<Vec<u8>>>(shared.opts.max_in_flight);
+    let (tx, mut rx) = mpsc::channel::<(JoinHandle<Vec<u8>>, Option<OwnedSemaphorePermit>)>(shared.opts.max_in_flight);
+    let lists = Arc::new(Semaphore::new(MAX_LISTS_IN_FLIGHT));
     let wshared = shared.clone();
     let writer = tokio::spawn(async move {
-        while let Some(h) = rx.recv().await {
+        while let Some((h, _permit)) = rx.recv().await {
             match h.await {
                 Ok(bytes) => {
                     count_response(&wshared.stats, &bytes);
-                    if wr.write_all(&bytes).await.is_err() {
-                        break;
+                    // A peer that takes nothing for the idle timeout is gone or hostile.
+                    match tokio::time::timeout(wshared.opts.idle_timeout, wr.write_all(&bytes)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            log::warn!("closing connection from {peer}: it read nothing for {:?}", wshared.opts.idle_timeout);
+                            break;
+                        }
                     }
                 }
                 Err(_) => break,
@@ -274,9 +285,17 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
                 Err(e) => break 'conn format!("bad frame: {e}"),
             };
             shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            // Large responses wait for a slot before being built: back pressure on the reader.
+            let permit = match req {
+                Request::RecordList { .. } => match lists.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
+                    Err(_) => break 'conn "connection closing".to_string(),
+                },
+                _ => None,
+            };
             match handle(&shared, &mut conn, req).await {
                 Ok(h) => {
-                    if tx.send(h).await.is_err() {
+                    if tx.send((h, permit)).await.is_err() {
                         break 'conn "peer stopped reading".to_string();
                     }
                 }

@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 import zlib
 
@@ -408,3 +409,46 @@ def test_requests_time_out_when_the_node_stops_answering(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_client_that_never_reads_its_answers_is_dropped_and_others_are_served(tmp_path):
+    key = uuid.uuid4()
+    s = Storage.create(tmp_path / "node", key, 1)
+    s.add_partition(0)
+    node = StorageNode.start(s, max_list_bytes=1 << 20, idle_timeout=2.0)
+    try:
+
+        async def fill():
+            async with await connect_n(key, node, 1) as c:
+                big = RecordBatch([(ReqId(1, 1, 0, t), 0, bytes([t]) * 100_000) for t in range(10)])
+                await c.append(0, 1, 0, big)
+
+        run(fill())
+        hog = socket.create_connection(node.address)
+        hog.sendall(
+            encode_request("hello")
+            + encode_request("open", -1, 0, -1, cluster_key=key, partition_count=1)
+            + b"".join(encode_request("record_list", 1, 10 + i, 0, txid=0, max_count=10) for i in range(200))
+        )
+
+        async def others_are_served():
+            async with await connect_n(key, node, 1) as c:
+                assert len(await c.records(0, 1, 0, 10)) == 10
+
+        run(others_are_served())
+        time.sleep(3.5)  # the hog reads nothing for longer than the node's idle timeout
+        # It was disconnected: draining what the kernel already buffered ends in EOF or a reset,
+        # not in 200 MB of answers.
+        hog.settimeout(15)
+        received = 0
+        try:
+            while chunk := hog.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        hog.close()
+        assert received < 40 << 20, f"{received} bytes: the node kept answering a client that never read"
+        run(others_are_served())
+    finally:
+        node.stop()
+        s.close()
