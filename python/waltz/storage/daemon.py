@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 from waltz import errors
 from waltz._native import Storage, StorageNode
@@ -17,29 +18,24 @@ log = logging.getLogger("waltz.storage")
 def open_storage(config: StorageNodeConfig) -> Storage:
     """Opens the storage directory, creating it when the configuration names the cluster."""
     s = config.storage
-    try:
-        return Storage.open(
-            s.directory,
-            s.cluster_key,
-            s.partition_count,
+
+    def with_tuning(make: Callable[..., Storage], *args: object) -> Storage:
+        return make(
+            *args,
             segment_size=s.segment_size,
             checkpoint_interval=s.checkpoint_interval,
             max_record_size=s.max_record_size,
         )
+
+    try:
+        return with_tuning(Storage.open, s.directory, s.cluster_key, s.partition_count)
     except errors.NotInitialisedError:
         if s.cluster_key is None or s.partition_count is None:
             raise errors.NotInitialisedError(
                 f"{s.directory} is not a storage directory yet: set [storage] cluster_key and partition_count to create it"
             ) from None
         log.info("creating storage directory %s for cluster %s", s.directory, s.cluster_key)
-        return Storage.create(
-            s.directory,
-            s.cluster_key,
-            s.partition_count,
-            segment_size=s.segment_size,
-            checkpoint_interval=s.checkpoint_interval,
-            max_record_size=s.max_record_size,
-        )
+        return with_tuning(Storage.create, s.directory, s.cluster_key, s.partition_count)
 
 
 def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None:
