@@ -17,3 +17,26 @@ def data_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     """A directory on the real disk: fsync has to mean something in these tests."""
     d = tmp_path / "storage"
     return d
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory):
+    """One real ZooKeeper server for the session; tests isolate themselves by chroot."""
+    from processes import ZooKeeperServer, zookeeper_available
+
+    if not zookeeper_available():
+        pytest.fail("ZooKeeper is not installed: run scripts/setup.sh (apt package `zookeeper`, Java)")
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["embedded", "zookeeper"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
+    """A fresh, empty metadata store of each kind: an embedded SQLite file, or a new chroot on
+    the session's real ZooKeeper."""
+    if request.param == "embedded":
+        return f"embedded:{tmp_path / 'metadata.db'}"
+    server = request.getfixturevalue("zookeeper")
+    return server.url(f"/t-{uuid.uuid4().hex[:12]}")

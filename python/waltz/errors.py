@@ -51,7 +51,61 @@ class StorageConnectionError(StorageError, ConnectionError):
     """The connection to a storage node failed or was closed; in-flight requests are unknown."""
 
 
+class MetadataError(WaltzError):
+    """The cluster metadata store (ZooKeeper or the embedded store) refused or failed an operation."""
+
+
+class MetadataNotFoundError(MetadataError, KeyError):
+    """No entry at that path (or a parent of the entry to create is missing)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class MetadataExistsError(MetadataError):
+    """An entry already exists at that path."""
+
+
+class MetadataVersionError(MetadataError):
+    """A compare-and-set lost: the entry's version is not the one the caller read."""
+
+
+class MetadataNotEmptyError(MetadataError):
+    """The entry has children and was not deleted recursively."""
+
+
+class MetadataSessionLostError(MetadataError):
+    """The metadata session expired: its ephemeral entries are gone and must be re-created."""
+
+
+class MetadataUnavailableError(MetadataError, ConnectionError):
+    """The metadata store cannot be reached; the operation's outcome may be unknown."""
+
+
+class MetadataTransactionError(MetadataError):
+    """A multi-operation transaction failed as a whole; `index` is the operation that failed and
+    `cause` its error. Nothing of the transaction was applied."""
+
+    def __init__(self, message: str, index: int, cause: MetadataError) -> None:
+        super().__init__(message)
+        self.index = index
+        self.cause = cause
+
+
+class ClusterError(WaltzError):
+    """A cluster administration request cannot be done as asked (the message says why)."""
+
+
 __all__ = [
+    "ClusterError",
+    "MetadataError",
+    "MetadataExistsError",
+    "MetadataNotEmptyError",
+    "MetadataNotFoundError",
+    "MetadataSessionLostError",
+    "MetadataTransactionError",
+    "MetadataUnavailableError",
+    "MetadataVersionError",
     "AppendTruncatedError",
     "BelowLogStartError",
     "ClusterKeyMismatch",

@@ -18,70 +18,7 @@ import pytest
 
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_config(tmp_path: pathlib.Path, key: uuid.UUID, **extra: str) -> tuple[pathlib.Path, dict[str, int]]:
-    ports = {"port": free_port(), "admin_port": free_port(), "http_port": free_port()}
-    text = f"""
-[storage]
-directory = "{tmp_path / 'data'}"
-cluster_key = "{key}"
-partition_count = 2
-checkpoint_interval = 100
-
-[node]
-host = "127.0.0.1"
-port = {ports['port']}
-admin_port = {ports['admin_port']}
-http_port = {ports['http_port']}
-
-[logging]
-level = "info"
-json = true
-""" + "".join(f"{k} = {v}\n" for k, v in extra.items())
-    path = tmp_path / "node.toml"
-    path.write_text(text)
-    return path, ports
-
-
-def start(config: pathlib.Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def wait_http(port: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"node exited: {proc.stderr.read() if proc.stderr else ''}"
-        try:
-            get(port, "/health")
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("the node's HTTP endpoint never came up")
-
-
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    return err
+from processes import get, start, stop, wait_http, write_config
 
 
 def test_daemon_serves_reports_and_stops_cleanly(tmp_path):

@@ -1,0 +1,271 @@
+"""The metadata store on ZooKeeper, through kazoo.
+
+Reads and idempotent writes are retried across connection loss (kazoo's command retry). A
+compare-and-set retried after a lost answer may report a conflict for its own write: callers
+re-read, which `MetadataStore.update` does. Multi-operation transactions are not retried (their
+outcome after a lost answer is unknown, reported as `MetadataUnavailableError`).
+
+Session states come from kazoo's listener: SUSPENDED when the connection drops (kazoo notices
+within two thirds of the session timeout, before the server can expire the session), LOST when
+the session expired, then CONNECTED with a new session. Listeners and watches run on our own
+event thread, never on kazoo's connection thread, so they may call the store.
+
+With credentials in the URL (`zk://user:secret@host:port/chroot`) the client authenticates with
+the digest scheme and every entry it creates is readable and writable by that user only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType as KazooEvent
+from kazoo.retry import RetryFailedError
+from kazoo.protocol.states import WatchedEvent, ZnodeStat
+from kazoo.security import make_digest_acl
+
+from waltz import errors
+from waltz.cluster.store import (
+    Check,
+    Create,
+    Delete,
+    EventThread,
+    EventType,
+    MetadataStore,
+    Op,
+    SessionState,
+    SetData,
+    Stat,
+    WatchEvent,
+    Watcher,
+    check_path,
+)
+
+_EVENTS = {
+    KazooEvent.CREATED: EventType.CREATED,
+    KazooEvent.CHANGED: EventType.CHANGED,
+    KazooEvent.DELETED: EventType.DELETED,
+    KazooEvent.CHILD: EventType.CHILD,
+}
+_STATES = {KazooState.CONNECTED: SessionState.CONNECTED, KazooState.SUSPENDED: SessionState.SUSPENDED, KazooState.LOST: SessionState.LOST}
+
+
+def _stat(s: ZnodeStat) -> Stat:
+    return Stat(
+        version=s.version,
+        cversion=s.cversion,
+        ephemeral_owner=s.ephemeralOwner,
+        num_children=s.numChildren,
+        created_ms=s.ctime,
+        modified_ms=s.mtime,
+    )
+
+
+def _error(e: Exception, what: str) -> errors.MetadataError:
+    if isinstance(e, NoNodeError):
+        return errors.MetadataNotFoundError(f"{what}: no such entry (or a missing parent)")
+    if isinstance(e, NodeExistsError):
+        return errors.MetadataExistsError(f"{what}: already exists")
+    if isinstance(e, BadVersionError):
+        return errors.MetadataVersionError(f"{what}: version changed since it was read")
+    if isinstance(e, NotEmptyError):
+        return errors.MetadataNotEmptyError(f"{what}: has children")
+    if isinstance(e, SessionExpiredError):
+        return errors.MetadataSessionLostError(f"{what}: ZooKeeper session expired")
+    if isinstance(e, NoAuthError):
+        return errors.MetadataError(f"{what}: not authorised (check the credentials in the zk:// URL)")
+    if isinstance(e, (ConnectionLoss, OperationTimeoutError, KazooTimeoutError, RetryFailedError)):
+        return errors.MetadataUnavailableError(f"{what}: ZooKeeper unreachable ({type(e).__name__}); outcome unknown")
+    return errors.MetadataError(f"{what}: {type(e).__name__}: {e}")
+
+
+@contextlib.contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (KazooException, KazooTimeoutError, RetryFailedError) as e:
+        raise _error(e, what) from e
+
+
+class ZooKeeperStore(MetadataStore):
+    """`ZooKeeperStore("host:port[,host:port]/chroot")`, or with `user:secret@` credentials."""
+
+    def __init__(self, hosts: str, *, session_timeout: float = 10.0, user: str | None = None, secret: str | None = None) -> None:
+        super().__init__()
+        self.hosts = hosts
+        self.session_timeout = session_timeout
+        kwargs: dict[str, Any] = {}
+        if user is not None:
+            kwargs["auth_data"] = [("digest", f"{user}:{secret or ''}")]
+            kwargs["default_acl"] = [make_digest_acl(user, secret or "", all=True)]
+        self._zk = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
+            command_retry={"max_tries": 20, "delay": 0.1, "backoff": 2, "max_delay": 2.0, "deadline": session_timeout * 2},
+            **kwargs,
+        )
+        self._user = user
+        self._events: EventThread | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, session_timeout: float = 10.0) -> ZooKeeperStore:
+        """`zk://[user:secret@]host:port[,host:port][/chroot]`."""
+        parsed = urllib.parse.urlsplit(url)
+        netloc = parsed.netloc
+        user = secret = None
+        if "@" in netloc:
+            cred, netloc = netloc.rsplit("@", 1)
+            user, _, secret = cred.partition(":")
+            user, secret = urllib.parse.unquote(user), urllib.parse.unquote(secret)
+        if not netloc:
+            raise errors.MetadataError(f"bad ZooKeeper URL {url!r}: expected zk://host:port[/chroot]")
+        chroot = parsed.path.rstrip("/")
+        return cls(netloc + chroot, session_timeout=session_timeout, user=user, secret=secret)
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._events = EventThread(f"waltz-zookeeper-events {self.hosts}")
+        self._zk.add_listener(self._on_kazoo_state)
+        try:
+            with warnings.catch_warnings():
+                # kazoo warns that the chroot is missing; it is created just below.
+                warnings.simplefilter("ignore", UserWarning)
+                self._zk.start(timeout=timeout)
+        except KazooTimeoutError as e:
+            self._zk.stop()
+            self._zk.close()
+            self._events.stop()
+            raise errors.MetadataUnavailableError(f"cannot reach ZooKeeper at {self.hosts} within {timeout}s") from e
+        chroot = self._zk.chroot
+        if chroot:
+            # kazoo does not create the chroot itself.
+            with self._unrooted() as zk, _mapped(f"creating chroot {chroot}"):
+                zk.retry(zk.ensure_path, chroot)
+
+    @contextlib.contextmanager
+    def _unrooted(self) -> Iterator[KazooClient]:
+        chroot = self._zk.chroot
+        self._zk.chroot = ""
+        try:
+            yield self._zk
+        finally:
+            self._zk.chroot = chroot
+
+    def close(self) -> None:
+        self._zk.remove_listener(self._on_kazoo_state)
+        try:
+            self._zk.stop()
+        finally:
+            self._zk.close()
+            if self._events is not None:
+                self._events.stop()
+
+    def _on_kazoo_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: hand over, never block here.
+        if self._events is not None:
+            self._events.submit(self._notify, _STATES[state])
+
+    @property
+    def session_id(self) -> int:
+        cid = self._zk.client_id
+        return int(cid[0]) if cid else 0
+
+    @property
+    def is_connected(self) -> bool:
+        return self._zk.state == KazooState.CONNECTED
+
+    @property
+    def description(self) -> str:
+        return f"zk://{self.hosts}"
+
+    def _wrap(self, watch: Watcher | None) -> Any:
+        if watch is None:
+            return None
+        events = self._events
+        assert events is not None
+
+        def on_event(event: WatchedEvent) -> None:
+            kind = _EVENTS.get(event.type)
+            if kind is not None:
+                path = event.path
+                if self._zk.chroot and path.startswith(self._zk.chroot):
+                    path = path[len(self._zk.chroot) :] or "/"
+                events.submit(watch, WatchEvent(kind, path))
+
+        return on_event
+
+    def create(
+        self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False, make_parents: bool = False
+    ) -> str:
+        check_path(path)
+        with _mapped(f"create {path}"):
+            if sequential:
+                # Not retried: a retry after a lost answer would create a second entry.
+                return str(self._zk.create(path, data, ephemeral=ephemeral, sequence=True, makepath=make_parents))
+            return str(self._zk.retry(self._zk.create, path, data, ephemeral=ephemeral, makepath=make_parents))
+
+    def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes, Stat]:
+        with _mapped(f"get {check_path(path)}"):
+            data, stat = self._zk.retry(self._zk.get, path, watch=self._wrap(watch))
+        return bytes(data), _stat(stat)
+
+    def exists(self, path: str, watch: Watcher | None = None) -> Stat | None:
+        with _mapped(f"exists {check_path(path)}"):
+            stat = self._zk.retry(self._zk.exists, path, watch=self._wrap(watch))
+        return None if stat is None else _stat(stat)
+
+    def set(self, path: str, data: bytes, version: int = -1) -> Stat:
+        with _mapped(f"set {check_path(path)}"):
+            return _stat(self._zk.retry(self._zk.set, path, data, version=version))
+
+    def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        if check_path(path) == "/":
+            raise errors.MetadataError("/ cannot be deleted")
+        with _mapped(f"delete {path}"):
+            self._zk.retry(self._zk.delete, path, version=version, recursive=recursive)
+
+    def children(self, path: str, watch: Watcher | None = None) -> list[str]:
+        with _mapped(f"children of {check_path(path)}"):
+            return sorted(self._zk.retry(self._zk.get_children, path, watch=self._wrap(watch)))
+
+    def transaction(self, ops: Sequence[Op]) -> list[Any]:
+        t = self._zk.transaction()
+        for op in ops:
+            check_path(op.path)
+            if isinstance(op, Create):
+                t.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequential)
+            elif isinstance(op, SetData):
+                t.set_data(op.path, op.data, version=op.version)
+            elif isinstance(op, Delete):
+                t.delete(op.path, version=op.version)
+            elif isinstance(op, Check):
+                t.check(op.path, op.version)
+            else:
+                raise errors.MetadataError(f"unknown transaction operation {op!r}")
+        with _mapped("transaction"):
+            results = t.commit()
+        for i, (op, r) in enumerate(zip(ops, results)):
+            if isinstance(r, Exception) and not isinstance(r, RolledBackError):
+                cause = _error(r, f"{type(op).__name__.lower()} {op.path}")
+                raise errors.MetadataTransactionError(f"transaction failed at operation {i} ({op}): {cause}", i, cause)
+        out: list[Any] = []
+        for r in results:
+            out.append(_stat(r) if isinstance(r, ZnodeStat) else r)
+        return out
