@@ -445,7 +445,9 @@ class EmbeddedStore(MetadataStore):
                         assert self._events is not None
                         self._events.submit(fn, WatchEvent(EventType(k), p))
                         return
-            self._watches[(kind, path)].append((since, fn))
+            entries = self._watches[(kind, path)]
+            if all(f != fn for _, f in entries):  # as ZooKeeper: one registration per watcher and path
+                entries.append((since, fn))
 
     @staticmethod
     def _matches(kind: str, event: EventType) -> bool:

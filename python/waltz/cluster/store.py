@@ -369,6 +369,7 @@ class EphemeralRegistration:
                 log.warning("could not re-create ephemeral %s yet: %s", self._base, e)
 
     def update(self, data: bytes) -> None:
+        """Replaces the data; kept for re-creation even when the write itself fails now."""
         with self._lock:
             self._data = data
             self._store.set(self.path, data)

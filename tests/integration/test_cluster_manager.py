@@ -1,0 +1,154 @@
+"""The cluster manager with real member processes on both metadata stores: servers join, leave
+cleanly and are killed with SIGKILL; assignments converge, generations are never reused, and no
+two servers ever serve one partition at the same time."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from waltz.cluster import open_store
+from waltz.cluster.metadata import Assignment, ClusterMetadata
+from waltz.cluster.store import MetadataStore
+
+PARTITIONS = 8
+MEMBER = str(pathlib.Path(__file__).parent.parent / "cluster_member.py")
+
+
+class Members:
+    def __init__(self, url: str, root: str, log: pathlib.Path) -> None:
+        self.url, self.root, self.log = url, root, log
+        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.ended: dict[int, float] = {}
+        self.port = 7000
+
+    def start(self, preferred: str = "") -> int:
+        self.port += 1
+        proc = subprocess.Popen(
+            [sys.executable, MEMBER, self.url, self.root, str(self.port), str(self.log), preferred],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert proc.stdout is not None
+        sid = int(proc.stdout.readline())
+        self.procs[sid] = proc
+        return sid
+
+    def kill(self, sid: int) -> None:
+        proc = self.procs.pop(sid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.ended[sid] = time.monotonic()
+
+    def leave(self, sid: int) -> None:
+        proc = self.procs.pop(sid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        self.ended[sid] = time.monotonic()
+
+    def stop_all(self) -> None:
+        for sid in list(self.procs):
+            self.kill(sid)
+
+
+@pytest.fixture
+def cluster(metadata_url: str) -> Iterator[tuple[MetadataStore, ClusterMetadata]]:
+    store = open_store(metadata_url, session_timeout=2.0)
+    store.start()
+    meta = ClusterMetadata(store, "/waltz/test")
+    meta.create("test", PARTITIONS, 3)
+    yield store, meta
+    store.close()
+
+
+def served(log: pathlib.Path) -> dict[int, dict[int, int]]:
+    """The last reported serving set of every server, from the members' log."""
+    last: dict[int, dict[int, int]] = {}
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        last[e["server"]] = {int(k): v for k, v in e["serving"].items()}
+    return last
+
+
+def wait_converged(meta: ClusterMetadata, members: Members, timeout: float = 60.0) -> Assignment:
+    deadline = time.monotonic() + timeout
+    live = set(members.procs)
+    while time.monotonic() < deadline:
+        a, _ = meta.assignment()
+        owners = [x.server for x in a.values()]
+        if live and all(o in live for o in owners):
+            loads = [owners.count(s) for s in live]
+            report = served(members.log) if members.log.exists() else {}
+            mine = {s: {p: x.generation for p, x in a.items() if x.server == s} for s in live}
+            if max(loads) - min(loads) <= 1 and all(report.get(s, {}) == mine[s] for s in live):
+                return a
+        time.sleep(0.1)
+    raise AssertionError(f"assignment did not converge on {sorted(live)}: {meta.assignment()[0]}")
+
+
+def check_never_two_servers(log: pathlib.Path, ended: dict[int, float]) -> None:
+    """Builds each server's serving intervals per partition and checks no two overlap."""
+    intervals: dict[int, list[tuple[float, float, int]]] = {}
+    open_: dict[tuple[int, int], float] = {}
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        sid, t, now = e["server"], e["t"], {int(k) for k in e["serving"]}
+        for (s, p), start in list(open_.items()):
+            if s == sid and p not in now:
+                intervals.setdefault(p, []).append((start, t, sid))
+                del open_[(s, p)]
+        for p in now:
+            open_.setdefault((sid, p), t)
+    for (s, p), start in open_.items():
+        intervals.setdefault(p, []).append((start, ended.get(s, float("inf")), s))
+    for p, spans in intervals.items():
+        spans.sort()
+        for (s1, e1, a), (s2, e2, b) in zip(spans, spans[1:]):
+            assert a == b or e1 <= s2, f"partition {p}: server {a} served until {e1} but server {b} started at {s2}"
+
+
+def test_servers_join_leave_and_crash(cluster, tmp_path: pathlib.Path, metadata_url: str) -> None:
+    store, meta = cluster
+    members = Members(metadata_url, meta.paths.root, tmp_path / "members.jsonl")
+    history: list[Assignment] = []
+    lock = threading.Lock()
+
+    def record(a: Assignment) -> None:
+        with lock:
+            history.append(a)
+
+    watch = meta.watch_assignment(record)
+    try:
+        first = [members.start() for _ in range(3)]
+        wait_converged(meta, members)
+        members.kill(first[0])                       # crash: its session must expire first
+        wait_converged(meta, members)
+        members.start()                              # a newcomer takes a fair share from live servers
+        wait_converged(meta, members)
+        members.leave(first[1])                      # a clean leave
+        a = wait_converged(meta, members)
+        pinned = members.start(preferred="0,1")      # preferred partitions are honoured
+        a = wait_converged(meta, members)
+        assert a[0].server == pinned and a[1].server == pinned
+    finally:
+        watch.stop()
+        members.stop_all()
+
+    with lock:
+        seen: dict[tuple[int, int], tuple[int | None, int]] = {}
+        last_gen = {p: -1 for p in range(PARTITIONS)}
+        for snapshot in history:
+            for p, x in snapshot.items():
+                assert x.generation >= last_gen[p], f"partition {p}: generation went back"
+                last_gen[p] = x.generation
+                owner = seen.setdefault((p, x.generation), (x.server, x.session))
+                assert owner == (x.server, x.session), f"partition {p} generation {x.generation} given twice"
+    assert all(g >= 1 for g in last_gen.values())
+    check_never_two_servers(members.log, members.ended)
