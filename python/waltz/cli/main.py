@@ -1,20 +1,35 @@
 """`waltz`: administration of a cluster, its storage nodes and offline files.
 
 Commands are grouped by what they act on (`cluster`, `storage`, `server`, `disk`); each group
-lives in its own module. `--json` (before or after the subcommand) prints one JSON document.
+lives in its own module. `--json` prints one JSON document instead of tables.
 """
 
 from __future__ import annotations
 
 import click
 
+from waltz.cli.cluster import cluster
+from waltz.cli.server import server
+from waltz.cli.storage import storage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
-def main(as_json: bool) -> None:
+@click.option(
+    "--metadata",
+    envvar="WALTZ_METADATA",
+    metavar="URL",
+    help="Metadata store: zk://host:port[/chroot] or embedded:/path/to/metadata.db (env WALTZ_METADATA).",
+)
+@click.option("--cluster", envvar="WALTZ_CLUSTER", default="default", show_default=True, help="Cluster name (env WALTZ_CLUSTER).")
+@click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the metadata store.")
+def main(as_json: bool, metadata: str | None, cluster: str, connect_timeout: float) -> None:
     """Administer a Waltz cluster."""
 
+
+main.add_command(cluster)
+main.add_command(storage)
+main.add_command(server)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,238 @@
+"""`waltz cluster`: create, show, verify and delete a cluster's metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import click
+
+from waltz import errors
+from waltz.cli.context import admin_call, cluster_metadata, cluster_name
+from waltz.cli.output import Failed, Output, pass_output, user_errors
+from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
+
+
+@click.group()
+def cluster() -> None:
+    """Create, inspect, check and delete a cluster."""
+
+
+@cluster.command()
+@click.option("--name", help="Cluster name (default: the --cluster option).")
+@click.option("--partitions", type=click.IntRange(1, 1 << 20), required=True, help="Number of partitions.")
+@click.option("--replicas", type=click.IntRange(1, 64), required=True, help="Replicas per partition.")
+@pass_output
+@user_errors
+def create(out: Output, name: str | None, partitions: int, replicas: int) -> None:
+    """Create a cluster with a new cluster key (idempotent for the same shape)."""
+    name = name or cluster_name()
+    with cluster_metadata(name) as meta:
+        info, created = meta.create(name, partitions, replicas)
+    out.emit(
+        {"created": created, "name": info.name, "cluster_key": str(info.cluster_key), "partitions": info.partitions, "replicas": info.replicas},
+        lambda: out.line(
+            f"{'created' if created else 'exists already:'} cluster {info.name} "
+            f"(key {info.cluster_key}, {info.partitions} partitions, {info.replicas} replicas)"
+        ),
+    )
+
+
+@cluster.command()
+@pass_output
+@user_errors
+def show(out: Output) -> None:
+    """Show the cluster: key, storage nodes, servers and the partition assignment."""
+    with cluster_metadata() as meta:
+        info = meta.info()
+        nodes = meta.storage_nodes()
+        servers = {s.server_id: s for s in meta.servers()}
+        assignment, _ = meta.assignment()
+        parts = []
+        for p in range(info.partitions):
+            pm, _ = meta.partition_metadata(p)
+            a = assignment.get(p)
+            parts.append({
+                "partition": p,
+                "server": a.server if a else None,
+                "endpoint": servers[a.server].endpoint if a and a.server in servers else None,
+                "generation": a.generation if a else 0,
+                "store_session": pm.session_id,
+                "replicas": [n.address for n in nodes if p in n.partitions],
+            })
+    doc = {
+        "name": info.name,
+        "cluster_key": str(info.cluster_key),
+        "partitions": info.partitions,
+        "replicas": info.replicas,
+        "root": meta.paths.root,
+        "metadata": meta.store.description,
+        "storage_nodes": [{"address": n.address, "admin_port": n.admin_port, "group": n.group, "partitions": list(n.partitions)} for n in nodes],
+        "servers": [{"id": s.server_id, "endpoint": s.endpoint, "serving": sorted(s.serving)} for s in servers.values()],
+        "assignment": parts,
+    }
+
+    def human() -> None:
+        out.kv(f"cluster {info.name}", [("cluster key", info.cluster_key), ("partitions", info.partitions),
+                                        ("replicas", info.replicas), ("metadata", f"{meta.store.description} {meta.paths.root}")])
+        out.table("storage nodes", ["address", "admin port", "group", "partitions"],
+                  [(n.address, n.admin_port, n.group, _ranges(n.partitions)) for n in nodes])
+        out.table("servers", ["id", "endpoint", "serving"], [(s.server_id, s.endpoint, _ranges(sorted(s.serving))) for s in servers.values()])
+        out.table("partitions", ["partition", "server", "generation", "store session", "replicas"],
+                  [(x["partition"], x["endpoint"] or "-", x["generation"], x["store_session"], ", ".join(x["replicas"])) for x in parts])
+
+    out.emit(doc, human)
+
+
+@cluster.command()
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True, help="Delete even while servers are registered.")
+@pass_output
+@user_errors
+def delete(out: Output, yes: bool, force: bool) -> None:
+    """Delete the cluster's metadata (not the storage nodes' files)."""
+    with cluster_metadata() as meta:
+        if not meta.exists():
+            out.emit({"deleted": False}, lambda: out.line(f"no cluster at {meta.paths.root}; nothing to delete"))
+            return
+        info = meta.info()
+        live = meta.servers()
+        if live and not force:
+            raise Failed(f"{len(live)} servers are registered in cluster {info.name}; stop them first or pass --force")
+        if not yes and not out.as_json:
+            click.confirm(f"Delete cluster {info.name} (key {info.cluster_key}) from {meta.store.description}?", abort=True)
+        meta.delete()
+    out.emit({"deleted": True, "name": info.name}, lambda: out.line(f"deleted cluster {info.name}"))
+
+
+@cluster.command()
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Seconds per storage node or server check.")
+@pass_output
+@user_errors
+def verify(out: Output, timeout: float) -> None:
+    """Check the cluster: assignments, reachability, quorums, recovery. Exit 1 on any failure."""
+    with cluster_metadata() as meta:
+        checks = _verify(meta, timeout)
+    failed = [c for c in checks if c["status"] == "FAIL"]
+
+    def human() -> None:
+        colour = {"PASS": "[green]PASS[/]", "WARN": "[yellow]WARN[/]", "FAIL": "[red]FAIL[/]"}
+        out.table("cluster verify", ["check", "status", "detail"], [(c["check"], colour[c["status"]], c["detail"]) for c in checks])
+        out.line("[red]FAILED[/]" if failed else "[green]all checks passed[/]")
+
+    out.emit({"ok": not failed, "checks": checks}, human)
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
+    checks: list[dict[str, Any]] = []
+
+    def add(check: str, ok: bool | None, detail: str) -> None:
+        checks.append({"check": check, "status": "PASS" if ok else ("WARN" if ok is None else "FAIL"), "detail": detail})
+
+    info = meta.info()
+    nodes = meta.storage_nodes()
+    quorum = info.replicas // 2 + 1
+
+    # Replica assignment.
+    for p in range(info.partitions):
+        holders = [n.address for n in nodes if p in n.partitions]
+        if len(holders) < info.replicas:
+            add(f"partition {p} replicas", False, f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})")
+        elif len(holders) > info.replicas:
+            add(f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured")
+    if not any(c["check"].endswith("replicas") for c in checks):
+        add("replica assignment", True, f"every partition has {info.replicas} replicas assigned")
+
+    # Storage nodes: reachable, holding what they are assigned, healthy.
+    healthy: dict[str, set[int]] = {}
+    for n in nodes:
+        try:
+            status = admin_call(meta, n, lambda c: c.status(), timeout=timeout)
+        except (errors.WaltzError, OSError) as e:
+            add(f"storage {n.address}", False, f"admin port {n.admin_address} unreachable: {e}")
+            continue
+        present = {s["partition"]: s for s in status}
+        missing = [p for p in n.partitions if p not in present]
+        broken = {p: s["failure"] for p, s in present.items() if s["failure"]}
+        closed = [p for p, s in present.items() if not (s["readable"] and s["writable"])]
+        healthy[n.address] = {p for p in n.partitions if p in present and p not in broken and p not in closed}
+        problems = []
+        if missing:
+            problems.append(f"assigned but absent: {missing} (run `waltz storage add-partition`)")
+        if broken:
+            problems.append(f"failed: {broken}")
+        if closed:
+            problems.append(f"marked unavailable: {closed}")
+        add(f"storage {n.address}", not problems, "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy")
+
+    # Quorums.
+    short = []
+    for p in range(info.partitions):
+        ok = sum(1 for n in nodes if p in healthy.get(n.address, set()))
+        if ok < quorum:
+            short.append(f"{p} ({ok}/{quorum})")
+    add("quorums", not short, f"without a healthy quorum: {', '.join(short)}" if short else f"every partition has {quorum}+ healthy replicas")
+
+    # Servers.
+    servers = {s.server_id: s for s in meta.servers()}
+    assignment, _ = meta.assignment()
+    if not servers:
+        add("servers", False, "no server is registered")
+    for s in servers.values():
+        try:
+            with socket.create_connection((s.host, s.port), timeout=timeout):
+                pass
+            add(f"server {s.server_id}", True, f"{s.endpoint} reachable, serving {_ranges(sorted(s.serving))}")
+        except OSError as e:
+            add(f"server {s.server_id}", False, f"{s.endpoint} unreachable: {e}")
+    orphans = [p for p in range(info.partitions) if p not in assignment or assignment[p].server not in servers]
+    mismatched = [
+        p for p, a in assignment.items() if a.server in servers and servers[a.server].serving.get(p) != a.generation
+    ]
+    if servers:
+        add("partition assignment", not orphans and not mismatched,
+            (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}" if mismatched else "")
+            or "every partition is served by a live server under its current generation")
+
+    # Recovery.
+    pending = []
+    never = []
+    for p in range(info.partitions):
+        pm, _ = meta.partition_metadata(p)
+        if pm.session_id < 0:
+            never.append(p)
+            continue
+        lagging = [
+            r for r in (n.address for n in nodes if p in n.partitions)
+            if r not in pm.replicas or pm.replicas[r].session_id != pm.session_id or pm.replicas[r].closing_high_water_mark != UNRESOLVED
+        ]
+        if lagging:
+            pending.append(f"{p}: {', '.join(lagging)}")
+    if never:
+        add("recovery", None if not pending else False, f"no store session yet for partitions {_ranges(never)}"
+            + (f"; not recovered: {'; '.join(pending)}" if pending else ""))
+    else:
+        add("recovery", not pending, f"replicas not in the current session: {'; '.join(pending)}" if pending else "every replica is in its partition's current store session")
+    return checks
+
+
+def _ranges(values: Any) -> str:
+    """[0,1,2,5] → '0-2, 5'."""
+    vs = sorted(values)
+    if not vs:
+        return "-"
+    out, start, prev = [], vs[0], vs[0]
+    for v in vs[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
+
+
+__all__ = ["cluster", "asyncio"]
