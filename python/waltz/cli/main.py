@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import click
 
+from waltz.cli.disk import disk
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 def main(as_json: bool) -> None:
     """Administer a Waltz cluster."""
+
+
+main.add_command(disk)
 
 
 if __name__ == "__main__":
