@@ -264,6 +264,86 @@ def encode_admin_request(
 def encode_append(session_id: int, seq: int, partition_id: int, first_txid: int, batch: RecordBatch) -> bytes:
     """An Append frame of `batch` as transactions first_txid, first_txid + 1, ..."""
 
+class _ControlStruct(TypedDict):
+    session_id: int
+    low_water_mark: int
+    local_low_water_mark: int
+    checksum_ok: bool
+
+class _ControlEntry(TypedDict):
+    partition: int
+    stored_partition_id: int
+    structs: list[_ControlStruct]
+    current: Literal[1, 2] | None
+
+class _ControlReport(TypedDict):
+    path: str
+    file_length: int
+    version: int
+    creation_time_ms: int
+    cluster_key: str
+    partition_count: int
+    problems: list[str]
+    partitions: list[_ControlEntry]
+
+class _SegmentHeader(TypedDict):
+    version: int
+    creation_time_ms: int
+    cluster_key: str
+    partition_id: int
+    first_txid: int
+    reserved_zero: bool
+
+class _RecordProblem(TypedDict):
+    offset: int
+    txid: int
+    reason: str
+    torn_tail: bool
+    next_valid_offset: int | None
+
+class _RecordSummary(TypedDict):
+    offset: int
+    txid: int
+    client_id: int
+    generation: int
+    partition_id: int
+    sequence: int
+    header: int
+    data_length: int
+
+class _IndexReport(TypedDict):
+    path: str
+    file_length: int
+    header_matches: bool
+    entries: int
+    partial_bytes: int
+    extra_entries: int
+    mismatch: tuple[int, int, int] | None  # (position, stored offset, real offset)
+
+class _SegmentReport(TypedDict):
+    path: str
+    file_length: int
+    header: _SegmentHeader
+    name_txid: int
+    record_count: int
+    first_txid: int | None
+    last_txid: int | None
+    valid_end: int
+    problem: _RecordProblem | None
+    records: list[_RecordSummary]
+    index: _IndexReport | None
+
+def inspect_control(path: str | os.PathLike[str]) -> _ControlReport:
+    """Decodes a control file (or the one in a storage directory) read-only: the header and,
+    per partition, both info structs with their checksum state and which one is current."""
+
+def inspect_segment(
+    path: str | os.PathLike[str], limit: int = 50, *, max_record_size: int = 16 << 20
+) -> _SegmentReport:
+    """Walks a segment data file and its index read-only: header, records, the first invalid
+    record (a torn tail when nothing valid follows it, else corruption), the first `limit`
+    records, and whether the index agrees with the records."""
+
 def raw_append_loop(path: str | os.PathLike[str], payload: bytes, iterations: int) -> list[int]:
     """Benchmark reference: write + fdatasync of `payload`, `iterations` times; ns per call."""
 

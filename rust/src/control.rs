@@ -36,15 +36,14 @@ impl PartitionInfo {
         b
     }
 
-    fn decode(b: &[u8]) -> Option<PartitionInfo> {
-        if crc32(&b[0..24]) != be_u32(&b[24..28]) {
-            return None;
-        }
-        Some(PartitionInfo {
+    /// The struct's fields and whether its checksum holds.
+    fn decode(b: &[u8]) -> (PartitionInfo, bool) {
+        let info = PartitionInfo {
             session_id: be_i64(&b[0..8]),
             low_water_mark: be_i64(&b[8..16]),
             local_low_water_mark: be_i64(&b[16..24]),
-        })
+        };
+        (info, crc32(&b[0..24]) == be_u32(&b[24..28]))
     }
 
     /// Newer of two valid structs: sessions only grow, and within one session the marks only rise.
@@ -59,6 +58,61 @@ pub struct ControlHeader {
     pub creation_ms: i64,
     pub cluster_key: [u8; 16],
     pub partition_count: i32,
+}
+
+impl ControlHeader {
+    /// Decodes the 128-byte header of a control file of `len` bytes, refusing an unknown version
+    /// or a partition count the file is too short to hold.
+    pub fn decode(path: &Path, hb: &[u8], len: u64) -> Result<ControlHeader> {
+        let header = ControlHeader {
+            version: be_i32(&hb[0..4]),
+            creation_ms: be_i64(&hb[4..12]),
+            cluster_key: hb[12..28].try_into().unwrap(),
+            partition_count: be_i32(&hb[28..32]),
+        };
+        if header.version != FORMAT_VERSION {
+            return Err(Error::corruption(path, 0, format!("unknown control file version {}", header.version)));
+        }
+        if header.partition_count < 0 || HEADER_LEN + ENTRY_LEN * header.partition_count as u64 > len {
+            return Err(Error::corruption(
+                path,
+                28,
+                format!("header claims {} partitions but the file holds {} bytes", header.partition_count, len),
+            ));
+        }
+        Ok(header)
+    }
+}
+
+/// One 60-byte partition entry as stored: the partition id and both structs, each with whether
+/// its checksum holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlEntry {
+    pub partition_id: i32,
+    pub structs: [(PartitionInfo, bool); 2],
+}
+
+impl ControlEntry {
+    pub fn decode(e: &[u8]) -> ControlEntry {
+        ControlEntry {
+            partition_id: be_i32(&e[0..4]),
+            structs: [PartitionInfo::decode(&e[4..32]), PartitionInfo::decode(&e[32..60])],
+        }
+    }
+
+    /// The slot (0 or 1) an open uses for partition `pid`: the newest struct whose checksum
+    /// holds; None when both fail or the entry names another partition.
+    pub fn current(&self, pid: i32) -> Option<usize> {
+        if self.partition_id != pid {
+            return None;
+        }
+        match self.structs {
+            [(x, true), (y, true)] => Some(if y.order_key() > x.order_key() { 1 } else { 0 }),
+            [(_, true), _] => Some(0),
+            [_, (_, true)] => Some(1),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,46 +173,22 @@ impl ControlFile {
         }
         let mut hb = [0u8; HEADER_LEN as usize];
         file.read_full_at(&mut hb, 0).at(&path)?;
-        let header = ControlHeader {
-            version: be_i32(&hb[0..4]),
-            creation_ms: be_i64(&hb[4..12]),
-            cluster_key: hb[12..28].try_into().unwrap(),
-            partition_count: be_i32(&hb[28..32]),
-        };
-        if header.version != FORMAT_VERSION {
-            return Err(Error::corruption(&path, 0, format!("unknown control file version {}", header.version)));
-        }
-        if header.partition_count < 0 || HEADER_LEN + ENTRY_LEN * header.partition_count as u64 > len {
-            return Err(Error::corruption(
-                &path,
-                28,
-                format!("header claims {} partitions but the file holds {} bytes", header.partition_count, len),
-            ));
-        }
+        let header = ControlHeader::decode(&path, &hb, len)?;
         let mut body = vec![0u8; (ENTRY_LEN * header.partition_count as u64) as usize];
         file.read_full_at(&mut body, HEADER_LEN).at(&path)?;
         let mut entries = Vec::with_capacity(header.partition_count as usize);
         for (pid, e) in body.chunks_exact(ENTRY_LEN as usize).enumerate() {
-            let stored_pid = be_i32(&e[0..4]);
-            let a = PartitionInfo::decode(&e[4..32]);
-            let b = PartitionInfo::decode(&e[32..60]);
-            let mut entry = match (a, b) {
-                (Some(x), Some(y)) if y.order_key() > x.order_key() => Entry { current: Some(1), info: Some(y) },
-                (Some(x), _) => Entry { current: Some(0), info: Some(x) },
-                (None, Some(y)) => Entry { current: Some(1), info: Some(y) },
-                (None, None) => Entry { current: None, info: None },
-            };
-            if stored_pid != pid as i32 {
-                entry = Entry { current: None, info: None };
-            }
-            if entry.info.is_some() && (a.is_none() || b.is_none()) {
+            let decoded = ControlEntry::decode(e);
+            let current = decoded.current(pid as i32);
+            let info = current.map(|slot| decoded.structs[slot].0);
+            if info.is_some() && !(decoded.structs[0].1 && decoded.structs[1].1) {
                 log::warn!(
                     "{}: partition {} has one damaged info struct, using the other",
                     path.display(),
                     pid
                 );
             }
-            entries.push(entry);
+            entries.push(Entry { current: current.map(|s| s as u8), info });
         }
         Ok(ControlFile { path, file, header, entries })
     }

@@ -5,7 +5,7 @@
 //! or as corruption (an error, unless the caller asked for repair).
 use crate::error::{Error, IoContext, Result};
 use crate::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RECORD_OVERHEAD};
+use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -564,10 +564,30 @@ fn scan_forward(
     path: &Path,
     start: u64,
     data_len: u64,
-    mut expected: i64,
+    expected: i64,
     max: usize,
 ) -> Result<ScanResult> {
     let mut offsets = Vec::new();
+    let (end, stopped) = scan_records(data, path, start, data_len, expected, max, |off, _| {
+        offsets.push(off);
+        Ok(())
+    })?;
+    Ok(ScanResult { offsets, end, stopped })
+}
+
+/// Validates records from `start` (ids from `expected`) in chunks of at most a few MiB (more
+/// only for a record that is larger and fits in the file), calling `visit` with each valid
+/// record's offset. Returns where the valid records end and, when an invalid record stopped
+/// the walk before the end of the file, its offset and why.
+pub(crate) fn scan_records(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    start: u64,
+    data_len: u64,
+    mut expected: i64,
+    max: usize,
+    mut visit: impl FnMut(u64, &RecordView) -> Result<()>,
+) -> Result<(u64, Option<(u64, Invalid)>)> {
     let mut pos = start;
     let mut cap = SCAN_CHUNK;
     let mut buf: Vec<u8> = Vec::new();
@@ -583,7 +603,7 @@ fn scan_forward(
         while i < buf.len() {
             match check_record(&buf[i..], Some(expected), max) {
                 Ok(v) => {
-                    offsets.push(pos + i as u64);
+                    visit(pos + i as u64, &v)?;
                     i += v.total_len();
                     expected += 1;
                 }
@@ -594,7 +614,7 @@ fn scan_forward(
                 }
                 Err(e) => {
                     let at = pos + i as u64;
-                    return Ok(ScanResult { offsets, end: at, stopped: Some((at, e)) });
+                    return Ok((at, Some((at, e))));
                 }
             }
         }
@@ -606,12 +626,12 @@ fn scan_forward(
         }
         pos += i as u64;
     }
-    Ok(ScanResult { offsets, end: pos, stopped: None })
+    Ok((pos, None))
 }
 
 /// Looks for any valid record at or after `from` whose id could follow `expected`. A hit means
 /// the bad bytes are not an unfinished tail but damage inside written data.
-fn find_valid_record_after(
+pub(crate) fn find_valid_record_after(
     data: &Arc<dyn FileHandle>,
     path: &Path,
     from: u64,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from waltz.cli.cluster import cluster
+from waltz.cli.disk import disk
 from waltz.cli.server import server
 from waltz.cli.storage import storage
 
@@ -30,6 +31,7 @@ def main(as_json: bool, metadata: str | None, cluster: str, connect_timeout: flo
 main.add_command(cluster)
 main.add_command(storage)
 main.add_command(server)
+main.add_command(disk)
 
 if __name__ == "__main__":
     main()
