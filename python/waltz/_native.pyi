@@ -258,8 +258,16 @@ def encode_admin_request(
     delete_files: bool = False,
     readable: bool = True,
     writable: bool = True,
+    txid: int = 0,
+    max_count: int = 0,
+    session_id: int = ...,  # -1
+    low_water_mark: int = ...,  # -1
 ) -> bytes:
-    """One admin-protocol request frame: hello, open, assign, unassign, set_availability, status."""
+    """One admin-protocol request frame: hello, open, assign, unassign, set_availability, status,
+    record_list, set_partition_info."""
+
+def encode_admin_append(seq: int, partition_id: int, records: Iterable[Record]) -> bytes:
+    """An admin Append frame carrying `records` (as read from another node) unchanged."""
 
 def encode_append(session_id: int, seq: int, partition_id: int, first_txid: int, batch: RecordBatch) -> bytes:
     """An Append frame of `batch` as transactions first_txid, first_txid + 1, ..."""

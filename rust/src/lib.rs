@@ -948,7 +948,7 @@ mod python {
     /// Encodes one admin-protocol request frame: hello, open, assign, unassign,
     /// set_availability, status.
     #[pyfunction]
-    #[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true))]
+    #[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1))]
     #[allow(clippy::too_many_arguments)]
     fn encode_admin_request<'py>(
         py: Python<'py>,
@@ -960,6 +960,10 @@ mod python {
         delete_files: bool,
         readable: bool,
         writable: bool,
+        txid: i64,
+        max_count: i32,
+        session_id: i64,
+        low_water_mark: i64,
     ) -> PyResult<Bound<'py, PyBytes>> {
         use crate::protocol::AdminRequest;
         let h = MsgHeader { session_id: -1, seq, partition_id };
@@ -973,6 +977,8 @@ mod python {
             "unassign" => AdminRequest::Unassign { h, delete_files },
             "set_availability" => AdminRequest::SetAvailability { h, readable, writable },
             "status" => AdminRequest::Status { h },
+            "record_list" => AdminRequest::RecordList { h, txid, max_count },
+            "set_partition_info" => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
             other => return Err(InvalidArgumentError::new_err(format!("unknown admin request kind {other:?}"))),
         };
         let mut out = Vec::new();
@@ -981,6 +987,23 @@ mod python {
     }
 
     /// Encodes an Append frame of `batch` as transactions first_txid, first_txid + 1, ...
+    /// An admin Append frame carrying `records` (Records read from another node) unchanged.
+    #[pyfunction]
+    fn encode_admin_append<'py>(py: Python<'py>, seq: i64, partition_id: i32, records: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        use crate::protocol::AdminRequest;
+        let h = MsgHeader { session_id: -1, seq, partition_id };
+        let mut out_records = Vec::new();
+        for item in records.try_iter()? {
+            let item = item?;
+            let r = item.cast::<PyRecord>()?.get();
+            let data = r.data.bind(py).as_bytes().to_vec();
+            out_records.push(WireRecord { txid: r.txid, req_id: r.req_id.0, header: r.header, data_crc: crc32(&data), data });
+        }
+        let mut out = Vec::new();
+        AdminRequest::Append { h, records: out_records }.encode(&mut out);
+        Ok(PyBytes::new(py, &out))
+    }
+
     #[pyfunction]
     fn encode_append<'py>(
         py: Python<'py>,
@@ -1155,6 +1178,13 @@ mod python {
                     }
                     ("status", h, list.into_any().unbind())
                 }
+                AdminResponse::RecordList { h, records } => {
+                    let items = PyList::empty(py);
+                    for r in records {
+                        items.append(Py::new(py, wire_record(py, r))?)?;
+                    }
+                    ("record_list", h, items.into_any().unbind())
+                }
             };
             response_tuple(py, kind, h, value).map(Some)
         }
@@ -1266,6 +1296,7 @@ mod python {
         m.add_function(wrap_pyfunction!(encode_request, m)?)?;
         m.add_function(wrap_pyfunction!(encode_append, m)?)?;
         m.add_function(wrap_pyfunction!(encode_admin_request, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_admin_append, m)?)?;
         m.add_function(wrap_pyfunction!(inspect_control, m)?)?;
         m.add_function(wrap_pyfunction!(inspect_segment, m)?)?;
         m.add_class::<PyResponseReader>()?;

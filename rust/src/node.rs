@@ -666,6 +666,55 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
             }
             AdminResponse::Status { h, partitions }
         }
+        AdminRequest::RecordList { txid, max_count, .. } => {
+            let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
+            match s.partition(pid).and_then(|p| p.read_records(txid, n, shared.opts.max_list_bytes)) {
+                Ok(rs) => AdminResponse::RecordList { h, records: rs.into_iter().map(WireRecord::from).collect() },
+                Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
+            }
+        }
+        AdminRequest::Append { records, .. } => {
+            if let Some(refused) = unless_in_maintenance(shared, h) {
+                return refused;
+            }
+            let Some(first) = records.first().map(|r| r.txid) else {
+                return AdminResponse::Success { h };
+            };
+            if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
+                let msg = format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64);
+                return admin_fail(h, FailureKind::NonDenseAppend, msg);
+            }
+            let recs: Vec<NewRecord<'_>> = records
+                .iter()
+                .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
+                .collect();
+            done(s.partition(pid).and_then(|p| p.append(first, &recs)).map(|_| ()))
+        }
+        AdminRequest::SetPartitionInfo { session_id, low_water_mark, .. } => {
+            if let Some(refused) = unless_in_maintenance(shared, h) {
+                return refused;
+            }
+            done(s.set_low_water_mark(pid, session_id, low_water_mark).map(|_| ()))
+        }
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
+}
+
+/// Admin writes bypass store sessions, so they are refused unless servers are kept out of the
+/// partition (marked unwritable with Set Availability).
+fn unless_in_maintenance(shared: &Shared, h: MsgHeader) -> Option<AdminResponse> {
+    let writable = shared
+        .availability
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&h.partition_id)
+        .map(|a| a.1)
+        .unwrap_or(true);
+    writable.then(|| {
+        admin_fail(
+            h,
+            FailureKind::BadRequest,
+            format!("partition {} is writable by servers; mark it unwritable before admin writes", h.partition_id),
+        )
+    })
 }

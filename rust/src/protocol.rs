@@ -250,6 +250,22 @@ fn read_record(r: &mut Reader<'_>) -> Result<WireRecord, FrameError> {
     Ok(WireRecord { txid, req_id, header, data, data_crc })
 }
 
+fn put_records(out: &mut Vec<u8>, records: &[WireRecord]) {
+    out.extend_from_slice(&(records.len() as i32).to_be_bytes());
+    for x in records {
+        put_record(out, x.txid, &x.req_id, x.header, &x.data, x.data_crc);
+    }
+}
+
+fn read_records(r: &mut Reader<'_>) -> Result<Vec<WireRecord>, FrameError> {
+    let n = r.count("record count", WIRE_RECORD_MIN)?;
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        records.push(read_record(r)?);
+    }
+    Ok(records)
+}
+
 fn put_header(out: &mut Vec<u8>, h: &RecordHeader) {
     out.extend_from_slice(&h.txid.to_be_bytes());
     put_req_id(out, &h.req_id);
@@ -399,10 +415,7 @@ impl Request {
             })),
             Append { h, records } => (msg::APPEND, Box::new(move |o| {
                 h.put(o);
-                o.extend_from_slice(&(records.len() as i32).to_be_bytes());
-                for r in records {
-                    put_record(o, r.txid, &r.req_id, r.header, &r.data, r.data_crc);
-                }
+                put_records(o, records);
             })),
             RecordHeader { h, txid } => (msg::RECORD_HEADER, Box::new(move |o| {
                 h.put(o);
@@ -439,15 +452,7 @@ impl Request {
             msg::MAX_TRANSACTION_ID => Request::MaxTransactionId { h: MsgHeader::read(&mut r)? },
             msg::TRUNCATE => Request::Truncate { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
             msg::SET_LOW_WATER_MARK => Request::SetLowWaterMark { h: MsgHeader::read(&mut r)?, low_water_mark: r.i64("low-water mark")? },
-            msg::APPEND => {
-                let h = MsgHeader::read(&mut r)?;
-                let n = r.count("record count", WIRE_RECORD_MIN)?;
-                let mut records = Vec::with_capacity(n);
-                for _ in 0..n {
-                    records.push(read_record(&mut r)?);
-                }
-                Request::Append { h, records }
-            }
+            msg::APPEND => Request::Append { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
             msg::RECORD_HEADER => Request::RecordHeader { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
             msg::RECORD => Request::Record { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
             msg::RECORD_HEADER_LIST => Request::RecordHeaderList {
@@ -512,10 +517,7 @@ impl Response {
             }),
             RecordList { h, records } => encode_frame(out, MAGIC_STORAGE, msg::RECORD_LIST_RESPONSE, |o| {
                 h.put(o);
-                o.extend_from_slice(&(records.len() as i32).to_be_bytes());
-                for x in records {
-                    put_record(o, x.txid, &x.req_id, x.header, &x.data, x.data_crc);
-                }
+                put_records(o, records);
             }),
         }
     }
@@ -556,15 +558,7 @@ impl Response {
                 }
                 Response::RecordHeaderList { h, headers }
             }
-            msg::RECORD_LIST_RESPONSE => {
-                let h = MsgHeader::read(&mut r)?;
-                let n = r.count("record count", WIRE_RECORD_MIN)?;
-                let mut records = Vec::with_capacity(n);
-                for _ in 0..n {
-                    records.push(read_record(&mut r)?);
-                }
-                Response::RecordList { h, records }
-            }
+            msg::RECORD_LIST_RESPONSE => Response::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -578,7 +572,11 @@ pub mod admin_msg {
     pub const UNASSIGN: u8 = 0x22;
     pub const SET_AVAILABILITY: u8 = 0x23;
     pub const STATUS: u8 = 0x24;
+    pub const RECORD_LIST: u8 = 0x25;
+    pub const APPEND: u8 = 0x26;
+    pub const SET_PARTITION_INFO: u8 = 0x27;
     pub const STATUS_RESPONSE: u8 = 0xA4;
+    pub const RECORD_LIST_RESPONSE: u8 = 0xA5;
 }
 
 /// Admin protocol requests (magic "WA"); every one carries the usual message header, whose
@@ -592,6 +590,13 @@ pub enum AdminRequest {
     Unassign { h: MsgHeader, delete_files: bool },
     SetAvailability { h: MsgHeader, readable: bool, writable: bool },
     Status { h: MsgHeader },
+    /// Reads records without a store session (the copy source of `recover-partition`).
+    RecordList { h: MsgHeader, txid: i64, max_count: i32 },
+    /// Appends records without a store session; only while the partition is marked unwritable,
+    /// so no server writes it at the same time.
+    Append { h: MsgHeader, records: Vec<WireRecord> },
+    /// Sets the partition's last session info (session id, low-water mark); only while unwritable.
+    SetPartitionInfo { h: MsgHeader, session_id: i64, low_water_mark: i64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -616,6 +621,7 @@ pub enum AdminResponse {
     Success { h: MsgHeader },
     Failure { h: MsgHeader, kind: FailureKind, message: String },
     Status { h: MsgHeader, partitions: Vec<PartitionStatus> },
+    RecordList { h: MsgHeader, records: Vec<WireRecord> },
 }
 
 const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4;
@@ -628,7 +634,10 @@ impl AdminRequest {
             | AdminRequest::Assign { h }
             | AdminRequest::Unassign { h, .. }
             | AdminRequest::SetAvailability { h, .. }
-            | AdminRequest::Status { h } => Some(*h),
+            | AdminRequest::Status { h }
+            | AdminRequest::RecordList { h, .. }
+            | AdminRequest::Append { h, .. }
+            | AdminRequest::SetPartitionInfo { h, .. } => Some(*h),
         }
     }
 
@@ -655,6 +664,22 @@ impl AdminRequest {
                 })
             }
             AdminRequest::Status { h } => encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS, |o| h.put(o)),
+            AdminRequest::RecordList { h, txid, max_count } => encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST, |o| {
+                h.put(o);
+                o.extend_from_slice(&txid.to_be_bytes());
+                o.extend_from_slice(&max_count.to_be_bytes());
+            }),
+            AdminRequest::Append { h, records } => encode_frame(out, MAGIC_ADMIN, admin_msg::APPEND, |o| {
+                h.put(o);
+                put_records(o, records);
+            }),
+            AdminRequest::SetPartitionInfo { h, session_id, low_water_mark } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::SET_PARTITION_INFO, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&session_id.to_be_bytes());
+                    o.extend_from_slice(&low_water_mark.to_be_bytes());
+                })
+            }
         }
     }
 
@@ -675,6 +700,17 @@ impl AdminRequest {
                 writable: r.bool("writable")?,
             },
             admin_msg::STATUS => AdminRequest::Status { h: MsgHeader::read(&mut r)? },
+            admin_msg::RECORD_LIST => AdminRequest::RecordList {
+                h: MsgHeader::read(&mut r)?,
+                txid: r.i64("transaction id")?,
+                max_count: r.i32("max count")?,
+            },
+            admin_msg::APPEND => AdminRequest::Append { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
+            admin_msg::SET_PARTITION_INFO => AdminRequest::SetPartitionInfo {
+                h: MsgHeader::read(&mut r)?,
+                session_id: r.i64("session id")?,
+                low_water_mark: r.i64("low-water mark")?,
+            },
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -704,6 +740,10 @@ impl AdminResponse {
                     o.push(p.writable as u8);
                     put_bytes(o, p.failure.as_bytes());
                 }
+            }),
+            AdminResponse::RecordList { h, records } => encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST_RESPONSE, |o| {
+                h.put(o);
+                put_records(o, records);
             }),
         }
     }
@@ -738,6 +778,7 @@ impl AdminResponse {
                 }
                 AdminResponse::Status { h, partitions }
             }
+            admin_msg::RECORD_LIST_RESPONSE => AdminResponse::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -870,6 +911,9 @@ mod tests {
             AdminRequest::Unassign { h: h(2), delete_files: true },
             AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
             AdminRequest::Status { h: h(-1) },
+            AdminRequest::RecordList { h: h(3), txid: 7, max_count: 100 },
+            AdminRequest::Append { h: h(3), records: vec![rec(7, 5), rec(8, 0)] },
+            AdminRequest::SetPartitionInfo { h: h(3), session_id: 12, low_water_mark: 8 },
         ];
         for m in reqs {
             let mut b = Vec::new();
@@ -885,6 +929,7 @@ mod tests {
         for m in [
             AdminResponse::Status { h: h(0), partitions: vec![st.clone(), st] },
             AdminResponse::Failure { h: h(0), kind: FailureKind::BadRequest, message: "no".into() },
+            AdminResponse::RecordList { h: h(3), records: vec![rec(7, 5), rec(8, 300)] },
         ] {
             let mut b = Vec::new();
             m.encode(&mut b);

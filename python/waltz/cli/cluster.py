@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from typing import Any
 
 import click
+from rich.text import Text
 
 from waltz import errors
 from waltz.cli.context import admin_call, cluster_metadata, cluster_name
@@ -117,9 +117,9 @@ def verify(out: Output, timeout: float) -> None:
     failed = [c for c in checks if c["status"] == "FAIL"]
 
     def human() -> None:
-        colour = {"PASS": "[green]PASS[/]", "WARN": "[yellow]WARN[/]", "FAIL": "[red]FAIL[/]"}
-        out.table("cluster verify", ["check", "status", "detail"], [(c["check"], colour[c["status"]], c["detail"]) for c in checks])
-        out.line("[red]FAILED[/]" if failed else "[green]all checks passed[/]")
+        colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+        out.table("cluster verify", ["check", "status", "detail"], [(c["check"], Text(c["status"], style=colour[c["status"]]), c["detail"]) for c in checks])
+        out.line("[red]FAILED[/]" if failed else "[green]all checks passed[/]", markup=True)
 
     out.emit({"ok": not failed, "checks": checks}, human)
     if failed:
@@ -235,4 +235,4 @@ def _ranges(values: Any) -> str:
     return ", ".join(out)
 
 
-__all__ = ["cluster", "asyncio"]
+__all__ = ["cluster"]

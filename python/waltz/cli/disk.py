@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from waltz import errors
@@ -416,9 +415,9 @@ def verify(out: Output, path: pathlib.Path, max_record_size: int, as_json: bool)
         for r in [control, *rows]:
             where = r.name if r.partition is None else f"partition {r.name}"
             for text in r.problems:
-                out.line(escape(f"FAIL {where}: {text}"))
+                out.line(f"FAIL {where}: {text}")
             for text in r.warnings:
-                out.line(escape(f"warn {where}: {text}"))
+                out.line(f"warn {where}: {text}")
         if not failures:
             out.line(f"verify: passed ({warnings} warning{'s' * (warnings != 1)})")
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from waltz import errors
 
@@ -41,11 +42,12 @@ class Output:
         for c in columns:
             t.add_column(c)
         for r in rows:
-            t.add_row(*("" if v is None else str(v) for v in r))
+            # Cells are data (paths, messages): never read as rich markup unless already a Text.
+            t.add_row(*(v if isinstance(v, Text) else Text("" if v is None else str(v)) for v in r))
         _out.print(t)
 
-    def line(self, text: str) -> None:
-        _out.print(text)
+    def line(self, text: str, *, markup: bool = False) -> None:
+        _out.print(text, markup=markup)
 
     def kv(self, title: str | None, pairs: Sequence[tuple[str, Any]]) -> None:
         self.table(title, ["key", "value"], pairs)

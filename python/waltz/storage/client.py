@@ -11,10 +11,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from waltz import errors
-from waltz._native import RecordBatch, ResponseReader, encode_admin_request, encode_append, encode_request
+from waltz._native import (
+    Record,
+    RecordBatch,
+    ResponseReader,
+    encode_admin_append,
+    encode_admin_request,
+    encode_append,
+    encode_request,
+)
 
 _FAILURES: dict[str, type[errors.StorageError]] = {
     "cluster_key_mismatch": errors.ClusterKeyMismatch,
@@ -251,6 +260,25 @@ class StorageAdminClient(_Connection):
     async def set_availability(self, partition: int, *, readable: bool, writable: bool) -> None:
         await self._call(
             lambda seq: encode_admin_request("set_availability", seq, partition, readable=readable, writable=writable)
+        )
+
+    async def records(self, partition: int, txid: int, max_count: int = 1000) -> list[Record]:
+        """Records from `txid` on (at most the node's list bounds), read without a store session."""
+        return await self._call(
+            lambda seq: encode_admin_request("record_list", seq, partition, txid=txid, max_count=max_count)
+        )
+
+    async def append(self, partition: int, records: Sequence[Record]) -> None:
+        """Appends records (with their own ids) durably, without a store session. The node
+        refuses unless the partition is marked unwritable (no server writes it meanwhile)."""
+        await self._call(lambda seq: encode_admin_append(seq, partition, records))
+
+    async def set_partition_info(self, partition: int, session_id: int, low_water_mark: int) -> None:
+        """Sets the last session info recovery compares with the metadata; only while unwritable."""
+        await self._call(
+            lambda seq: encode_admin_request(
+                "set_partition_info", seq, partition, session_id=session_id, low_water_mark=low_water_mark
+            )
         )
 
     async def status(self) -> list[dict[str, Any]]:

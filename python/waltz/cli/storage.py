@@ -1,0 +1,316 @@
+"""`waltz storage`: storage nodes in the metadata (add, remove, assign replicas) and on the nodes
+themselves through their admin ports (partitions, availability, status, recovery copies)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from waltz import errors
+from waltz.cli.context import admin_call, cluster_metadata
+from waltz.cli.output import Failed, Output, pass_output, user_errors
+from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo, parse_address
+from waltz.storage.client import StorageAdminClient
+
+NODE = click.option("--storage", "address", required=True, metavar="HOST:PORT", help="Storage node (its storage-protocol address).")
+PARTITIONS = click.option("--partition", "-p", "partitions", type=click.IntRange(0), multiple=True, required=True, help="Partition id (repeatable).")
+
+
+@click.group()
+def storage() -> None:
+    """Storage nodes: membership, replica assignment, partitions, availability, recovery."""
+
+
+def _node(meta: ClusterMetadata, address: str) -> StorageNodeInfo:
+    return meta.storage_node(address)
+
+
+def _partition_status(meta: ClusterMetadata, node: StorageNodeInfo, partition: int) -> dict[str, Any]:
+    for s in admin_call(meta, node, lambda c: c.status()):
+        if s["partition"] == partition:
+            return s
+    raise Failed(f"storage node {node.address} does not hold partition {partition} (run `waltz storage add-partition`)")
+
+
+def _changed(out: Output, changed: bool, what: str, doc: dict[str, Any] | None = None) -> None:
+    out.emit({"changed": changed, **(doc or {})}, lambda: out.line(what if changed else f"{what} (already so; nothing changed)"))
+
+
+# -- metadata: membership and replica assignment --------------------------------------------
+@storage.command("add-node")
+@NODE
+@click.option("--admin-port", type=click.IntRange(1, 65535), required=True, help="The node's admin port.")
+@click.option("--group", type=click.IntRange(0), default=0, show_default=True, help="Storage group.")
+@pass_output
+@user_errors
+def add_node(out: Output, address: str, admin_port: int, group: int) -> None:
+    """Add a storage node to the cluster (idempotent)."""
+    with cluster_metadata() as meta:
+        changed = meta.add_storage_node(address, admin_port, group)
+    _changed(out, changed, f"storage node {parse_address(address)} in group {group}, admin port {admin_port}")
+
+
+@storage.command("remove-node")
+@NODE
+@pass_output
+@user_errors
+def remove_node(out: Output, address: str) -> None:
+    """Remove a storage node that holds no partitions (idempotent)."""
+    with cluster_metadata() as meta:
+        changed = meta.remove_storage_node(address)
+    _changed(out, changed, f"removed storage node {parse_address(address)}")
+
+
+@storage.command()
+@NODE
+@PARTITIONS
+@pass_output
+@user_errors
+def assign(out: Output, address: str, partitions: tuple[int, ...]) -> None:
+    """Assign replicas of partitions to a storage node in the metadata (idempotent)."""
+    with cluster_metadata() as meta:
+        changed = [p for p in partitions if meta.assign_partition(address, p)]
+    _changed(out, bool(changed), f"assigned partitions {sorted(partitions)} to {parse_address(address)}", {"partitions": changed})
+
+
+@storage.command()
+@NODE
+@PARTITIONS
+@pass_output
+@user_errors
+def unassign(out: Output, address: str, partitions: tuple[int, ...]) -> None:
+    """Take replicas of partitions away from a storage node in the metadata (idempotent)."""
+    with cluster_metadata() as meta:
+        changed = [p for p in partitions if meta.unassign_partition(address, p)]
+    _changed(out, bool(changed), f"unassigned partitions {sorted(partitions)} from {parse_address(address)}", {"partitions": changed})
+
+
+@storage.command("auto-assign")
+@click.option("--group", type=click.IntRange(0), required=True, help="Storage group to spread every partition over.")
+@pass_output
+@user_errors
+def auto_assign(out: Output, group: int) -> None:
+    """Give every partition one replica in the group, balanced over its nodes (idempotent)."""
+    with cluster_metadata() as meta:
+        placement = meta.auto_assign(group)
+    out.emit(
+        {"group": group, "placement": placement},
+        lambda: out.table(f"group {group}", ["storage node", "partitions"], [(a, ", ".join(map(str, ps)) or "-") for a, ps in placement.items()]),
+    )
+
+
+@storage.command("list")
+@click.option("--status", "with_status", is_flag=True, help="Also ask every node for its partitions' state.")
+@pass_output
+@user_errors
+def list_(out: Output, with_status: bool) -> None:
+    """List the storage nodes, their groups and assigned partitions."""
+    rows: list[dict[str, Any]] = []
+    with cluster_metadata() as meta:
+        for n in meta.storage_nodes():
+            row: dict[str, Any] = {"address": n.address, "admin_port": n.admin_port, "group": n.group, "partitions": list(n.partitions)}
+            if with_status:
+                try:
+                    row["status"] = admin_call(meta, n, lambda c: c.status())
+                    row["reachable"] = True
+                except (errors.WaltzError, OSError) as e:
+                    row["reachable"], row["error"] = False, str(e)
+            rows.append(row)
+
+    def human() -> None:
+        cols = ["address", "admin port", "group", "partitions"] + (["state"] if with_status else [])
+        table = []
+        for r in rows:
+            line = [r["address"], r["admin_port"], r["group"], ", ".join(map(str, r["partitions"])) or "-"]
+            if with_status:
+                if not r["reachable"]:
+                    line.append(f"unreachable: {r['error']}")
+                else:
+                    line.append("; ".join(
+                        f"{s['partition']}: max {s['max_transaction_id']} lwm {s['low_water_mark']}"
+                        + ("" if s["readable"] and s["writable"] else " (unavailable)")
+                        + (f" FAILED {s['failure']}" if s["failure"] else "")
+                        for s in r["status"]
+                    ) or "no partitions")
+            table.append(line)
+        out.table("storage nodes", cols, table)
+
+    out.emit(rows, human)
+
+
+# -- the nodes themselves ---------------------------------------------------------------------
+@storage.command("add-partition")
+@NODE
+@PARTITIONS
+@pass_output
+@user_errors
+def add_partition(out: Output, address: str, partitions: tuple[int, ...]) -> None:
+    """Create (or restore parked) partition files on a node; the replicas must be assigned to it."""
+    with cluster_metadata() as meta:
+        node = _node(meta, address)
+        missing = [p for p in partitions if p not in node.partitions]
+        if missing:
+            raise Failed(f"partitions {missing} are not assigned to {node.address}; run `waltz storage assign` first")
+
+        async def run(c: StorageAdminClient) -> None:
+            for p in partitions:
+                await c.assign(p)
+
+        admin_call(meta, node, run)
+    _changed(out, True, f"storage node {node.address} holds partitions {sorted(partitions)}")
+
+
+@storage.command("remove-partition")
+@NODE
+@PARTITIONS
+@click.option("--delete-files", is_flag=True, help="Delete the files instead of parking them as <id>.unassigned.")
+@click.option("--force", is_flag=True, help="Even if the metadata still assigns the replica to this node.")
+@pass_output
+@user_errors
+def remove_partition(out: Output, address: str, partitions: tuple[int, ...], delete_files: bool, force: bool) -> None:
+    """Stop serving partitions on a node (files parked, or deleted with --delete-files)."""
+    with cluster_metadata() as meta:
+        node = _node(meta, address)
+        still = [p for p in partitions if p in node.partitions]
+        if still and not force:
+            raise Failed(f"partitions {still} are still assigned to {node.address}; run `waltz storage unassign` first (or --force)")
+
+        async def run(c: StorageAdminClient) -> None:
+            for p in partitions:
+                await c.unassign(p, delete_files=delete_files)
+
+        admin_call(meta, node, run)
+    _changed(out, True, f"storage node {node.address} no longer serves partitions {sorted(partitions)}"
+             + (" (files deleted)" if delete_files else " (files parked)"))
+
+
+@storage.command()
+@NODE
+@PARTITIONS
+@click.option("--readable/--unreadable", default=None, help="Serve reads of the partition.")
+@click.option("--writable/--unwritable", default=None, help="Accept writes of the partition from servers.")
+@pass_output
+@user_errors
+def availability(out: Output, address: str, partitions: tuple[int, ...], readable: bool | None, writable: bool | None) -> None:
+    """Mark partitions on a node readable/unreadable and writable/unwritable (kept until the node restarts)."""
+    with cluster_metadata() as meta:
+        node = _node(meta, address)
+
+        async def run(c: StorageAdminClient) -> list[dict[str, Any]]:
+            status = {s["partition"]: s for s in await c.status()}
+            done = []
+            for p in partitions:
+                if p not in status:
+                    raise Failed(f"storage node {node.address} does not hold partition {p}")
+                r = status[p]["readable"] if readable is None else readable
+                w = status[p]["writable"] if writable is None else writable
+                await c.set_availability(p, readable=r, writable=w)
+                done.append({"partition": p, "readable": r, "writable": w})
+            return done
+
+        result = admin_call(meta, node, run)
+    out.emit(result, lambda: out.table(f"availability on {node.address}", ["partition", "readable", "writable"],
+                                       [(d["partition"], d["readable"], d["writable"]) for d in result]))
+
+
+@storage.command("max-transaction-id")
+@NODE
+@click.option("--partition", "-p", type=click.IntRange(0), required=True)
+@pass_output
+@user_errors
+def max_transaction_id(out: Output, address: str, partition: int) -> None:
+    """The highest transaction id a node holds for a partition (-1 when empty)."""
+    with cluster_metadata() as meta:
+        s = _partition_status(meta, _node(meta, address), partition)
+    out.emit({"partition": partition, "max_transaction_id": s["max_transaction_id"], "low_water_mark": s["low_water_mark"]},
+             lambda: out.line(str(s["max_transaction_id"])))
+
+
+@storage.command("recover-partition")
+@click.option("--source", required=True, metavar="HOST:PORT", help="Healthy storage node to copy from.")
+@click.option("--destination", required=True, metavar="HOST:PORT", help="Storage node to fill.")
+@click.option("--partition", "-p", type=click.IntRange(0), required=True)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Records per request.")
+@pass_output
+@user_errors
+def recover_partition(out: Output, source: str, destination: str, partition: int, batch_size: int) -> None:
+    """Copy a partition's committed records from a healthy replica into another one.
+
+    Copies what the destination lacks up to the source's low-water mark (everything at or below
+    it is committed), then gives the destination the source's session info, so that recovery
+    counts it as a replica that has exactly that. The destination is marked unwritable for
+    servers meanwhile and made available again at the end. Stopping it halfway is safe: run it
+    again and it continues from the destination's last record."""
+    with cluster_metadata() as meta:
+        src, dst = _node(meta, source), _node(meta, destination)
+        if src.address == dst.address:
+            raise Failed("source and destination are the same node")
+        if partition not in dst.partitions:
+            raise Failed(f"partition {partition} is not assigned to {dst.address}; run `waltz storage assign` first")
+        info = meta.info()
+        result = asyncio.run(_recover(out, info.cluster_key, info.partitions, src, dst, partition, batch_size))
+    out.emit(result, lambda: out.line(
+        f"partition {partition}: copied {result['copied']} records from {src.address} to {dst.address}; "
+        f"destination now ends at {result['destination_max']} with low-water mark {result['low_water_mark']}"
+    ))
+
+
+async def _recover(
+    out: Output, key: Any, count: int, src: StorageNodeInfo, dst: StorageNodeInfo, partition: int, batch_size: int
+) -> dict[str, Any]:
+    async with await StorageAdminClient.connect(src.host, src.admin_port, cluster_key=key, partition_count=count) as s, \
+            await StorageAdminClient.connect(dst.host, dst.admin_port, cluster_key=key, partition_count=count) as d:
+        s_status = {x["partition"]: x for x in await s.status()}.get(partition)
+        d_status = {x["partition"]: x for x in await d.status()}.get(partition)
+        if s_status is None:
+            raise Failed(f"source {src.address} does not hold partition {partition}")
+        if s_status["failure"]:
+            raise Failed(f"source {src.address} partition {partition} has failed: {s_status['failure']}")
+        if d_status is None:
+            raise Failed(f"destination {dst.address} does not hold partition {partition}; run `waltz storage add-partition` first")
+        target = s_status["low_water_mark"]
+        d_max = d_status["max_transaction_id"]
+        if d_max >= 0:
+            theirs = await s.records(partition, d_max, 1)
+            ours = await d.records(partition, d_max, 1)
+            if not theirs or not ours or theirs[0] != ours[0]:
+                raise Failed(
+                    f"destination {dst.address} differs from the source at transaction {d_max}; "
+                    f"remove the destination's files (`waltz storage remove-partition --delete-files --force`), add it again, and rerun"
+                )
+        elif s_status["first_transaction_id"] > 0 and target >= 0:
+            raise Failed(f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty replica cannot be filled from it")
+
+        copied = 0
+        await d.set_availability(partition, readable=d_status["readable"], writable=False)
+        try:
+            with Progress(TextColumn("partition {task.fields[p]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                          console=Console(stderr=True), disable=out.as_json or target <= d_max, transient=True) as bar:
+                task = bar.add_task("copy", total=max(0, target - d_max), p=partition)
+                nxt = d_max + 1
+                while nxt <= target:
+                    batch = [r for r in await s.records(partition, nxt, min(batch_size, target - nxt + 1)) if r.txid <= target]
+                    if not batch:
+                        raise Failed(f"source {src.address} returned no record at transaction {nxt} (below its low-water mark {target})")
+                    await d.append(partition, batch)
+                    copied += len(batch)
+                    nxt = batch[-1].txid + 1
+                    bar.advance(task, len(batch))
+            if target >= 0 and (d_status["session_id"], d_status["low_water_mark"]) < (s_status["session_id"], target):
+                await d.set_partition_info(partition, s_status["session_id"], target)
+        finally:
+            await d.set_availability(partition, readable=True, writable=True)
+        final = {x["partition"]: x for x in await d.status()}[partition]
+    return {
+        "partition": partition,
+        "source": src.address,
+        "destination": dst.address,
+        "copied": copied,
+        "destination_max": final["max_transaction_id"],
+        "low_water_mark": final["low_water_mark"],
+        "session_id": final["session_id"],
+    }
