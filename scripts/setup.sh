@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v strace >/dev/null || need_apt+=(strace)
+# Real ZooKeeper for the integration tests (the demo runs on the embedded store without it).
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v java >/dev/null || need_apt+=(default-jre-headless)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing ${need_apt[*]} (apt)"

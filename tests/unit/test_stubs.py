@@ -1,4 +1,4 @@
-"""The type stub `waltz/_native.pyi` matches the compiled extension (mypy's stubtest)."""
+"""Typing: the stub `waltz/_native.pyi` matches the compiled extension (stubtest), and the package passes mypy --strict."""
 
 import pathlib
 import subprocess
@@ -12,4 +12,11 @@ def test_stub_matches_the_extension():
         capture_output=True,
         text=True,
     )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_package_type_checks_strictly():
+    """`mypy --strict` over python/waltz (configured in pyproject.toml): the package ships py.typed."""
+    root = pathlib.Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

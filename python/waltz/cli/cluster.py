@@ -49,7 +49,7 @@ def show(out: Output) -> None:
         nodes = meta.storage_nodes()
         servers = {s.server_id: s for s in meta.servers()}
         assignment, _ = meta.assignment()
-        parts = []
+        parts: list[dict[str, Any]] = []
         for p in range(info.partitions):
             pm, _ = meta.partition_metadata(p)
             a = assignment.get(p)

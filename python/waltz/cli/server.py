@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from waltz.cli.context import cluster_metadata
@@ -21,7 +23,7 @@ def list_(out: Output) -> None:
     with cluster_metadata() as meta:
         servers = sorted(meta.servers(), key=lambda s: s.server_id)
         assignment, _ = meta.assignment()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "id": s.server_id,
             "endpoint": s.endpoint,

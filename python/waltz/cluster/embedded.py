@@ -478,9 +478,10 @@ class EmbeddedStore(MetadataStore):
                 for wkind in ("data", "child"):
                     if not self._matches(wkind, event):
                         continue
-                    entries = self._watches.get((wkind, path))
-                    if not entries:
+                    found = self._watches.get((wkind, path))
+                    if not found:
                         continue
+                    entries = found
                     keep = [(s, fn) for s, fn in entries if s >= zxid]
                     for s, fn in entries:
                         if s < zxid:

@@ -189,7 +189,7 @@ class ZooKeeperStore(MetadataStore):
 
     @property
     def is_connected(self) -> bool:
-        return self._zk.state == KazooState.CONNECTED
+        return bool(self._zk.state == KazooState.CONNECTED)
 
     @property
     def description(self) -> str:
