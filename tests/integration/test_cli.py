@@ -148,7 +148,9 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
     assert shown["partitions"] == PARTITIONS and len(shown["storage_nodes"]) == 3
     assert sorted(shown["assignment"][3]["replicas"]) == sorted([nodes[0].address, nodes[1].address])
 
-    # Deleting the cluster: asks unless --yes; idempotent.
+    # Deleting the cluster: asks unless --yes (and never deletes silently in JSON mode); idempotent.
+    assert "needs --yes" in cli("--json", "cluster", "delete", ok=False).output
+    assert "Aborted" in cli("cluster", "delete", ok=False).output  # no answer on stdin
     cli("cluster", "delete", "--yes")
     assert cli.json("cluster", "delete", "--yes")["deleted"] is False
     assert "no cluster" in cli("cluster", "show", ok=False).output

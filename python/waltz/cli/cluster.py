@@ -100,7 +100,9 @@ def delete(out: Output, yes: bool, force: bool) -> None:
         live = meta.servers()
         if live and not force:
             raise Failed(f"{len(live)} servers are registered in cluster {info.name}; stop them first or pass --force")
-        if not yes and not out.as_json:
+        if not yes:
+            if out.as_json:
+                raise Failed("deleting a cluster needs --yes when printing JSON")
             click.confirm(f"Delete cluster {info.name} (key {info.cluster_key}) from {meta.store.description}?", abort=True)
         meta.delete()
     out.emit({"deleted": True, "name": info.name}, lambda: out.line(f"deleted cluster {info.name}"))
