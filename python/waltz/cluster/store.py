@@ -255,34 +255,28 @@ class MetadataStore(ABC):
         raise errors.MetadataVersionError(f"{path}: still conflicting after {attempts} compare-and-set attempts")
 
 
-class DataWatch:
-    """Calls `fn(data, stat)` now and after every change; `(None, None)` while the entry is absent.
-    Re-arms itself after each event and after a lost session. `stop()` ends it."""
+class _PersistentWatch:
+    """A watch re-armed after each event and after every new session, until `stop()`."""
 
-    def __init__(self, store: MetadataStore, path: str, fn: Callable[[bytes | None, Stat | None], None]) -> None:
-        self._store, self._path, self._fn = store, check_path(path), fn
+    def __init__(self, store: MetadataStore, path: str) -> None:
+        self._store, self._path = store, check_path(path)
         self._stopped = False
         self._lock = threading.Lock()
         store.add_listener(self._on_state)
         self._fire()
+
+    def _read_and_call(self) -> None:
+        raise NotImplementedError
 
     def _fire(self, _event: WatchEvent | None = None) -> None:
         with self._lock:
             if self._stopped:
                 return
             try:
-                stat = self._store.exists(self._path, watch=self._fire)
-                data: bytes | None = None
-                if stat is not None:
-                    try:
-                        data, stat = self._store.get(self._path, watch=self._fire)
-                    except errors.MetadataNotFoundError:
-                        data, stat = None, None
+                self._read_and_call()
             except errors.MetadataError as e:
                 # Re-armed by the next CONNECTED.
                 log.warning("watch on %s not re-armed: %s", self._path, e)
-                return
-            self._fn(data, stat)
 
     def _on_state(self, state: SessionState) -> None:
         if state is SessionState.CONNECTED:
@@ -294,40 +288,40 @@ class DataWatch:
         self._store.remove_listener(self._on_state)
 
 
-class ChildrenWatch:
+class DataWatch(_PersistentWatch):
+    """Calls `fn(data, stat)` now and after every change; `(None, None)` while the entry is absent."""
+
+    def __init__(self, store: MetadataStore, path: str, fn: Callable[[bytes | None, Stat | None], None]) -> None:
+        self._fn = fn
+        super().__init__(store, path)
+
+    def _read_and_call(self) -> None:
+        try:
+            data, stat = self._store.get(self._path, watch=self._fire)
+        except errors.MetadataNotFoundError:
+            # Absent: watch for its creation (and read again if it appeared in between).
+            if self._store.exists(self._path, watch=self._fire) is not None:
+                return self._read_and_call()
+            self._fn(None, None)
+            return
+        self._fn(data, stat)
+
+
+class ChildrenWatch(_PersistentWatch):
     """Calls `fn(children)` now and after every child change; `[]` while the entry is absent."""
 
     def __init__(self, store: MetadataStore, path: str, fn: Callable[[list[str]], None]) -> None:
-        self._store, self._path, self._fn = store, check_path(path), fn
-        self._stopped = False
-        self._lock = threading.Lock()
-        store.add_listener(self._on_state)
-        self._fire()
+        self._fn = fn
+        super().__init__(store, path)
 
-    def _fire(self, _event: WatchEvent | None = None) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            try:
-                if self._store.exists(self._path, watch=self._fire) is None:
-                    names: list[str] = []
-                else:
-                    names = self._store.children(self._path, watch=self._fire)
-            except errors.MetadataNotFoundError:
-                names = []
-            except errors.MetadataError as e:
-                log.warning("watch on %s not re-armed: %s", self._path, e)
-                return
-            self._fn(names)
-
-    def _on_state(self, state: SessionState) -> None:
-        if state is SessionState.CONNECTED:
-            self._fire()
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-        self._store.remove_listener(self._on_state)
+    def _read_and_call(self) -> None:
+        try:
+            names = self._store.children(self._path, watch=self._fire)
+        except errors.MetadataNotFoundError:
+            if self._store.exists(self._path, watch=self._fire) is not None:
+                return self._read_and_call()
+            names = []
+        self._fn(names)
 
 
 class EphemeralRegistration:
