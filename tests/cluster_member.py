@@ -2,11 +2,14 @@
 lines in a shared file, the set of partitions it serves each time that set changes. It runs
 until SIGTERM (a clean leave) or SIGKILL (a crash).
 
+With PORT 0 it listens on a free port and registers that one (so `cluster verify` can reach it).
+
 usage: cluster_member.py METADATA_URL ROOT PORT LOG [PREFERRED,...]"""
 
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -31,6 +34,10 @@ def deliver(partitions: dict[int, int]) -> None:
     os.write(fd, (json.dumps(line) + "\n").encode())
 
 
+listener = None
+if int(port) == 0:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = str(listener.getsockname()[1])
 member = ServerMembership(metadata, "127.0.0.1", int(port), deliver, preferred=preferred)
 member.start()
 print(member.server_id, flush=True)

@@ -22,6 +22,7 @@ from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
 from processes import start, stop, wait_http, write_config
 
 PARTITIONS = 4
+MEMBER = str(pathlib.Path(__file__).parent.parent / "cluster_member.py")
 
 
 class Cli:
@@ -29,18 +30,21 @@ class Cli:
         self.env = {"WALTZ_METADATA": metadata_url, "WALTZ_CLUSTER": "test"}
         self.runner = CliRunner()
 
-    def __call__(self, *args: str, ok: bool = True) -> Result:
+    def __call__(self, *args: str, ok: bool | None = True) -> Result:
+        """Runs `waltz ARGS`; `ok` True expects exit 0, False exit 1 (one-line error), None either."""
         r = self.runner.invoke(main, list(args), env=self.env, catch_exceptions=True)
         if r.exception is not None and not isinstance(r.exception, SystemExit):
             raise AssertionError(f"waltz {' '.join(args)} raised {r.exception!r}") from r.exception
-        if ok:
+        if ok is None:
+            assert r.exit_code in (0, 1), r.output
+        elif ok:
             assert r.exit_code == 0, f"waltz {' '.join(args)} exited {r.exit_code}: {r.output}"
         else:
             assert r.exit_code == 1, f"waltz {' '.join(args)} should fail: {r.output}"
             assert "Traceback" not in r.output
         return r
 
-    def json(self, *args: str, ok: bool = True) -> Any:
+    def json(self, *args: str, ok: bool | None = True) -> Any:
         return json.loads(self("--json", *args, ok=ok).stdout)
 
 
@@ -195,6 +199,41 @@ def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nod
     assert {s["partition"]: s for s in other.admin(lambda c: c.status())}[0]["max_transaction_id"] == 2
 
 
+def test_verify_passes_on_a_healthy_cluster_and_names_what_breaks(cli: Cli, nodes: list[Node], metadata_url: str, tmp_path: pathlib.Path) -> None:
+    for i, n in enumerate(nodes):
+        cli("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i))
+        cli("storage", "auto-assign", "--group", str(i))
+        cli("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])
+    member = subprocess.Popen([sys.executable, MEMBER, metadata_url, "/waltz/test", "0", str(tmp_path / "m.log")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert member.stdout is not None
+        member.stdout.readline()
+        # What a server's recovery writes once every replica joined its store session.
+        from waltz.cluster import open_store
+        from waltz.cluster.metadata import ClusterMetadata, PartitionMetadata, ReplicaState
+
+        with open_store(metadata_url) as store:
+            meta = ClusterMetadata(store, "/waltz/test")
+            for p in range(PARTITIONS):
+                _, version = meta.partition_metadata(p)
+                meta.set_partition_metadata(p, PartitionMetadata(1, 1, {n.address: ReplicaState(1) for n in nodes}), version)
+        deadline = time.monotonic() + 30
+        while not (report := cli.json("cluster", "verify", ok=None))["ok"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert {c["status"] for c in report["checks"]} == {"PASS"}
+        assert "all checks passed" in cli("cluster", "verify").stdout
+
+        stop(nodes[0].proc)  # one replica down: that node fails, the quorums hold
+        status = {c["check"]: c["status"] for c in cli.json("cluster", "verify", ok=False)["checks"]}
+        assert status[f"storage {nodes[0].address}"] == "FAIL" and status["quorums"] == "PASS"
+        stop(nodes[1].proc)  # two of three down: no quorum anywhere
+        checks = {c["check"]: c for c in cli.json("cluster", "verify", ok=False)["checks"]}
+        assert checks["quorums"]["status"] == "FAIL" and "0 (1/2)" in checks["quorums"]["detail"]
+    finally:
+        member.kill()
+        member.wait()
+
+
 def test_admin_writes_need_the_partition_unwritable(cli: Cli, nodes: list[Node]) -> None:
     node = nodes[0]
     node.admin(lambda c: c.assign(2))
@@ -215,7 +254,7 @@ def test_server_list_shows_registered_servers(cli: Cli, metadata_url: str, tmp_p
     cli("cluster", "create", "--partitions", "2", "--replicas", "1")
     assert cli.json("server", "list") == []
     member = subprocess.Popen(
-        [sys.executable, str(pathlib.Path(__file__).parent.parent / "cluster_member.py"), metadata_url, "/waltz/test", "7100", str(tmp_path / "m.log")],
+        [sys.executable, MEMBER, metadata_url, "/waltz/test", "7100", str(tmp_path / "m.log")],
         stdout=subprocess.PIPE, text=True,
     )
     try:
