@@ -93,6 +93,11 @@ def wait_converged(meta: ClusterMetadata, members: Members, timeout: float = 60.
     raise AssertionError(f"assignment did not converge on {sorted(live)}: {meta.assignment()[0]}")
 
 
+def leader(store: MetadataStore, meta: ClusterMetadata) -> int:
+    candidates = store.children(meta.paths.manager)
+    return int(json.loads(store.get(f"{meta.paths.manager}/{min(candidates)}")[0]))
+
+
 def check_never_two_servers(log: pathlib.Path, ended: dict[int, float]) -> None:
     """Builds each server's serving intervals per partition and checks no two overlap."""
     intervals: dict[int, list[tuple[float, float, int]]] = {}
@@ -128,7 +133,8 @@ def test_servers_join_leave_and_crash(cluster, tmp_path: pathlib.Path, metadata_
     try:
         first = [members.start() for _ in range(3)]
         wait_converged(meta, members)
-        members.kill(first[0])                       # crash: its session must expire first
+        assert leader(store, meta) == first[0]       # the oldest candidate leads
+        members.kill(first[0])                       # the leader crashes: its session must expire first
         wait_converged(meta, members)
         members.start()                              # a newcomer takes a fair share from live servers
         wait_converged(meta, members)

@@ -313,8 +313,15 @@ def test_zookeeper_session_suspends_when_the_server_dies(tmp_path) -> None:
         server.kill()
         wait_for(lambda: SessionState.SUSPENDED in states, what="SUSPENDED")
         assert not store.is_connected
+        # An operation issued while ZooKeeper is down is retried and completes once it is back.
+        done: list[str] = []
+        writer = threading.Thread(target=lambda: done.append(store.create("/written-while-down", b"x")))
+        writer.start()
         server.start()
         wait_for(lambda: store.is_connected, what="reconnect")
+        writer.join(timeout=30)
+        assert done == ["/written-while-down"]
+        assert store.get("/written-while-down")[0] == b"x"
         assert store.session_id == session  # the server kept the session across its restart
     finally:
         store.close()
