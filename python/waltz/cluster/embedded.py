@@ -23,7 +23,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from waltz import errors
@@ -108,6 +108,9 @@ class EmbeddedStore(MetadataStore):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._events: EventThread | None = None
+        # Session states on their own thread: a watch callback blocked in a store call (up to the
+        # busy timeout) must not hold back SUSPENDED.
+        self._states: EventThread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def _connect(self, busy_timeout: float = 30.0) -> sqlite3.Connection:
@@ -131,12 +134,16 @@ class EmbeddedStore(MetadataStore):
         # someone else must turn into SUSPENDED in time, not a renewal stuck behind the lock.
         self._lease_db = self._connect(busy_timeout=self.session_timeout / 4)
         self._events = EventThread(f"waltz-metadata-events {self.path}")
-        with self._lock, _immediate(db):
-            self._processed = self._zxid(db)
-            self._new_session(db)
+        self._states = EventThread(f"waltz-metadata-states {self.path}")
+        with self._lock:
+            renewed_at = time.monotonic()
+            with _immediate(db):
+                self._processed = self._zxid(db)
+                session = self._new_session(db)
+            self._session, self._last_renewal, self._state = session, renewed_at, SessionState.CONNECTED
         self._thread = threading.Thread(target=self._heartbeat, name=f"waltz-metadata-lease {self.path}", daemon=True)
         self._thread.start()
-        self._events.submit(self._notify, SessionState.CONNECTED)
+        self._states.submit(self._notify, SessionState.CONNECTED)
 
     def close(self) -> None:
         if self._db is None:
@@ -157,6 +164,12 @@ class EmbeddedStore(MetadataStore):
         self._state = SessionState.LOST
         if self._events is not None:
             self._events.stop()
+        if self._states is not None:
+            self._states.stop()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        if self._events is not None:
+            self._events.submit(fn)
 
     @property
     def session_id(self) -> int:
@@ -175,15 +188,14 @@ class EmbeddedStore(MetadataStore):
         return f"embedded:{self.path}"
 
     # -- sessions --------------------------------------------------------------------------
-    def _new_session(self, db: sqlite3.Connection) -> None:
+    def _new_session(self, db: sqlite3.Connection) -> int:
+        """Inserts a session row; the caller adopts it only once the transaction committed."""
         cur = db.execute(
             "INSERT INTO sessions (expires, timeout, pid) VALUES (?, ?, ?)",
             (time.time() + self.session_timeout, self.session_timeout, os.getpid()),
         )
         assert cur.lastrowid is not None
-        self._session = cur.lastrowid
-        self._last_renewal = time.monotonic()
-        self._state = SessionState.CONNECTED
+        return cur.lastrowid
 
     def _end_session(self, db: sqlite3.Connection, session: int) -> None:
         for (path,) in db.execute("SELECT path FROM nodes WHERE owner = ? ORDER BY length(path) DESC", (session,)).fetchall():
@@ -202,7 +214,8 @@ class EmbeddedStore(MetadataStore):
             if now - last_attempt >= self.session_timeout / 4:
                 last_attempt = now
                 self._renew()
-            if self._state is SessionState.CONNECTED and now - self._last_renewal >= self.session_timeout / 2:
+            # _renew can block for the lease connection's busy timeout: read the clock again.
+            if self._state is SessionState.CONNECTED and time.monotonic() - self._last_renewal >= self.session_timeout / 2:
                 self._set_state(SessionState.SUSPENDED)
             try:
                 self._poll()
@@ -213,24 +226,29 @@ class EmbeddedStore(MetadataStore):
         db = self._lease_db
         if db is None:
             return
+        # Measured before the lease is written: the local view never outlives the stored lease.
+        renewed_at = time.monotonic()
+        session = self._session
         try:
             with _immediate(db):
                 lost = self._session_expired(db)
                 self._purge(db)
                 if lost:
-                    self._new_session(db)
+                    session = self._new_session(db)
                 else:
                     db.execute(
                         "UPDATE sessions SET expires = ? WHERE id = ?", (time.time() + self.session_timeout, self._session)
                     )
-                    self._last_renewal = time.monotonic()
                 db.execute("DELETE FROM events WHERE at < ?", (time.time() - _EVENT_RETENTION,))
         except sqlite3.DatabaseError as e:
             log.warning("%s: cannot renew metadata session %d: %s", self.path, self._session, e)
             return
         if lost:
-            log.warning("%s: metadata session expired; continuing with new session %d", self.path, self._session)
             self._set_state(SessionState.LOST)
+        # Only now that the lease (or the new session) is committed.
+        self._session, self._last_renewal = session, renewed_at
+        if lost:
+            log.warning("%s: metadata session expired; continuing with new session %d", self.path, self._session)
             self._set_state(SessionState.CONNECTED)
         elif self._state is SessionState.SUSPENDED:
             self._set_state(SessionState.CONNECTED)
@@ -243,8 +261,8 @@ class EmbeddedStore(MetadataStore):
         if state is self._state and state is not SessionState.CONNECTED:
             return
         self._state = state
-        assert self._events is not None
-        self._events.submit(self._notify, state)
+        assert self._states is not None
+        self._states.submit(self._notify, state)
 
     # -- transactions ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -432,22 +450,28 @@ class EmbeddedStore(MetadataStore):
 
     # -- watches ---------------------------------------------------------------------------
     def _add_watch(self, kind: str, path: str, fn: Watcher, since: int) -> None:
-        with self._watch_lock:
-            if since < self._processed:
-                # The poller already went past our snapshot: look at what it saw without us.
-                with self._reading() as db:
-                    rows = db.execute(
-                        "SELECT zxid, path, kind FROM events WHERE zxid > ? AND zxid <= ? AND path = ? ORDER BY zxid",
-                        (since, self._processed, path),
-                    ).fetchall()
-                for _, p, k in rows:
-                    if self._matches(kind, EventType(k)):
-                        assert self._events is not None
-                        self._events.submit(fn, WatchEvent(EventType(k), p))
-                        return
-            entries = self._watches[(kind, path)]
-            if all(f != fn for _, f in entries):  # as ZooKeeper: one registration per watcher and path
-                entries.append((since, fn))
+        while True:
+            with self._watch_lock:
+                if since >= self._processed:
+                    entries = self._watches[(kind, path)]
+                    if all(f != fn for _, f in entries):  # as ZooKeeper: one registration per watcher and path
+                        entries.append((since, fn))
+                    return
+                upto = self._processed
+            # The poller already went past our snapshot: look at what it saw without us. Not under
+            # _watch_lock: _reading() waits for this process's writers, and the lease thread's poll
+            # must never wait for them.
+            with self._reading() as db:
+                rows = db.execute(
+                    "SELECT zxid, path, kind FROM events WHERE zxid > ? AND zxid <= ? AND path = ? ORDER BY zxid",
+                    (since, upto, path),
+                ).fetchall()
+            for _, p, k in rows:
+                if self._matches(kind, EventType(k)):
+                    assert self._events is not None
+                    self._events.submit(fn, WatchEvent(EventType(k), p))
+                    return
+            since = upto
 
     @staticmethod
     def _matches(kind: str, event: EventType) -> bool:

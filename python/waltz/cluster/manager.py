@@ -103,9 +103,10 @@ class ServerMembership:
     """A server's membership: registration, leader election, and its partitions.
 
     `deliver(partitions)` is called with {partition: generation} every time the server's share
-    changes, and with {} the moment the metadata session is in doubt. It runs on the store's
-    event thread and must return only once the server serves exactly that set: the membership
-    then reports it, and the leader waits for that report before handing a partition on."""
+    changes, and with {} the moment the metadata session is in doubt. It runs on one of the
+    store's threads (serialised) and must return only once the server serves exactly that set,
+    without calling the store: the membership then reports it, and the leader waits for that
+    report before handing a partition on."""
 
     REBALANCE_INTERVAL = 2.0
 
@@ -132,8 +133,9 @@ class ServerMembership:
         self._watches: list[DataWatch | ChildrenWatch] = []
         self._leader = False
         self._dirty = threading.Event()
+        self._report_needed = threading.Event()
         self._stop = threading.Event()
-        self._leader_thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def serving(self) -> dict[int, int]:
@@ -154,8 +156,10 @@ class ServerMembership:
         self._candidate = EphemeralRegistration(
             self.store, join(self.metadata.paths.manager, "candidate-"), encode(self.server_id), sequential=True
         )
-        self._leader_thread = threading.Thread(target=self._lead, name=f"waltz-cluster-manager {self.server_id}", daemon=True)
-        self._leader_thread.start()
+        for target, name in ((self._lead, "cluster-manager"), (self._report_loop, "serving-report")):
+            t = threading.Thread(target=target, name=f"waltz-{name} {self.server_id}", daemon=True)
+            t.start()
+            self._threads.append(t)
         self._watches.append(self.metadata.watch_assignment(self._on_assignment))
         self._watches.append(ChildrenWatch(self.store, self.metadata.paths.manager, self._on_candidates))
         log.info("server %d registered at %s:%d", self.server_id, self.host, self.port)
@@ -163,11 +167,12 @@ class ServerMembership:
     def close(self) -> None:
         self._stop.set()
         self._dirty.set()
+        self._report_needed.set()
         for w in self._watches:
             w.stop()
         self.store.remove_listener(self._on_state)
-        if self._leader_thread is not None:
-            self._leader_thread.join(timeout=10)
+        for t in self._threads:
+            t.join(timeout=10)
         self._set_serving({})
         for reg in (self._candidate, self._registration):
             if reg is not None:
@@ -175,42 +180,70 @@ class ServerMembership:
 
     # -- this server's share -----------------------------------------------------------------
     def _on_state(self, state: SessionState) -> None:
+        # On the session-state thread: stopping must not wait for any store call.
         if state is not SessionState.CONNECTED:
             log.warning("server %d: metadata session %s; serving nothing until it is back", self.server_id, state.value)
             self._set_serving({})
         else:
             self._dirty.set()
-            try:
-                assignment, _ = self.metadata.assignment()
-            except errors.WaltzError as e:
-                log.warning("server %d: cannot read the assignment after reconnecting: %s", self.server_id, e)
-                return
-            self._on_assignment(assignment)
+            self.store.call_soon(self._reread_assignment)
+
+    def _reread_assignment(self) -> None:
+        try:
+            assignment, _ = self.metadata.assignment()
+        except errors.WaltzError as e:
+            log.warning("server %d: cannot read the assignment after reconnecting: %s", self.server_id, e)
+            return
+        self._on_assignment(assignment)
 
     def _on_assignment(self, assignment: Assignment) -> None:
         session = self.store.session_id
         mine = {p: a.generation for p, a in assignment.items() if a.server == self.server_id and a.session == session}
-        self._set_serving(mine if self.store.is_connected else {})
+        self._set_serving(mine)
 
     def _set_serving(self, partitions: dict[int, int]) -> None:
         with self._serving_lock:
+            if partitions and not self.store.is_connected:
+                partitions = {}  # an assignment read before the session went into doubt
             if partitions == self._serving:
                 return
             self._deliver(dict(partitions))
             self._serving = dict(partitions)
-            if self._registration is None:
+        self._report_needed.set()
+
+    def _report_loop(self) -> None:
+        """Writes what the server serves into its registration, one write at a time and always the
+        newest state, so a slow store never delays stopping and never reorders reports."""
+        while not self._stop.is_set():
+            if not self._report_needed.wait(1.0):
+                continue
+            self._report_needed.clear()
+            if self._stop.is_set() or self._registration is None:
                 return
+            with self._serving_lock:
+                info = self._info()
             try:
-                self._registration.update(self._info())
+                self._registration.update(info)
             except errors.MetadataError as e:
-                # Re-created with this data after a new session; re-sent on reconnect otherwise.
-                log.info("server %d: serving %s not reported yet: %s", self.server_id, sorted(partitions), e)
-                self._dirty.set()
+                # Re-created with this data after a new session; retried here otherwise.
+                log.info("server %d: serving %s not reported yet: %s", self.server_id, sorted(self._serving), e)
+                self._report_needed.set()
+                self._stop.wait(0.5)
+            self._dirty.set()
 
     # -- leadership --------------------------------------------------------------------------
     def _on_candidates(self, names: list[str]) -> None:
-        mine = self._candidate.path.rsplit("/", 1)[1] if self._candidate else None
-        leader = bool(names) and sorted(names)[0] == mine
+        # The lowest candidate leads. Compared by the server id it holds, not by name: a candidate
+        # of ours whose creation answer was lost is still ours.
+        leader = False
+        if names:
+            first = join(self.metadata.paths.manager, sorted(names)[0])
+            try:
+                leader = decode(self.store.get(first)[0], first) == self.server_id
+            except errors.MetadataNotFoundError:
+                self._dirty.set()  # it just left; the children watch fires again
+            except errors.MetadataError as e:
+                log.warning("server %d: cannot read candidate %s: %s", self.server_id, first, e)
         if leader != self._leader:
             log.info("server %d %s the cluster manager", self.server_id, "is now" if leader else "is no longer")
         self._leader = leader

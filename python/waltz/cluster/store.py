@@ -176,9 +176,15 @@ class MetadataStore(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @abstractmethod
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Runs `fn` on the watch event thread (where store calls may block)."""
+
     # -- session listeners -----------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:
-        """`listener(state)` runs on the event thread at every session state change; it must not block."""
+        """`listener(state)` runs at every session state change, on the session-state thread, in
+        order. It must not block and must not call the store (SUSPENDED behind a blocked store
+        call would come too late): hand store work to `call_soon`."""
         with self._listeners_lock:
             self._listeners.append(listener)
 
@@ -188,7 +194,7 @@ class MetadataStore(ABC):
                 self._listeners.remove(listener)
 
     def _notify(self, state: SessionState) -> None:
-        """Runs the listeners; implementations call it on their event thread."""
+        """Runs the listeners; implementations call it on their session-state thread."""
         with self._listeners_lock:
             listeners = list(self._listeners)
         for listener in listeners:
@@ -280,7 +286,7 @@ class _PersistentWatch:
 
     def _on_state(self, state: SessionState) -> None:
         if state is SessionState.CONNECTED:
-            self._fire()
+            self._store.call_soon(self._fire)
 
     def stop(self) -> None:
         with self._lock:
@@ -329,12 +335,19 @@ class EphemeralRegistration:
 
     With `sequential=True` each re-creation gets a new name; `path` is the current one."""
 
+    RETRY_SECONDS = 1.0
+
     def __init__(self, store: MetadataStore, path: str, data: bytes, *, sequential: bool = False) -> None:
         self._store, self._base, self._data, self._sequential = store, check_path(path), data, sequential
         self._lock = threading.Lock()
         self._closed = False
-        self.path = self._create()
+        # Listen first: a session lost while the entry is being created still re-creates it.
         store.add_listener(self._on_state)
+        try:
+            self.path = self._create()
+        except BaseException:
+            store.remove_listener(self._on_state)
+            raise
 
     def _create(self) -> str:
         try:
@@ -349,8 +362,10 @@ class EphemeralRegistration:
             return self._base
 
     def _on_state(self, state: SessionState) -> None:
-        if state is not SessionState.CONNECTED:
-            return
+        if state is SessionState.CONNECTED:
+            self._store.call_soon(self._ensure)
+
+    def _ensure(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -359,8 +374,12 @@ class EphemeralRegistration:
                 if stat is None or stat.ephemeral_owner != self._store.session_id:
                     self.path = self._create()
                     log.info("re-created ephemeral %s after a new metadata session", self.path)
+                return
             except errors.MetadataError as e:
-                log.warning("could not re-create ephemeral %s yet: %s", self._base, e)
+                log.warning("could not re-create ephemeral %s yet (retrying): %s", self._base, e)
+        retry = threading.Timer(self.RETRY_SECONDS, self._store.call_soon, args=(self._ensure,))
+        retry.daemon = True
+        retry.start()
 
     def update(self, data: bytes) -> None:
         """Replaces the data; kept for re-creation even when the write itself fails now."""

@@ -1,8 +1,10 @@
 """The metadata store on ZooKeeper, through kazoo.
 
-Reads and idempotent writes are retried across connection loss (kazoo's command retry). A
-compare-and-set retried after a lost answer may report a conflict for its own write: callers
-re-read, which `MetadataStore.update` does. Multi-operation transactions are not retried (their
+Reads and writes are retried across connection loss (kazoo's command retry), not across a
+session expiry. A write retried after a lost answer may report a conflict for its own write (a
+create: exists; a compare-and-set: version changed): callers re-read, which `MetadataStore.update`
+does (a counter bumped this way may skip a value, never repeat one). A recursive delete is not
+atomic on ZooKeeper (children first, then the entry with its version). Multi-operation transactions are not retried (their
 outcome after a lost answer is unknown, reported as `MetadataUnavailableError`).
 
 Session states come from kazoo's listener: SUSPENDED when the connection drops (kazoo notices
@@ -19,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import urllib.parse
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NoAuthError,
@@ -87,6 +90,8 @@ def _error(e: Exception, what: str) -> errors.MetadataError:
         return errors.MetadataVersionError(f"{what}: version changed since it was read")
     if isinstance(e, NotEmptyError):
         return errors.MetadataNotEmptyError(f"{what}: has children")
+    if isinstance(e, ConnectionClosedError):  # a SessionExpiredError subclass: the client was closed
+        return errors.MetadataUnavailableError(f"{what}: the store is not started or is closed")
     if isinstance(e, SessionExpiredError):
         return errors.MetadataSessionLostError(f"{what}: ZooKeeper session expired")
     if isinstance(e, NoAuthError):
@@ -104,6 +109,27 @@ def _mapped(what: str) -> Iterator[None]:
         raise _error(e, what) from e
 
 
+class _Wrapped:
+    """A watcher as kazoo sees it. Equal for equal watchers, so that kazoo's per-path watcher set
+    keeps one registration per watcher and path, as ZooKeeper (and the embedded store) do."""
+
+    __slots__ = ("watch", "events")
+
+    def __init__(self, watch: Watcher, events: EventThread) -> None:
+        self.watch, self.events = watch, events
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Wrapped) and other.watch == self.watch
+
+    def __hash__(self) -> int:
+        return hash(self.watch)
+
+    def __call__(self, event: WatchedEvent) -> None:
+        kind = _EVENTS.get(event.type)
+        if kind is not None:  # kazoo has already stripped the chroot from event.path
+            self.events.submit(self.watch, WatchEvent(kind, event.path))
+
+
 class ZooKeeperStore(MetadataStore):
     """`ZooKeeperStore("host:port[,host:port]/chroot")`, or with `user:secret@` credentials."""
 
@@ -119,11 +145,18 @@ class ZooKeeperStore(MetadataStore):
             hosts=hosts,
             timeout=session_timeout,
             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
-            command_retry={"max_tries": 20, "delay": 0.1, "backoff": 2, "max_delay": 2.0, "deadline": session_timeout * 2},
+            # ignore_expire=False: an expired session fails the call (as in the embedded store)
+            # instead of silently continuing under a new session.
+            command_retry={
+                "max_tries": 20, "delay": 0.1, "backoff": 2, "max_delay": 2.0, "deadline": session_timeout * 2, "ignore_expire": False,
+            },
             **kwargs,
         )
         self._user = user
         self._events: EventThread | None = None
+        # Session states on their own thread: a watch callback blocked in a retried store call
+        # (up to 2 x session_timeout) must not hold back SUSPENDED.
+        self._states: EventThread | None = None
 
     @classmethod
     def from_url(cls, url: str, *, session_timeout: float = 10.0) -> ZooKeeperStore:
@@ -142,6 +175,7 @@ class ZooKeeperStore(MetadataStore):
 
     def start(self, timeout: float = 15.0) -> None:
         self._events = EventThread(f"waltz-zookeeper-events {self.hosts}")
+        self._states = EventThread(f"waltz-zookeeper-states {self.hosts}")
         self._zk.add_listener(self._on_kazoo_state)
         try:
             with warnings.catch_warnings():
@@ -152,6 +186,7 @@ class ZooKeeperStore(MetadataStore):
             self._zk.stop()
             self._zk.close()
             self._events.stop()
+            self._states.stop()
             raise errors.MetadataUnavailableError(f"cannot reach ZooKeeper at {self.hosts} within {timeout}s") from e
         chroot = self._zk.chroot
         if chroot:
@@ -176,11 +211,17 @@ class ZooKeeperStore(MetadataStore):
             self._zk.close()
             if self._events is not None:
                 self._events.stop()
+            if self._states is not None:
+                self._states.stop()
 
     def _on_kazoo_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: hand over, never block here.
+        if self._states is not None:
+            self._states.submit(self._notify, _STATES[state])
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
         if self._events is not None:
-            self._events.submit(self._notify, _STATES[state])
+            self._events.submit(fn)
 
     @property
     def session_id(self) -> int:
@@ -198,18 +239,8 @@ class ZooKeeperStore(MetadataStore):
     def _wrap(self, watch: Watcher | None) -> Any:
         if watch is None:
             return None
-        events = self._events
-        assert events is not None
-
-        def on_event(event: WatchedEvent) -> None:
-            kind = _EVENTS.get(event.type)
-            if kind is not None:
-                path = event.path
-                if self._zk.chroot and path.startswith(self._zk.chroot):
-                    path = path[len(self._zk.chroot) :] or "/"
-                events.submit(watch, WatchEvent(kind, path))
-
-        return on_event
+        assert self._events is not None
+        return _Wrapped(watch, self._events)
 
     def create(
         self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False, make_parents: bool = False
@@ -218,8 +249,8 @@ class ZooKeeperStore(MetadataStore):
         with _mapped(f"create {path}"):
             if sequential:
                 # Not retried: a retry after a lost answer would create a second entry.
-                return str(self._zk.create(path, data, ephemeral=ephemeral, sequence=True, makepath=make_parents))
-            return str(self._zk.retry(self._zk.create, path, data, ephemeral=ephemeral, makepath=make_parents))
+                return str(self._zk.create(path, bytes(data), ephemeral=ephemeral, sequence=True, makepath=make_parents))
+            return str(self._zk.retry(self._zk.create, path, bytes(data), ephemeral=ephemeral, makepath=make_parents))
 
     def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes, Stat]:
         with _mapped(f"get {check_path(path)}"):
@@ -233,13 +264,30 @@ class ZooKeeperStore(MetadataStore):
 
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:
         with _mapped(f"set {check_path(path)}"):
-            return _stat(self._zk.retry(self._zk.set, path, data, version=version))
+            return _stat(self._zk.retry(self._zk.set, path, bytes(data), version=version))
 
     def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
         if check_path(path) == "/":
             raise errors.MetadataError("/ cannot be deleted")
         with _mapped(f"delete {path}"):
-            self._zk.retry(self._zk.delete, path, version=version, recursive=recursive)
+            if recursive:
+                # Not kazoo's recursive delete: it ignores `version` and a missing entry.
+                stat = self._zk.retry(self._zk.exists, path)
+                if stat is None:
+                    raise NoNodeError()
+                if version >= 0 and stat.version != version:
+                    raise BadVersionError()
+                for child in self._zk.retry(self._zk.get_children, path):
+                    self._delete_tree(f"{path}/{child}")
+            self._zk.retry(self._zk.delete, path, version=version)
+
+    def _delete_tree(self, path: str) -> None:
+        try:
+            for child in self._zk.retry(self._zk.get_children, path):
+                self._delete_tree(f"{path}/{child}")
+            self._zk.retry(self._zk.delete, path)
+        except NoNodeError:
+            pass
 
     def children(self, path: str, watch: Watcher | None = None) -> list[str]:
         with _mapped(f"children of {check_path(path)}"):
@@ -250,9 +298,9 @@ class ZooKeeperStore(MetadataStore):
         for op in ops:
             check_path(op.path)
             if isinstance(op, Create):
-                t.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequential)
+                t.create(op.path, bytes(op.data), ephemeral=op.ephemeral, sequence=op.sequential)
             elif isinstance(op, SetData):
-                t.set_data(op.path, op.data, version=op.version)
+                t.set_data(op.path, bytes(op.data), version=op.version)
             elif isinstance(op, Delete):
                 t.delete(op.path, version=op.version)
             elif isinstance(op, Check):
