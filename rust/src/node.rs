@@ -694,6 +694,22 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
             if let Some(refused) = unless_in_maintenance(shared, h) {
                 return refused;
             }
+            // Never behind a session this replica has already seen: recovery would take the
+            // replica's log for an older session's and the fence would no longer be recorded.
+            let gate = s.fence_gate(pid);
+            let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+            match (s.fence(pid), s.partition_info(pid)) {
+                (Ok(newest), _) if session_id < newest => {
+                    let msg = format!("session {session_id} of partition {pid} is older than session {newest} seen here");
+                    return admin_fail(h, FailureKind::StaleSession, msg);
+                }
+                (_, Ok(i)) if (session_id, low_water_mark) < (i.session_id, i.low_water_mark) => {
+                    let msg = format!("partition {pid} already has session {} with low-water mark {}", i.session_id, i.low_water_mark);
+                    return admin_fail(h, FailureKind::BadRequest, msg);
+                }
+                (Err(e), _) | (_, Err(e)) => return admin_fail(h, failure_kind(&e), e.to_string()),
+                _ => {}
+            }
             done(s.set_low_water_mark(pid, session_id, low_water_mark).map(|_| ()))
         }
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),

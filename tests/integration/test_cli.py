@@ -116,7 +116,9 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
     assert [r["partitions"] for r in listed] == [list(range(PARTITIONS))] * 3
 
     for n in nodes:
-        cli("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])
+        assert cli.json("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])["changed"]
+    assert not cli.json("storage", "add-partition", "--storage", nodes[0].address, "-p0")["changed"]
+    assert "does not exist" in cli("storage", "unassign", "--storage", nodes[0].address, "-p", "99", ok=False).output
     status = cli.json("storage", "list", "--status")
     assert all(r["reachable"] and sorted(s["partition"] for s in r["status"]) == list(range(PARTITIONS)) for r in status)
 
@@ -143,6 +145,8 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
     assert "still assigned" in cli("storage", "remove-partition", "--storage", nodes[2].address, "-p", "3", ok=False).output
     cli("storage", "unassign", "--storage", nodes[2].address, "-p", "3")
     assert not cli.json("storage", "unassign", "--storage", nodes[2].address, "-p", "3")["changed"]
+    checks = {c["check"]: c for c in cli.json("cluster", "verify", ok=False)["checks"]}
+    assert checks[f"storage {nodes[2].address} extra"]["status"] == "WARN"  # held, no longer assigned
     cli("storage", "remove-partition", "--storage", nodes[2].address, "-p", "3")
     assert 3 not in [s["partition"] for s in nodes[2].admin(lambda c: c.status())]
     report = cli.json("cluster", "verify", ok=False)
@@ -195,7 +199,7 @@ def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nod
     # A destination whose log differs from the source's is refused, not overwritten.
     other.run(lambda c: c.append(0, 7, 0, batch(3, b"other")))
     out = cli("storage", "recover-partition", "--source", src.address, "--destination", other.address, "-p", "0", ok=False).output
-    assert "differs from the source at transaction 2" in out
+    assert "differs from the source at transaction 0" in out
     assert {s["partition"]: s for s in other.admin(lambda c: c.status())}[0]["max_transaction_id"] == 2
 
 

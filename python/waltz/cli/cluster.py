@@ -145,6 +145,17 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
             add(f"partition {p} replicas", False, f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})")
         elif len(holders) > info.replicas:
             add(f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured")
+    # One storage node under two names counts as one replica.
+    seen_at: dict[tuple[Any, ...], str] = {}
+    for n in nodes:
+        try:
+            resolved = tuple(sorted({ai[4][:2] for ai in socket.getaddrinfo(n.host, int(n.address.rsplit(":", 1)[1]), type=socket.SOCK_STREAM)}))
+        except OSError:
+            continue
+        for other, addr in seen_at.items():
+            if set(other) & set(resolved):
+                add(f"storage {n.address} replicas", False, f"the same endpoint as {addr}: one node counted twice")
+        seen_at[resolved] = n.address
     if not any(c["check"].endswith("replicas") for c in checks):
         add("replica assignment", True, f"every partition has {info.replicas} replicas assigned")
 
@@ -153,6 +164,9 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
     for n in nodes:
         try:
             status = admin_call(meta, n, lambda c: c.status(), timeout=timeout)
+        except (errors.ClusterKeyMismatch, errors.PartitionCountMismatch) as e:
+            add(f"storage {n.address}", False, f"admin port {n.admin_address} belongs to another cluster: {e}")
+            continue
         except (errors.WaltzError, OSError) as e:
             add(f"storage {n.address}", False, f"admin port {n.admin_address} unreachable: {e}")
             continue
@@ -160,6 +174,7 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
         missing = [p for p in n.partitions if p not in present]
         broken = {p: s["failure"] for p, s in present.items() if s["failure"]}
         closed = [p for p, s in present.items() if not (s["readable"] and s["writable"])]
+        extra = sorted(p for p in present if p not in n.partitions)
         healthy[n.address] = {p for p in n.partitions if p in present and p not in broken and p not in closed}
         problems = []
         if missing:
@@ -169,6 +184,8 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
         if closed:
             problems.append(f"marked unavailable: {closed}")
         add(f"storage {n.address}", not problems, "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy")
+        if extra:
+            add(f"storage {n.address} extra", None, f"holds partitions {extra} it is not assigned (`waltz storage remove-partition`)")
 
     # Quorums.
     short = []
@@ -194,9 +211,14 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
     mismatched = [
         p for p, a in assignment.items() if a.server in servers and servers[a.server].serving.get(p) != a.generation
     ]
+    intruders = sorted(
+        f"{p} by server {s.server_id}" for s in servers.values() for p in s.serving
+        if p not in assignment or assignment[p].server != s.server_id or assignment[p].session != s.session
+    )
     if servers:
-        add("partition assignment", not orphans and not mismatched,
-            (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}" if mismatched else "")
+        add("partition assignment", not orphans and not mismatched and not intruders,
+            (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}. " if mismatched else "")
+            + (f"served without being assigned: {', '.join(intruders)}" if intruders else "")
             or "every partition is served by a live server under its current generation")
 
     # Recovery.

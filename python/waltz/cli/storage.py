@@ -156,12 +156,14 @@ def add_partition(out: Output, address: str, partitions: tuple[int, ...]) -> Non
         if missing:
             raise Failed(f"partitions {missing} are not assigned to {node.address}; run `waltz storage assign` first")
 
-        async def run(c: StorageAdminClient) -> None:
+        async def run(c: StorageAdminClient) -> list[int]:
+            present = {x["partition"] for x in await c.status()}
             for p in partitions:
                 await c.assign(p)
+            return [p for p in partitions if p not in present]
 
-        admin_call(meta, node, run)
-    _changed(out, True, f"storage node {node.address} holds partitions {sorted(partitions)}")
+        added = admin_call(meta, node, run)
+    _changed(out, bool(added), f"storage node {node.address} holds partitions {sorted(partitions)}", {"partitions": added})
 
 
 @storage.command("remove-partition")
@@ -256,6 +258,8 @@ def recover_partition(out: Output, source: str, destination: str, partition: int
     out.emit(result, lambda: out.line(
         f"partition {partition}: copied {result['copied']} records from {src.address} to {dst.address}; "
         f"destination now ends at {result['destination_max']} with low-water mark {result['low_water_mark']}"
+        + ("" if result["writable"] else
+           f". It was unwritable before this run and stays so: `waltz storage availability --storage {dst.address} -p {partition} --writable`")
     ))
 
 
@@ -264,30 +268,44 @@ async def _recover(
 ) -> dict[str, Any]:
     async with await StorageAdminClient.connect(src.host, src.admin_port, cluster_key=key, partition_count=count) as s, \
             await StorageAdminClient.connect(dst.host, dst.admin_port, cluster_key=key, partition_count=count) as d:
-        s_status = {x["partition"]: x for x in await s.status()}.get(partition)
-        d_status = {x["partition"]: x for x in await d.status()}.get(partition)
-        if s_status is None:
-            raise Failed(f"source {src.address} does not hold partition {partition}")
-        if s_status["failure"]:
-            raise Failed(f"source {src.address} partition {partition} has failed: {s_status['failure']}")
-        if d_status is None:
+        before = {x["partition"]: x for x in await d.status()}.get(partition)
+        if before is None:
             raise Failed(f"destination {dst.address} does not hold partition {partition}; run `waltz storage add-partition` first")
-        target = s_status["low_water_mark"]
-        d_max = d_status["max_transaction_id"]
-        if d_max >= 0:
-            theirs = await s.records(partition, d_max, 1)
-            ours = await d.records(partition, d_max, 1)
-            if not theirs or not ours or theirs[0] != ours[0]:
-                raise Failed(
-                    f"destination {dst.address} differs from the source at transaction {d_max}; "
-                    f"remove the destination's files (`waltz storage remove-partition --delete-files --force`), add it again, and rerun"
-                )
-        elif s_status["first_transaction_id"] > 0 and target >= 0:
-            raise Failed(f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty replica cannot be filled from it")
-
+        # Servers are kept out first; only then is the destination's state read, so nothing a
+        # server does can make it stale.
+        await d.set_availability(partition, readable=before["readable"], writable=False)
+        ok = False
         copied = 0
-        await d.set_availability(partition, readable=d_status["readable"], writable=False)
         try:
+            s_status = {x["partition"]: x for x in await s.status()}.get(partition)
+            d_status = {x["partition"]: x for x in await d.status()}[partition]
+            if s_status is None:
+                raise Failed(f"source {src.address} does not hold partition {partition}")
+            if s_status["failure"]:
+                raise Failed(f"source {src.address} partition {partition} has failed: {s_status['failure']}")
+            if d_status["newest_session"] > s_status["session_id"]:
+                raise Failed(
+                    f"destination {dst.address} has seen store session {d_status['newest_session']}, newer than the "
+                    f"source's {s_status['session_id']}: pick a source from the current session"
+                )
+            target = s_status["low_water_mark"]
+            d_max = d_status["max_transaction_id"]
+            # Only what is at or below the destination's own low-water mark is known committed:
+            # everything above it must equal the source's, record by record.
+            nxt = max(d_status["low_water_mark"], -1) + 1
+            while nxt <= d_max:
+                ours = await d.records(partition, nxt, min(batch_size, d_max - nxt + 1))
+                theirs = await s.records(partition, nxt, len(ours))
+                diff = next((r.txid for r, t in zip(ours, theirs) if r != t), None)
+                if not ours or not theirs or diff is not None:
+                    raise Failed(
+                        f"destination {dst.address} differs from the source at transaction {diff if diff is not None else nxt}; "
+                        f"remove the destination's files (`waltz storage remove-partition --delete-files --force`), add it again, and rerun"
+                    )
+                nxt = ours[min(len(ours), len(theirs)) - 1].txid + 1
+            if d_max < 0 and s_status["first_transaction_id"] > 0 and target >= 0:
+                raise Failed(f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty replica cannot be filled from it")
+
             with Progress(TextColumn("partition {task.fields[p]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           console=Console(stderr=True), disable=out.as_json or target <= d_max, transient=True) as bar:
                 task = bar.add_task("copy", total=max(0, target - d_max), p=partition)
@@ -302,8 +320,16 @@ async def _recover(
                     bar.advance(task, len(batch))
             if target >= 0 and (d_status["session_id"], d_status["low_water_mark"]) < (s_status["session_id"], target):
                 await d.set_partition_info(partition, s_status["session_id"], target)
+            ok = True
+        except Failed as e:
+            raise Failed(
+                f"{e.message}. The destination partition stays unwritable for servers until "
+                f"`waltz storage availability --storage {dst.address} -p {partition} --writable`"
+            ) from e
         finally:
-            await d.set_availability(partition, readable=True, writable=True)
+            # Back to what the operator had; after a failure it stays out of the servers' way.
+            if ok:
+                await d.set_availability(partition, readable=before["readable"], writable=before["writable"])
         final = {x["partition"]: x for x in await d.status()}[partition]
     return {
         "partition": partition,
@@ -313,4 +339,5 @@ async def _recover(
         "destination_max": final["max_transaction_id"],
         "low_water_mark": final["low_water_mark"],
         "session_id": final["session_id"],
+        "writable": final["writable"],
     }

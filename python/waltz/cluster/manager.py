@@ -126,6 +126,7 @@ class ServerMembership:
         self._deliver = deliver
         self.server_id = server_id if server_id is not None else metadata.next_id("server")
         self._serving: dict[int, int] = {}
+        self._claiming: dict[int, int] = {}
         self._serving_lock = threading.RLock()
         self._started_ms = int(time.time() * 1000)
         self._registration: EphemeralRegistration | None = None
@@ -147,7 +148,9 @@ class ServerMembership:
         return self._leader
 
     def _info(self) -> bytes:
-        return encode(ServerInfo(self.server_id, self.host, self.port, self.preferred, self._serving, self._started_ms).to_json())
+        """The registration: what is served, plus what is being claimed (never under-reported)."""
+        reported = {**self._serving, **self._claiming}
+        return encode(ServerInfo(self.server_id, self.host, self.port, self.preferred, reported, self._started_ms).to_json())
 
     def start(self) -> None:
         self.metadata.info()  # a clear error now if the cluster does not exist
@@ -202,14 +205,46 @@ class ServerMembership:
         self._set_serving(mine)
 
     def _set_serving(self, partitions: dict[int, int]) -> None:
+        """Serves exactly `partitions`. New ones are claimed first: the claim is written into the
+        registration, then the assignment is read again and only what is still ours (same
+        incarnation, same generation) is started. The leader reads the assignment before the
+        registrations, so either it saw the claim (and waits for us to let go) or it wrote its
+        move before the claim, and the confirming read sees the move. Store work happens
+        outside the lock, so a concurrent stop (SUSPENDED) never waits for the store."""
         with self._serving_lock:
-            if partitions and not self.store.is_connected:
-                partitions = {}  # an assignment read before the session went into doubt
-            if partitions == self._serving:
-                return
-            self._deliver(dict(partitions))
-            self._serving = dict(partitions)
-        self._report_needed.set()
+            if self._stop.is_set():
+                partitions = {}  # closed (or closing): nothing, whatever a late event says
+            added = {p: g for p, g in partitions.items() if self._serving.get(p) != g}
+            if added:
+                self._claiming = dict(added)
+                claim = self._info()
+        if added and self._registration is not None:
+            try:
+                self._registration.update(claim)
+                current, _ = self.metadata.assignment()
+            except errors.WaltzError as e:
+                log.info("server %d: cannot claim %s yet (retrying): %s", self.server_id, sorted(added), e)
+                partitions = {p: g for p, g in partitions.items() if p not in added}
+                retry = threading.Timer(1.0, self.store.call_soon, args=(self._reread_assignment,))
+                retry.daemon = True
+                retry.start()
+            else:
+                session = self.store.session_id
+                partitions = {
+                    p: g for p, g in partitions.items()
+                    if p not in added or current.get(p) == PartitionAssignment(self.server_id, g, session)
+                }
+        try:
+            with self._serving_lock:
+                if self._stop.is_set() or (partitions and not self.store.is_connected):
+                    partitions = {}  # an assignment read before the session went into doubt
+                if partitions != self._serving:
+                    self._deliver(dict(partitions))
+                    self._serving = dict(partitions)
+        finally:
+            with self._serving_lock:
+                self._claiming = {}
+            self._report_needed.set()
 
     def _report_loop(self) -> None:
         """Writes what the server serves into its registration, one write at a time and always the
@@ -271,6 +306,9 @@ class ServerMembership:
         """One leader step: read the live servers and the assignment, write the next plan."""
         info = self.metadata.info()
         paths = self.metadata.paths
+        # The assignment first: every registration read below is then at least as new as the
+        # plan it is checked against (a claim made before a move was written is seen).
+        current, version = self.metadata.assignment(watch=self._on_change)
         servers: dict[int, ServerInfo] = {}
         for name in self.store.children(paths.servers, watch=self._on_change):
             try:
@@ -279,7 +317,6 @@ class ServerMembership:
                 continue
             s = ServerInfo.from_json(decode(data, join(paths.servers, name)), stat.ephemeral_owner)
             servers[s.server_id] = s
-        current, version = self.metadata.assignment(watch=self._on_change)
         nxt = plan(info.partitions, servers, current)
         if nxt != current and self._leader and self.store.is_connected:
             self.metadata.set_assignment(nxt, version)

@@ -330,6 +330,7 @@ class ClusterMetadata:
 
     def unassign_partition(self, address: str, partition_id: int) -> bool:
         address = parse_address(address)
+        self._check_partition(partition_id)
 
         def change(ra: dict[str, Any], groups: dict[str, Any], conns: dict[str, Any]) -> bool:
             held = ra["nodes"].get(address, [])
