@@ -92,12 +92,28 @@ class MetadataTransactionError(MetadataError):
         self.cause = cause
 
 
+class StoreSessionError(WaltzError):
+    """A partition's store session ended (a lost quorum, or fenced by a newer session): it
+    accepts no more appends, and appends in flight have an unknown outcome."""
+
+
+class RecoveryNeededError(StoreSessionError):
+    """The replicas disagree and the recovery vote (issue 6) is needed before a new session."""
+
+
+class StaleGenerationError(WaltzError):
+    """The partition has moved on to a newer generation: this server no longer owns it."""
+
+
 class ClusterError(WaltzError):
     """A cluster administration request cannot be done as asked (the message says why)."""
 
 
 __all__ = [
     "ClusterError",
+    "RecoveryNeededError",
+    "StaleGenerationError",
+    "StoreSessionError",
     "MetadataError",
     "MetadataExistsError",
     "MetadataNotEmptyError",

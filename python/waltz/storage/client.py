@@ -144,18 +144,25 @@ class _Connection:
                 fut.set_exception(exc)
         self._pending.clear()
 
-    async def _call(self, encode: Any) -> Any:
+    def _send(self, encode: Any) -> tuple[int, asyncio.Future[tuple[str, Any]]]:
+        """Writes a request now (requests go out in call order) and returns its response future."""
         if self._closed is not None:
             raise errors.StorageConnectionError(f"connection to {self.address} is closed: {self._closed}")
         seq = next(self._seq)
         fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[seq] = fut
-
         try:
-            # One deadline over sending and waiting: a node that stops reading must not stall
+            self._writer.write(encode(seq))
+        except (ConnectionError, OSError) as e:
+            self._pending.pop(seq, None)
+            raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
+        return seq, fut
+
+    async def _wait(self, seq: int, fut: asyncio.Future[tuple[str, Any]]) -> Any:
+        try:
+            # One deadline over flushing and waiting: a node that stops reading must not stall
             # us past the timeout either (asyncio.timeout, unlike wait_for, adds no task).
             async with asyncio.timeout(self.timeout):
-                self._writer.write(encode(seq))
                 await self._writer.drain()
                 kind, value = await fut
         except TimeoutError as e:
@@ -168,6 +175,10 @@ class _Connection:
         if kind == "failure":
             raise _failure(self.address, *value)
         return value
+
+    async def _call(self, encode: Any) -> Any:
+        seq, fut = self._send(encode)
+        return await self._wait(seq, fut)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -218,6 +229,12 @@ class StorageClient(_Connection):
     async def append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> None:
         """Returns once the node has the batch durably (fdatasync returned)."""
         await self._call(lambda seq: encode_append(session, seq, partition, first_txid, batch))
+
+    def send_append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> asyncio.Task[None]:
+        """Sends the Append now, so that appends leave in call order, and returns a task that
+        completes once the node has the batch durably. For pipelining many batches."""
+        seq, fut = self._send(lambda s: encode_append(session, s, partition, first_txid, batch))
+        return asyncio.ensure_future(self._wait(seq, fut))
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
         return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))

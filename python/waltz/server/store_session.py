@@ -1,0 +1,252 @@
+"""A partition's store session: the server's replicated, pipelined write path to its storage nodes.
+
+Opening one takes a new session id by compare-and-set in the partition metadata (refused when
+the partition has moved to a newer generation), connects to the partition's replicas (which
+fences every older session on them), settles the starting high-water mark, sets it as every
+reachable replica's low-water mark and records those replicas as clean in the metadata.
+
+Until recovery (issue 6) exists, the starting point is settled only in the case that needs no
+vote: a majority of the replicas is reachable and they hold exactly the same transactions above
+their low-water marks. Then their common max id is what the vote would decide (every committed
+transaction is on a majority, which meets the reachable majority; the unreachable ones are too
+few to make a higher mark decidable). Otherwise opening fails with `RecoveryNeededError`.
+
+Appends get the next ids, are sent at once to every replica in the write path (many batches in
+flight, not stop-and-wait) and commit when a majority of the partition's replicas acknowledged
+them durably, strictly in id order. A replica that errs or falls `max_lag` batches behind leaves
+the write path (catch-up is issue 6's work); losing the majority, or any replica answering that a
+newer session exists, ends the session: in-flight appends fail with `StoreSessionError` (outcome
+unknown) and later appends are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import deque
+from waltz import errors
+from waltz._native import RecordBatch
+from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata, PartitionMetadata, ReplicaState
+from waltz.storage.client import StorageClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    first: int
+    last: int
+    future: asyncio.Future[tuple[int, int]]
+    acks: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(eq=False)
+class _Replica:
+    address: str
+    client: StorageClient
+    in_write_path: bool = True
+    in_flight: int = 0
+    left_because: str | None = None
+
+
+def _new_session_id(metadata: ClusterMetadata, partition: int, generation: int) -> int:
+    while True:
+        meta, version = metadata.partition_metadata(partition)
+        if meta.generation > generation:
+            raise errors.StaleGenerationError(
+                f"partition {partition} is at generation {meta.generation}; this server holds generation {generation}"
+            )
+        try:
+            metadata.set_partition_metadata(partition, PartitionMetadata(generation, meta.session_id + 1, meta.replicas), version)
+            return meta.session_id + 1
+        except errors.MetadataVersionError:
+            continue
+
+
+def _record_clean(metadata: ClusterMetadata, partition: int, session: int, clean: list[str]) -> None:
+    while True:
+        meta, version = metadata.partition_metadata(partition)
+        if meta.session_id != session:
+            raise errors.StoreSessionError(f"partition {partition}: store session {meta.session_id} replaced ours ({session})")
+        replicas = dict(meta.replicas)
+        replicas.update({a: ReplicaState(session, UNRESOLVED) for a in clean})
+        try:
+            metadata.set_partition_metadata(partition, PartitionMetadata(meta.generation, session, replicas), version)
+            return
+        except errors.MetadataVersionError:
+            continue
+
+
+class StoreSession:
+    """Use `await StoreSession.open(metadata, partition, generation)`; `append(batch)`; `close()`."""
+
+    def __init__(self, partition: int, session_id: int, replicas: list[_Replica], total: int, high_water_mark: int, max_lag: int) -> None:
+        self.partition = partition
+        self.session_id = session_id
+        self.quorum = total // 2 + 1
+        self.replica_count = total
+        self.high_water_mark = high_water_mark
+        self.max_lag = max_lag
+        self._replicas = replicas
+        self._next = high_water_mark + 1
+        self._pending: deque[_Pending] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failed: errors.StoreSessionError | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    async def open(
+        cls, metadata: ClusterMetadata, partition: int, generation: int, *, timeout: float = 10.0, max_lag: int = 256
+    ) -> StoreSession:
+        info = await asyncio.to_thread(metadata.info)
+        nodes = await asyncio.to_thread(metadata.replicas_of, partition)
+        if not nodes:
+            raise errors.StoreSessionError(f"partition {partition} has no replicas assigned")
+        quorum = len(nodes) // 2 + 1
+        session = await asyncio.to_thread(_new_session_id, metadata, partition, generation)
+        connected = await asyncio.gather(
+            *(StorageClient.connect(n.host, int(n.address.rsplit(":", 1)[1]), cluster_key=info.cluster_key,
+                                    partition_count=info.partitions, timeout=timeout) for n in nodes),
+            return_exceptions=True,
+        )
+        replicas = [_Replica(n.address, c) for n, c in zip(nodes, connected) if isinstance(c, StorageClient)]
+        down = {n.address: str(c) for n, c in zip(nodes, connected) if not isinstance(c, StorageClient)}
+        try:
+            hwm = await cls._settle(partition, session, replicas, down, quorum)
+            # The low-water mark is this session's starting point on every reachable replica.
+            await asyncio.gather(*(r.client.set_low_water_mark(partition, session, hwm) for r in replicas))
+            await asyncio.to_thread(_record_clean, metadata, partition, session, [r.address for r in replicas])
+        except BaseException:
+            await asyncio.gather(*(r.client.close() for r in replicas), return_exceptions=True)
+            raise
+        log.info(
+            "partition %d: store session %d open at high-water mark %d on %s%s", partition, session, hwm,
+            ", ".join(r.address for r in replicas), f" (unreachable: {', '.join(down)})" if down else "",
+        )
+        return cls(partition, session, replicas, len(nodes), hwm, max_lag)
+
+    @staticmethod
+    async def _settle(partition: int, session: int, replicas: list[_Replica], down: dict[str, str], quorum: int) -> int:
+        """The common max id of a reachable majority holding identical transactions, or an error."""
+        try:
+            infos = await asyncio.gather(*(r.client.last_session_info(partition, session) for r in replicas))
+            maxes = await asyncio.gather(*(r.client.max_transaction_id(partition, session) for r in replicas))
+        except errors.StaleSessionError as e:
+            raise errors.StoreSessionError(f"partition {partition}: a newer store session than {session} exists: {e}") from e
+        if len(replicas) < quorum:
+            raise errors.StoreSessionError(
+                f"partition {partition}: only {len(replicas)} of {len(replicas) + len(down)} replicas reachable, "
+                f"{quorum} needed ({'; '.join(f'{a}: {why}' for a, why in down.items())})"
+            )
+        state = ", ".join(f"{r.address} max {m}" for r, m in zip(replicas, maxes))
+        if len(set(maxes)) > 1:
+            raise errors.RecoveryNeededError(f"partition {partition}: replicas disagree ({state}); the recovery vote is needed")
+        hwm = maxes[0]
+        start = min(lwm for _, lwm in infos) + 1
+        while start <= hwm:
+            lists = await asyncio.gather(*(r.client.record_headers(partition, session, start, 1000) for r in replicas))
+            n = min(len(h) for h in lists)
+            if n == 0:
+                raise errors.RecoveryNeededError(f"partition {partition}: a replica returned no header at {start} ({state})")
+            first = [(h.txid, h.req_id, h.header) for h in lists[0][:n]]
+            for r, h in zip(replicas[1:], lists[1:]):
+                if [(x.txid, x.req_id, x.header) for x in h[:n]] != first:
+                    raise errors.RecoveryNeededError(
+                        f"partition {partition}: {r.address} differs from {replicas[0].address} after transaction {start - 1} "
+                        f"({state}); the recovery vote is needed"
+                    )
+            start = first[-1][0] + 1
+        return hwm
+
+    # -- writing ---------------------------------------------------------------------------
+    @property
+    def replicas_in_write_path(self) -> list[str]:
+        return [r.address for r in self._replicas if r.in_write_path]
+
+    @property
+    def failed(self) -> errors.StoreSessionError | None:
+        return self._failed
+
+    def append(self, batch: RecordBatch) -> asyncio.Future[tuple[int, int]]:
+        """Gives the batch the next ids and sends it to every replica in the write path now.
+        The future completes with (first, last) once a majority has it durably, in id order."""
+        if self._failed is not None:
+            raise self._failed
+        if len(batch) == 0:
+            raise errors.InvalidArgumentError("an empty batch has no transaction ids")
+        first = self._next
+        self._next += len(batch)
+        pending = _Pending(first, self._next - 1, asyncio.get_running_loop().create_future())
+        self._pending.append(pending)
+        for r in self._replicas:
+            if not r.in_write_path:
+                continue
+            if r.in_flight >= self.max_lag:
+                self._leave(r, f"fell {r.in_flight} batches behind")
+                continue
+            try:
+                acked = r.client.send_append(self.partition, self.session_id, first, batch)
+            except errors.WaltzError as e:
+                self._leave(r, str(e))
+                continue
+            r.in_flight += 1
+            task = asyncio.ensure_future(self._await_ack(r, pending, acked))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return pending.future
+
+    async def _await_ack(self, r: _Replica, pending: _Pending, acked: asyncio.Task[None]) -> None:
+        try:
+            await acked
+        except asyncio.CancelledError:
+            acked.cancel()
+            raise
+        except errors.StaleSessionError as e:
+            self._fail(f"fenced: {r.address} has seen a newer store session ({e})")
+            return
+        except errors.WaltzError as e:
+            self._leave(r, str(e))
+            return
+        finally:
+            r.in_flight -= 1
+        # Durable in this session on that replica: it counts even if it has left the write path since.
+        pending.acks.add(r.address)
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._pending and len(self._pending[0].acks) >= self.quorum:
+            p = self._pending.popleft()
+            self.high_water_mark = p.last
+            if not p.future.done():
+                p.future.set_result((p.first, p.last))
+
+    def _leave(self, r: _Replica, why: str) -> None:
+        if not r.in_write_path:
+            return
+        r.in_write_path, r.left_because = False, why
+        log.warning("partition %d session %d: replica %s leaves the write path: %s", self.partition, self.session_id, r.address, why)
+        alive = sum(1 for x in self._replicas if x.in_write_path)
+        if alive < self.quorum:
+            self._fail(f"lost the quorum: {alive} of {self.replica_count} replicas left in the write path, {self.quorum} needed")
+
+    def _fail(self, why: str, *, level: int = logging.ERROR) -> None:
+        if self._failed is not None:
+            return
+        self._failed = errors.StoreSessionError(
+            f"partition {self.partition}: store session {self.session_id} ended ({why}); appends in flight have an unknown outcome"
+        )
+        log.log(level, "%s", self._failed)
+        while self._pending:
+            p = self._pending.popleft()
+            if not p.future.done():
+                p.future.set_exception(self._failed)
+                p.future.exception()  # a caller that dropped the future has nothing to be warned about
+
+    async def close(self) -> None:
+        if self._failed is None:
+            self._fail("closed", level=logging.INFO)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(r.client.close() for r in self._replicas), return_exceptions=True)

@@ -1,0 +1,172 @@
+"""The store session against three real storage node daemons and real metadata (both stores):
+pipelined quorum commits, fencing by a newer session, replicas failing, refusing to guess."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waltz import errors
+from waltz.cluster import open_store
+from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
+from waltz.server.store_session import StoreSession
+from waltz.storage import RecordBatch, ReqId
+
+from processes import stop
+from test_cli import Node
+
+PARTITIONS = 4  # test_cli.Node's partition count
+
+
+@pytest.fixture
+def cluster(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node]]]:
+    store = open_store(metadata_url)
+    store.start()
+    meta = ClusterMetadata(store, "/waltz/s")
+    info, _ = meta.create("s", PARTITIONS, 3)
+    nodes = [Node(tmp_path / f"n{i}", info.cluster_key) for i in range(3)]
+    for i, n in enumerate(nodes):
+        meta.add_storage_node(n.address, n.ports["admin_port"], i)
+        meta.assign_partition(n.address, 0)
+        n.admin(lambda c: c.assign(0))
+    yield meta, nodes
+    for n in nodes:
+        if n.proc.poll() is None:
+            stop(n.proc)
+    store.close()
+
+
+def batch(tag: str, n: int = 3) -> RecordBatch:
+    return RecordBatch([(ReqId(1, 1, 0, i), i, f"{tag}-{i}".encode()) for i in range(n)])
+
+
+def read_all(node: Node, session: int) -> list[Any]:
+    async def go(c: Any) -> list[Any]:
+        out: list[Any] = []
+        while True:
+            got = await c.records(0, session, len(out), 1000)
+            if not got:
+                return out
+            out.extend(got)
+
+    return node.run(go)  # type: ignore[no-any-return]
+
+
+def test_pipelined_appends_commit_in_order_on_every_replica(cluster) -> None:
+    meta, nodes = cluster
+
+    async def go() -> tuple[list[tuple[int, int]], int, int]:
+        s = await StoreSession.open(meta, 0, generation=1)
+        futures = [s.append(batch(f"b{i}")) for i in range(200)]  # all in flight at once
+        done = await asyncio.gather(*futures)
+        hwm, sid = s.high_water_mark, s.session_id
+        await s.close()
+        return done, hwm, sid
+
+    done, hwm, sid = asyncio.run(go())
+    assert done == [(3 * i, 3 * i + 2) for i in range(200)]
+    assert hwm == 599
+    copies = [read_all(n, sid) for n in nodes]
+    assert len(copies[0]) == 600 and copies[0] == copies[1] == copies[2]
+    assert copies[0][5].data == b"b1-2"
+    pm, _ = meta.partition_metadata(0)
+    assert pm.session_id == sid and pm.generation == 1
+    assert pm.replicas == {n.address: pm.replicas[n.address] for n in nodes}
+    assert all(r.session_id == sid and r.closing_high_water_mark == UNRESOLVED for r in pm.replicas.values())
+
+
+def test_a_newer_session_fences_the_old_one(cluster) -> None:
+    meta, _ = cluster
+
+    async def go() -> None:
+        old = await StoreSession.open(meta, 0, generation=1)
+        assert await old.append(batch("old")) == (0, 2)
+        new = await StoreSession.open(meta, 0, generation=2)  # another server took the partition
+        assert new.session_id == old.session_id + 1 and new.high_water_mark == 2
+        with pytest.raises(errors.StoreSessionError, match="fenced"):
+            await old.append(batch("stale"))
+        with pytest.raises(errors.StoreSessionError):
+            old.append(batch("refused"))
+        assert await new.append(batch("new")) == (3, 5)
+        # The old owner cannot even start a session again under its older generation.
+        with pytest.raises(errors.StaleGenerationError):
+            await StoreSession.open(meta, 0, generation=1)
+        await old.close()
+        await new.close()
+
+    asyncio.run(go())
+
+
+def test_one_replica_down_keeps_committing_two_end_the_session(cluster) -> None:
+    meta, nodes = cluster
+
+    async def go() -> None:
+        s = await StoreSession.open(meta, 0, generation=1, timeout=5.0)
+        await s.append(batch("a"))
+        await asyncio.to_thread(stop, nodes[0].proc)
+        assert await s.append(batch("b")) == (3, 5)
+        assert nodes[0].address not in s.replicas_in_write_path
+        await asyncio.to_thread(stop, nodes[1].proc)
+        with pytest.raises(errors.StoreSessionError, match="lost the quorum"):
+            await s.append(batch("c"))
+        with pytest.raises(errors.StoreSessionError):
+            s.append(batch("d"))
+        await s.close()
+
+    asyncio.run(go())
+    # What was acknowledged is on the surviving majority member.
+    assert [r.data for r in read_all(nodes[2], 99)][:6] == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1", b"b-2"]
+
+
+def test_opening_with_a_majority_reachable_and_agreeing(cluster) -> None:
+    meta, nodes = cluster
+
+    async def go() -> None:
+        s = await StoreSession.open(meta, 0, generation=1)
+        await s.append(batch("a"))
+        await s.close()
+        await asyncio.to_thread(stop, nodes[2].proc)
+        s2 = await StoreSession.open(meta, 0, generation=1, timeout=2.0)
+        assert s2.high_water_mark == 2 and sorted(s2.replicas_in_write_path) == sorted(n.address for n in nodes[:2])
+        assert await s2.append(batch("b")) == (3, 5)
+        pm, _ = meta.partition_metadata(0)
+        # The unreachable replica keeps its older state: it is not clean in this session.
+        assert pm.replicas[nodes[2].address].session_id == s.session_id
+        assert pm.replicas[nodes[0].address].session_id == s2.session_id
+        await s2.close()
+
+    asyncio.run(go())
+
+
+def test_replicas_that_disagree_need_the_recovery_vote(cluster) -> None:
+    meta, nodes = cluster
+
+    async def go() -> None:
+        s = await StoreSession.open(meta, 0, generation=1)
+        await s.append(batch("a"))
+        await s.close()
+        # A dirty tail on one replica only (as a server crash mid-write would leave).
+        await asyncio.to_thread(nodes[0].run, lambda c: c.append(0, s.session_id, 3, batch("dirty", 2)))
+        with pytest.raises(errors.RecoveryNeededError, match="max 4"):
+            await StoreSession.open(meta, 0, generation=1)
+
+    asyncio.run(go())
+
+
+def test_too_few_replicas_reachable(cluster) -> None:
+    meta, nodes = cluster
+    for n in nodes[:2]:
+        stop(n.proc)
+
+    async def go() -> None:
+        with pytest.raises(errors.StoreSessionError, match="only 1 of 3 replicas reachable"):
+            await StoreSession.open(meta, 0, generation=1, timeout=2.0)
+
+    asyncio.run(go())
+    pm, _ = meta.partition_metadata(0)
+    assert pm.replicas == {}  # nothing recorded as clean
+
