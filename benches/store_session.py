@@ -1,5 +1,6 @@
-"""The server's write path alone: a store session replicating to 3 storage node daemons on
-loopback, against one node's raw append rate through the same client, in one run.
+"""The server's write path without the network to clients: a store session replicating to 3
+storage node daemons on loopback, against one node's append rate through the same client, in
+one run; then the partition's append path (locks, ids, batching) with concurrent appenders.
 
     python benches/store_session.py [--quick] [--json PATH]
 
@@ -29,6 +30,7 @@ from processes import start, stop, wait_http, write_config  # noqa: E402
 
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
+from waltz.server.partition import AppendRequest, Committed, Partition  # noqa: E402
 from waltz.server.store_session import StoreSession  # noqa: E402
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient  # noqa: E402
 
@@ -78,11 +80,12 @@ def summarise(name: str, committed: int, lat: list[float], seconds: float, cpu: 
 
 
 CONFIGS = ((1, 1), (1, 32), (100, 8))  # (records per batch, batches in flight)
+APPENDERS = (1, 32, 256)  # single-transaction appenders through the Partition (server batching)
 
 
 async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]:
     # Per config: partition 2k replicated on all three nodes, partition 2k+1 on node 0 alone.
-    partitions = 2 * len(CONFIGS)
+    partitions = 2 * len(CONFIGS) + len(APPENDERS)
     store = open_store(f"embedded:{root / 'meta.db'}")
     store.start()
     meta = ClusterMetadata(store, "/waltz/bench")
@@ -98,7 +101,7 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
         ports.append(p)
         address = f"127.0.0.1:{p['port']}"
         meta.add_storage_node(address, p["admin_port"], i)
-        mine = [q for q in range(partitions) if q % 2 == 0 or i == 0]
+        mine = [q for q in range(partitions) if q % 2 == 0 or i == 0 or q >= 2 * len(CONFIGS)]
         for q in mine:
             meta.assign_partition(address, q)
         async with await StorageAdminClient.connect("127.0.0.1", p["admin_port"], cluster_key=info.cluster_key, partition_count=partitions) as a:
@@ -132,6 +135,25 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
             single = summarise(f"one node, batch {b}, {window} in flight", committed, lat, elapsed, cpu)
             rows += [quorum, single]
             ratios[f"tx_per_s_quorum_over_one_node_b{b}_w{window}"] = quorum["tx_per_s"] / single["tx_per_s"]
+        # The partition's append path: lock check, id, batching of concurrent appenders, quorum.
+        payload = os.urandom(1024)
+        for j, n in enumerate(APPENDERS):
+            q = 2 * len(CONFIGS) + j
+            part = Partition(q, 1, await StoreSession.open(meta, q, generation=1))
+            await part.start()
+            seq = iter(range(1 << 40))
+
+            async def submit(_: object, part: Partition = part) -> None:
+                s = next(seq)
+                r = await part.append(AppendRequest(ReqId(1, 1, part.partition_id, s), part.high_water_mark, 0, payload,
+                                                    write_locks=[s % 1000]))
+                assert isinstance(r, Committed), r
+
+            c0, t0 = cpu_seconds(pids), time.perf_counter()
+            committed, lat = await closed_loop(submit, make_batch(1), n, seconds)
+            elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
+            await part.close()
+            rows.append(summarise(f"partition, {n} appenders of single transactions, write locks", committed, lat, elapsed, cpu))
     finally:
         for p in procs:
             stop(p)

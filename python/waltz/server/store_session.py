@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
+from typing import Any
 from waltz import errors
 from waltz._native import RecordBatch
 from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata, PartitionMetadata, ReplicaState
@@ -242,6 +243,46 @@ class StoreSession:
             if not p.future.done():
                 p.future.set_exception(self._failed)
                 p.future.exception()  # a caller that dropped the future has nothing to be warned about
+
+    # -- reading committed transactions ---------------------------------------------------------
+    def _readers(self) -> list[_Replica]:
+        # Every replica of this session holds the same committed prefix; those still in the write
+        # path are the most complete.
+        return sorted(self._replicas, key=lambda r: not r.in_write_path)
+
+    async def read_headers(self, start: int, count: int) -> list[Any]:
+        """Headers of committed transactions from `start` (at most `count`; fewer at the end)."""
+        end = min(start + count - 1, self.high_water_mark)
+        if end < start:
+            return []
+        problems = []
+        for r in self._readers():
+            try:
+                headers = await r.client.record_headers(self.partition, self.session_id, start, end - start + 1)
+            except errors.WaltzError as e:
+                problems.append(f"{r.address}: {e}")
+                continue
+            headers = [h for h in headers if h.txid <= end]
+            if headers:
+                return headers
+            problems.append(f"{r.address}: nothing at {start} yet")
+        raise errors.StoreSessionError(f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})")
+
+    async def read_data(self, txid: int) -> bytes:
+        """The data of committed transaction `txid`."""
+        if not 0 <= txid <= self.high_water_mark:
+            raise errors.InvalidArgumentError(f"partition {self.partition}: transaction {txid} is not committed")
+        problems = []
+        for r in self._readers():
+            try:
+                record = await r.client.record(self.partition, self.session_id, txid)
+            except errors.WaltzError as e:
+                problems.append(f"{r.address}: {e}")
+                continue
+            if record is not None:
+                return bytes(record.data)
+            problems.append(f"{r.address}: absent")
+        raise errors.StoreSessionError(f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})")
 
     async def close(self) -> None:
         if self._failed is None:

@@ -1,0 +1,246 @@
+"""A partition on its server: the append path (generation check, lock check, transaction id,
+batching, the store session) and the feed of committed transactions.
+
+One task takes queued appends in arrival order, checks each one's generation and locks and
+gives it the next transaction id, packs the accepted ones into one batch and hands it to the
+store session without waiting for the commit; up to `max_batches_in_flight` batches are in
+flight. Commits come back strictly in id order: each committed transaction is published to
+the feed, then its appender is answered. The queue and the in-flight batches are bounded, so
+appenders wait (back pressure) instead of growing memory.
+
+The feed keeps the newest `feed_cache_entries` headers in memory; a reader further behind is
+served from the storage nodes in bounded batches. Transaction data is served from a byte-bounded
+cache of recent commits, or read from a replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+from waltz import errors
+from waltz._native import RecordBatch, ReqId
+from waltz.server.lock_table import LockTable
+from waltz.server.store_session import StoreSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendRequest:
+    req_id: ReqId
+    client_high_water_mark: int
+    header: int
+    data: bytes
+    write_locks: Sequence[int] = ()
+    read_locks: Sequence[int] = ()
+    append_locks: Sequence[int] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    transaction_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LockFailed:
+    transaction_id: int
+    """The transaction that made the lock fail (an upper bound when the lock table estimated)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ignored:
+    reason: str
+
+
+AppendResult = Committed | LockFailed | Ignored
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedEntry:
+    transaction_id: int
+    req_id: ReqId
+    header: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Queued:
+    request: AppendRequest
+    future: asyncio.Future[AppendResult]
+
+
+class Partition:
+    """Use `Partition(partition_id, generation, session)`, `await start()`, `append()`, `feed()`."""
+
+    def __init__(
+        self,
+        partition_id: int,
+        generation: int,
+        session: StoreSession,
+        *,
+        max_batch_records: int = 1000,
+        max_batch_bytes: int = 4 << 20,
+        max_batches_in_flight: int = 16,
+        queue_limit: int = 10_000,
+        lock_budget_bytes: int = 8 << 20,
+        feed_cache_entries: int = 100_000,
+        data_cache_bytes: int = 64 << 20,
+    ) -> None:
+        self.partition_id = partition_id
+        self.generation = generation
+        self.session = session
+        self.max_batch_records = max_batch_records
+        self.max_batch_bytes = max_batch_bytes
+        self.high_water_mark = session.high_water_mark
+        self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
+        self._next = session.high_water_mark + 1
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue(queue_limit)
+        self._in_flight = asyncio.Semaphore(max_batches_in_flight)
+        self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=feed_cache_entries)
+        self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._data_bytes = 0
+        self._data_budget = data_cache_bytes
+        self._committed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.stats = collections.Counter[str]()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._append_loop(), name=f"waltz-partition-{self.partition_id}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while not self._queue.empty():
+            q = self._queue.get_nowait()
+            if not q.future.done():
+                q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id} closed before this append was written"))
+        await self.session.close()
+
+    # -- appending -------------------------------------------------------------------------
+    async def append(self, request: AppendRequest) -> AppendResult:
+        """Waits for room in the queue, then for the outcome: Committed, LockFailed, Ignored (a
+        stale generation), or `StoreSessionError` (the outcome is unknown)."""
+        failed = self.session.failed
+        if failed is not None:
+            raise failed
+        q = _Queued(request, asyncio.get_running_loop().create_future())
+        await self._queue.put(q)
+        return await q.future
+
+    async def _append_loop(self) -> None:
+        while True:
+            first = await self._queue.get()
+            items = [first]
+            size = len(first.request.data)
+            while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:
+                q = self._queue.get_nowait()
+                items.append(q)
+                size += len(q.request.data)
+            await self._in_flight.acquire()
+            try:
+                self._write(items)
+            except BaseException:
+                self._in_flight.release()
+                raise
+
+    def _write(self, items: list[_Queued]) -> None:
+        batch = RecordBatch()
+        accepted: list[tuple[_Queued, int]] = []
+        for q in items:
+            r = q.request
+            if r.req_id.generation != self.generation:
+                self.stats["ignored"] += 1
+                q.future.set_result(Ignored(f"generation {r.req_id.generation} is not the partition's {self.generation}"))
+                continue
+            txid = self._next + len(accepted)
+            failure = self.locks.check_and_update(r.client_high_water_mark, txid, r.write_locks, r.read_locks, r.append_locks)
+            if failure is not None:
+                self.stats["lock_failures"] += 1
+                q.future.set_result(LockFailed(failure.transaction_id))
+                continue
+            batch.add(r.req_id, r.header, r.data)
+            accepted.append((q, txid))
+        if not accepted:
+            self._in_flight.release()
+            return
+        try:
+            committed = self.session.append(batch)
+        except errors.StoreSessionError as e:
+            self._in_flight.release()
+            for q, _ in accepted:
+                q.future.set_exception(e)
+            return
+        self._next += len(accepted)
+        self.stats["appended"] += len(accepted)
+        committed.add_done_callback(lambda f: self._on_commit(f, accepted))
+
+    def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]]) -> None:
+        self._in_flight.release()
+        exc = f.exception()
+        if exc is not None:
+            for q, _ in accepted:
+                if not q.future.done():
+                    q.future.set_exception(exc)
+            return
+        first, last = f.result()
+        # Invariant kept on in production: commits arrive in id order, with the ids we assigned.
+        assert first == self.high_water_mark + 1 == accepted[0][1] and last == accepted[-1][1], (first, last, self.high_water_mark)
+        for q, txid in accepted:
+            r = q.request
+            self._feed.append(FeedEntry(txid, r.req_id, r.header))
+            self._cache_data(txid, r.data)
+        self.high_water_mark = last
+        self.stats["committed"] += len(accepted)
+        for q, txid in accepted:
+            if not q.future.done():
+                q.future.set_result(Committed(txid))
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._committed:
+            self._committed.notify_all()
+
+    def _cache_data(self, txid: int, data: bytes) -> None:
+        self._data[txid] = data
+        self._data_bytes += len(data)
+        while self._data_bytes > self._data_budget and self._data:
+            _, old = self._data.popitem(last=False)
+            self._data_bytes -= len(old)
+
+    # -- reading ---------------------------------------------------------------------------
+    async def feed(self, after: int, max_entries: int = 1000) -> AsyncIterator[list[FeedEntry]]:
+        """Committed transactions with ids above `after`, in order, in lists of at most
+        `max_entries`, forever (waits for new commits)."""
+        nxt = after + 1
+        while True:
+            cached_from = self._feed[0].transaction_id if self._feed else self.high_water_mark + 1
+            if nxt < cached_from:
+                entries = await self._read_headers(nxt, min(max_entries, cached_from - nxt))
+            elif nxt <= self.high_water_mark:
+                start = nxt - cached_from
+                entries = [self._feed[i] for i in range(start, min(start + max_entries, len(self._feed)))]
+            else:
+                async with self._committed:
+                    await self._committed.wait_for(lambda: self.high_water_mark >= nxt or self.session.failed is not None)
+                if self.session.failed is not None and self.high_water_mark < nxt:
+                    raise self.session.failed
+                continue
+            if entries:
+                yield entries
+                nxt = entries[-1].transaction_id + 1
+
+    async def _read_headers(self, start: int, count: int) -> list[FeedEntry]:
+        headers = await self.session.read_headers(start, count)
+        return [FeedEntry(h.txid, h.req_id, h.header) for h in headers]
+
+    async def transaction_data(self, txid: int) -> bytes:
+        if not 0 <= txid <= self.high_water_mark:
+            raise errors.InvalidArgumentError(f"partition {self.partition_id} has no committed transaction {txid}")
+        data = self._data.get(txid)
+        if data is not None:
+            return data
+        return await self.session.read_data(txid)

@@ -1,0 +1,174 @@
+"""The server's partition (append path, locks, feed) over a real store session on three real
+storage nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from waltz.server.lock_table import lock_hash
+from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, Partition
+from waltz.server.store_session import StoreSession
+from waltz.storage import ReqId
+
+from test_store_session import cluster  # noqa: F401  (fixture)
+
+GEN = 1
+ACCOUNT = [lock_hash("account", i) for i in range(10)]
+CUSTOMER = lock_hash("customer", 1)
+
+
+def req(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, **locks: Any) -> AppendRequest:
+    return AppendRequest(ReqId(client, gen, 0, seq), hwm, seq, data, **locks)
+
+
+def run(meta: Any, body: Callable[[Partition], Awaitable[None]], **kw: Any) -> None:
+    async def go() -> None:
+        session = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, session, **kw)
+        await p.start()
+        try:
+            await body(p)
+        finally:
+            await p.close()
+
+    asyncio.run(go())
+
+
+def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        # Write/write at the same high-water mark, submitted together: exactly one wins and the
+        # loser learns the winner's id.
+        a, b = await asyncio.gather(p.append(req(1, 1, -1, write_locks=[ACCOUNT[0]])), p.append(req(2, 1, -1, write_locks=[ACCOUNT[0]])))
+        assert isinstance(a, Committed) and b == LockFailed(a.transaction_id)
+        # Read/read both succeed.
+        r1, r2 = await asyncio.gather(p.append(req(1, 2, 0, read_locks=[ACCOUNT[1]])), p.append(req(2, 2, 0, read_locks=[ACCOUNT[1]])))
+        assert isinstance(r1, Committed) and isinstance(r2, Committed)
+        # Write then read (reader computed before the write): the read fails.
+        w = await p.append(req(1, 3, p.high_water_mark, write_locks=[ACCOUNT[2]]))
+        assert isinstance(w, Committed)
+        assert await p.append(req(2, 3, w.transaction_id - 1, read_locks=[ACCOUNT[2]])) == LockFailed(w.transaction_id)
+        # Read then write: both succeed.
+        hwm = p.high_water_mark
+        assert isinstance(await p.append(req(1, 4, hwm, read_locks=[ACCOUNT[3]])), Committed)
+        assert isinstance(await p.append(req(2, 4, hwm, write_locks=[ACCOUNT[3]])), Committed)
+        # Children written concurrently under an append lock on the parent; a whole-parent reader
+        # computed before them fails.
+        hwm = p.high_water_mark
+        c1, c2 = await asyncio.gather(
+            p.append(req(1, 5, hwm, write_locks=[ACCOUNT[4]], append_locks=[CUSTOMER])),
+            p.append(req(2, 5, hwm, write_locks=[ACCOUNT[5]], append_locks=[CUSTOMER])),
+        )
+        assert isinstance(c1, Committed) and isinstance(c2, Committed)
+        assert isinstance(await p.append(req(3, 1, hwm, read_locks=[CUSTOMER])), LockFailed)
+        # Several locks: one conflicting lock fails the whole transaction.
+        hwm = p.high_water_mark
+        assert isinstance(await p.append(req(1, 6, hwm - 1, write_locks=[ACCOUNT[6], ACCOUNT[5]])), LockFailed)
+        assert isinstance(await p.append(req(1, 7, hwm, write_locks=[ACCOUNT[6], ACCOUNT[5]])), Committed)
+        assert p.stats["lock_failures"] == 4
+
+    run(meta, body)
+
+
+def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
+    meta, nodes = cluster
+
+    async def body(p: Partition) -> None:
+        assert isinstance(await p.append(req(1, 1, -1, b"good")), Committed)
+        assert await p.append(req(1, 2, -1, b"stale", gen=GEN - 1)) == Ignored(f"generation {GEN - 1} is not the partition's {GEN}")
+        assert isinstance(await p.append(req(1, 3, -1, b"good2")), Committed)
+        assert p.high_water_mark == 1
+
+    run(meta, body)
+
+    async def read(c: Any) -> list[bytes]:
+        return [bytes(r.data) for r in await c.records(0, 50, 0, 10)]
+
+    assert nodes[0].run(read) == [b"good", b"good2"]
+
+
+def test_feed_order_equals_commit_order_for_every_reader(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        rng = random.Random(5)
+        results: dict[tuple[int, int], Any] = {}
+
+        async def client(cid: int) -> None:
+            for seq in range(60):
+                lock = ACCOUNT[rng.randrange(len(ACCOUNT))]
+                results[(cid, seq)] = await p.append(req(cid, seq, p.high_water_mark, f"{cid}:{seq}".encode(), write_locks=[lock]))
+
+        async def reader(after: int, n: int) -> list[Any]:
+            got: list[Any] = []
+            async for entries in p.feed(after, max_entries=7):
+                got.extend(entries)
+                if len(got) >= n:
+                    return got
+            return got
+
+        await asyncio.gather(*(client(c) for c in range(8)))
+        committed = {r.transaction_id: k for k, r in results.items() if isinstance(r, Committed)}
+        assert sorted(committed) == list(range(len(committed)))  # dense ids
+        for after in (-1, 10):
+            feed = await reader(after, len(committed) - after - 1)
+            assert [e.transaction_id for e in feed] == list(range(after + 1, len(committed)))
+            assert all((e.req_id.client_id, e.req_id.sequence) == committed[e.transaction_id] for e in feed)
+        for txid in (0, len(committed) - 1):
+            cid, seq = committed[txid]
+            assert await p.transaction_data(txid) == f"{cid}:{seq}".encode()
+
+    run(meta, body)
+
+
+def test_readers_behind_the_cache_catch_up_from_storage(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        for i in range(50):
+            await p.append(req(1, i, p.high_water_mark, b"d%d" % i))
+        assert p.high_water_mark == 49
+        entries: list[Any] = []
+        async for batch in p.feed(-1, max_entries=8):
+            entries.extend(batch)
+            if len(entries) >= 50:
+                break
+        assert [e.transaction_id for e in entries] == list(range(50))
+        assert await p.transaction_data(3) == b"d3"  # evicted from the 64-byte data cache: read from a replica
+
+        async def late() -> list[Any]:
+            async for batch in p.feed(49):
+                return batch
+            return []
+
+        waiting = asyncio.ensure_future(late())
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await p.append(req(1, 99, p.high_water_mark, b"new"))
+        assert [e.transaction_id for e in await asyncio.wait_for(waiting, 10)] == [50]
+
+    run(meta, body, feed_cache_entries=10, data_cache_bytes=64)
+
+
+def test_queue_limit_makes_appenders_wait(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        # Hold the append loop: four appends fill the queue, the next ones wait to get in.
+        assert p._task is not None
+        p._task.cancel()
+        await asyncio.gather(p._task, return_exceptions=True)
+        waiting = [asyncio.ensure_future(p.append(req(1, i, -1, b"q"))) for i in range(6)]
+        await asyncio.sleep(0.2)
+        assert p._queue.full() and p._queue.qsize() == 4 and not any(w.done() for w in waiting)
+        await p.start()
+        results = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+        assert sorted(r.transaction_id for r in results if isinstance(r, Committed)) == list(range(6))
+
+    run(meta, body, queue_limit=4, max_batch_records=3, max_batches_in_flight=2)
