@@ -1070,6 +1070,57 @@ mod python {
         PyRecord::new(py, Record { txid: r.txid, req_id: r.req_id, header: r.header, data: r.data })
     }
 
+    /// One frame of the shared framing (docs/protocol.md) around `payload`.
+    #[pyfunction]
+    fn encode_frame<'py>(py: Python<'py>, magic: u16, msg_type: u8, payload: &[u8]) -> Bound<'py, PyBytes> {
+        let mut out = Vec::with_capacity(payload.len() + crate::protocol::FRAME_OVERHEAD);
+        crate::protocol::encode_frame(&mut out, magic, msg_type, |o| o.extend_from_slice(payload));
+        PyBytes::new(py, &out)
+    }
+
+    /// Splits a byte stream into frames of one protocol (magic), checking length bounds, magic,
+    /// version and CRC; the payloads are parsed by the caller (the client protocol's codec).
+    #[pyclass(name = "FrameReader", module = "waltz._native")]
+    pub struct PyFrameReader {
+        buf: Vec<u8>,
+        start: usize,
+        magic: u16,
+        max_frame: usize,
+    }
+
+    #[pymethods]
+    impl PyFrameReader {
+        #[new]
+        #[pyo3(signature = (magic, max_frame=crate::protocol::DEFAULT_MAX_FRAME))]
+        fn new(magic: u16, max_frame: usize) -> Self {
+            PyFrameReader { buf: Vec::new(), start: 0, magic, max_frame }
+        }
+        fn feed(&mut self, data: &[u8]) {
+            if self.start > 0 && self.start * 2 > self.buf.len() {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            self.buf.extend_from_slice(data);
+        }
+        /// (message type, payload) of the next whole frame, or None until more bytes arrive.
+        /// Raises ProtocolError; the connection is then unusable.
+        fn next_frame<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(u8, Bound<'py, PyBytes>)>> {
+            match split_frame(&self.buf[self.start..], self.magic, self.max_frame) {
+                Ok(Some(f)) => {
+                    let out = (f.msg_type, PyBytes::new(py, f.payload));
+                    self.start += f.size;
+                    Ok(Some(out))
+                }
+                Ok(None) => Ok(None),
+                Err(e) => Err(ProtocolError::new_err(e.to_string())),
+            }
+        }
+        /// Bytes received but not yet returned as frames.
+        fn buffered(&self) -> usize {
+            self.buf.len() - self.start
+        }
+    }
+
     /// Splits a byte stream from a storage node into decoded responses. Each response is a tuple
     /// (kind, seq, session_id, partition_id, value); see docs/protocol.md for the kinds.
     #[pyclass(name = "ResponseReader", module = "waltz._native")]
@@ -1297,6 +1348,8 @@ mod python {
         m.add_function(wrap_pyfunction!(encode_append, m)?)?;
         m.add_function(wrap_pyfunction!(encode_admin_request, m)?)?;
         m.add_function(wrap_pyfunction!(encode_admin_append, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
+        m.add_class::<PyFrameReader>()?;
         m.add_function(wrap_pyfunction!(inspect_control, m)?)?;
         m.add_function(wrap_pyfunction!(inspect_segment, m)?)?;
         m.add_class::<PyResponseReader>()?;

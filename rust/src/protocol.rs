@@ -9,6 +9,7 @@ use crate::record::{crc32, Record, RecordHeader, ReqId};
 
 pub const MAGIC_STORAGE: u16 = 0x5753; // "WS"
 pub const MAGIC_ADMIN: u16 = 0x5741; // "WA"
+pub const MAGIC_CLIENT: u16 = 0x5743; // "WC": client <-> server; its payloads are built in Python
 pub const VERSION: u8 = 1;
 /// length + magic + version + type + crc
 pub const FRAME_OVERHEAD: usize = 4 + 2 + 1 + 1 + 4;

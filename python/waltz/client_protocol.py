@@ -1,0 +1,436 @@
+"""The client protocol (client ↔ server), shared by both sides: message payloads here, the
+framing (length, magic "WC", version, type, CRC) in the native codec. Byte layouts are in
+docs/protocol.md. Decoding is strict: short fields, trailing bytes, counts that cannot fit in the
+frame and data whose CRC fails raise `ProtocolError`, and the connection is closed."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import ClassVar
+
+from waltz._native import FrameReader, ProtocolError, encode_frame
+
+MAGIC = 0x5743  # "WC"
+VERSION = 1
+
+ReqIdTuple = tuple[int, int, int, int]
+"""(client id, generation, partition id, sequence)."""
+
+_I32, _I64, _U32, _U8 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">I"), struct.Struct(">B")
+_REQ = struct.Struct(">iiii")
+_ENTRY = struct.Struct(">qiiiii")  # transaction id, ReqId, header
+
+
+class MountStatus(enum.IntEnum):
+    READY = 0
+    """The feed has delivered everything committed up to the moment of the mount."""
+    NOT_READY = 1
+    """The partition is not served here (moved, or not open yet): find its server again."""
+    CLIENT_AHEAD = 2
+    """The client claims a higher high-water mark than the partition has: a configuration error
+    (wrong cluster, restored database) that must not be papered over."""
+
+
+class FailureKind(enum.IntEnum):
+    INTERNAL = 1
+    BAD_REQUEST = 2
+    PARTITION_NOT_HERE = 3
+    NOT_COMMITTED = 4
+    STORE_UNAVAILABLE = 5
+
+
+class _Reader:
+    def __init__(self, payload: bytes, what: str) -> None:
+        self.b, self.i, self.what = memoryview(payload), 0, what
+
+    def _take(self, s: struct.Struct, field: str) -> int:
+        if self.i + s.size > len(self.b):
+            raise ProtocolError(f"{self.what}: payload ends inside {field}")
+        (v,) = s.unpack_from(self.b, self.i)
+        self.i += s.size
+        return int(v)
+
+    def i32(self, field: str) -> int:
+        return self._take(_I32, field)
+
+    def i64(self, field: str) -> int:
+        return self._take(_I64, field)
+
+    def u8(self, field: str) -> int:
+        return self._take(_U8, field)
+
+    def boolean(self, field: str) -> bool:
+        v = self.u8(field)
+        if v > 1:
+            raise ProtocolError(f"{self.what}: {field} is {v}, not a bool")
+        return v == 1
+
+    def req_id(self) -> ReqIdTuple:
+        if self.i + _REQ.size > len(self.b):
+            raise ProtocolError(f"{self.what}: payload ends inside the ReqId")
+        v = _REQ.unpack_from(self.b, self.i)
+        self.i += _REQ.size
+        return (v[0], v[1], v[2], v[3])
+
+    def count(self, field: str, element_size: int) -> int:
+        n = self.i32(field)
+        if n < 0 or n * element_size > len(self.b) - self.i:
+            raise ProtocolError(f"{self.what}: {field} {n} does not fit in the frame")
+        return n
+
+    def raw(self, field: str) -> bytes:
+        n = self.count(f"{field} length", 1)
+        v = bytes(self.b[self.i : self.i + n])
+        self.i += n
+        return v
+
+    def text(self, field: str) -> str:
+        try:
+            return self.raw(field).decode()
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"{self.what}: {field} is not UTF-8") from e
+
+    def locks(self, field: str) -> tuple[int, ...]:
+        n = self.count(field, 8)
+        v = struct.unpack_from(f">{n}q", self.b, self.i)
+        self.i += 8 * n
+        return tuple(v)
+
+    def done(self) -> None:
+        if self.i != len(self.b):
+            raise ProtocolError(f"{self.what}: {len(self.b) - self.i} trailing bytes")
+
+
+def _raw(b: bytes) -> bytes:
+    return _I32.pack(len(b)) + b
+
+
+def _locks(v: Sequence[int]) -> bytes:
+    return _I32.pack(len(v)) + struct.pack(f">{len(v)}q", *v)
+
+
+class Message:
+    TYPE: ClassVar[int]
+
+    def payload(self) -> bytes:
+        raise NotImplementedError
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Message:
+        raise NotImplementedError
+
+    def frame(self) -> bytes:
+        return encode_frame(MAGIC, self.TYPE, self.payload())
+
+
+@dataclasses.dataclass(frozen=True)
+class Hello(Message):
+    TYPE = 0x01
+    min_version: int = VERSION
+    max_version: int = VERSION
+
+    def payload(self) -> bytes:
+        return bytes([self.min_version, self.max_version])
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Hello:
+        return cls(r.u8("min version"), r.u8("max version"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HelloOk(Message):
+    TYPE = 0x82
+    version: int
+
+    def payload(self) -> bytes:
+        return bytes([self.version])
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HelloOk:
+        return cls(r.u8("version"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mount(Message):
+    TYPE = 0x30
+    seq: int
+    partition: int
+    client_id: int
+    client_high_water_mark: int
+    connection_seq: int
+    """Grows with every new connection of this client: older connections' messages are dropped."""
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiiqq", self.seq, self.partition, self.client_id, self.client_high_water_mark, self.connection_seq)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Mount:
+        return cls(r.i64("seq"), r.i32("partition"), r.i32("client id"), r.i64("client high-water mark"), r.i64("connection seq"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MountResponse(Message):
+    TYPE = 0xB0
+    seq: int
+    partition: int
+    status: MountStatus
+    high_water_mark: int
+    generation: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiBqi", self.seq, self.partition, int(self.status), self.high_water_mark, self.generation)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> MountResponse:
+        seq, partition, status = r.i64("seq"), r.i32("partition"), r.u8("status")
+        if status not in MountStatus._value2member_map_:
+            raise ProtocolError(f"mount response: unknown status {status}")
+        return cls(seq, partition, MountStatus(status), r.i64("high-water mark"), r.i32("generation"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Append(Message):
+    TYPE = 0x31
+    req_id: ReqIdTuple
+    client_high_water_mark: int
+    header: int
+    data: bytes
+    write_locks: tuple[int, ...] = ()
+    read_locks: tuple[int, ...] = ()
+    append_locks: tuple[int, ...] = ()
+
+    def payload(self) -> bytes:
+        return b"".join((
+            _REQ.pack(*self.req_id), _I64.pack(self.client_high_water_mark),
+            _locks(self.write_locks), _locks(self.read_locks), _locks(self.append_locks),
+            _I32.pack(self.header), _raw(self.data), _U32.pack(zlib.crc32(self.data)),
+        ))
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Append:
+        req, hwm = r.req_id(), r.i64("client high-water mark")
+        w, rd, a = r.locks("write lock count"), r.locks("read lock count"), r.locks("append lock count")
+        header, data = r.i32("header"), r.raw("data")
+        crc = r._take(_U32, "data checksum")
+        if zlib.crc32(data) != crc:
+            raise ProtocolError(f"append {req}: data checksum mismatch")
+        return cls(req, hwm, header, data, w, rd, a)
+
+
+@dataclasses.dataclass(frozen=True)
+class LockFailure(Message):
+    TYPE = 0xB1
+    req_id: ReqIdTuple
+    transaction_id: int
+    """The transaction that made the lock fail."""
+
+    def payload(self) -> bytes:
+        return _REQ.pack(*self.req_id) + _I64.pack(self.transaction_id)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> LockFailure:
+        return cls(r.req_id(), r.i64("transaction id"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedRequest(Message):
+    TYPE = 0x32
+    seq: int
+    partition: int
+    after: int
+    max_count: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiqi", self.seq, self.partition, self.after, self.max_count)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> FeedRequest:
+        return cls(r.i64("seq"), r.i32("partition"), r.i64("after"), r.i32("max count"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedEntry:
+    transaction_id: int
+    req_id: ReqIdTuple
+    header: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedData(Message):
+    """Committed transactions of one partition, in id order (pushed after a Mount, or the answer
+    to a FeedRequest with its seq; -1 when pushed)."""
+
+    TYPE = 0xB2
+    seq: int
+    partition: int
+    entries: tuple[FeedEntry, ...]
+
+    def payload(self) -> bytes:
+        out = bytearray(struct.pack(">qii", self.seq, self.partition, len(self.entries)))
+        base = len(out)
+        out.extend(bytes(_ENTRY.size * len(self.entries)))
+        for i, e in enumerate(self.entries):
+            _ENTRY.pack_into(out, base + i * _ENTRY.size, e.transaction_id, *e.req_id, e.header)
+        return bytes(out)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> FeedData:
+        seq, partition = r.i64("seq"), r.i32("partition")
+        n = r.count("entry count", _ENTRY.size)
+        entries = []
+        for _ in range(n):
+            t, c, g, p, s, h = _ENTRY.unpack_from(r.b, r.i)
+            r.i += _ENTRY.size
+            entries.append(FeedEntry(t, (c, g, p, s), h))
+        return cls(seq, partition, tuple(entries))
+
+
+@dataclasses.dataclass(frozen=True)
+class Flush(Message):
+    TYPE = 0x33
+    seq: int
+    partition: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qi", self.seq, self.partition)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Flush:
+        return cls(r.i64("seq"), r.i32("partition"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushResponse(Message):
+    """Every append sent on this connection before the Flush has been resolved (committed,
+    failed on a lock, or ignored); the partition's high-water mark then."""
+
+    TYPE = 0xB3
+    seq: int
+    partition: int
+    high_water_mark: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiq", self.seq, self.partition, self.high_water_mark)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> FlushResponse:
+        return cls(r.i64("seq"), r.i32("partition"), r.i64("high-water mark"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransactionDataRequest(Message):
+    TYPE = 0x34
+    seq: int
+    partition: int
+    transaction_id: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiq", self.seq, self.partition, self.transaction_id)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TransactionDataRequest:
+        return cls(r.i64("seq"), r.i32("partition"), r.i64("transaction id"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransactionDataResponse(Message):
+    TYPE = 0xB4
+    seq: int
+    partition: int
+    transaction_id: int
+    data: bytes
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiq", self.seq, self.partition, self.transaction_id) + _raw(self.data) + _U32.pack(zlib.crc32(self.data))
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TransactionDataResponse:
+        seq, partition, txid, data = r.i64("seq"), r.i32("partition"), r.i64("transaction id"), r.raw("data")
+        if zlib.crc32(data) != r._take(_U32, "data checksum"):
+            raise ProtocolError(f"transaction {txid} data: checksum mismatch")
+        return cls(seq, partition, txid, data)
+
+
+@dataclasses.dataclass(frozen=True)
+class HighWaterMarkRequest(Message):
+    TYPE = 0x35
+    seq: int
+    partition: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qi", self.seq, self.partition)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HighWaterMarkRequest:
+        return cls(r.i64("seq"), r.i32("partition"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HighWaterMarkResponse(Message):
+    TYPE = 0xB5
+    seq: int
+    partition: int
+    high_water_mark: int
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiq", self.seq, self.partition, self.high_water_mark)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> HighWaterMarkResponse:
+        return cls(r.i64("seq"), r.i32("partition"), r.i64("high-water mark"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure(Message):
+    TYPE = 0x81
+    seq: int
+    partition: int
+    kind: FailureKind
+    message: str
+
+    def payload(self) -> bytes:
+        return struct.pack(">qiH", self.seq, self.partition, int(self.kind)) + _raw(self.message.encode())
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Failure:
+        seq, partition = r.i64("seq"), r.i32("partition")
+        kind = r._take(struct.Struct(">H"), "kind")
+        known = FailureKind(kind) if kind in FailureKind._value2member_map_ else FailureKind.INTERNAL
+        return cls(seq, partition, known, r.text("message"))
+
+
+MESSAGES: dict[int, type[Message]] = {
+    m.TYPE: m
+    for m in (Hello, HelloOk, Mount, MountResponse, Append, LockFailure, FeedRequest, FeedData, Flush, FlushResponse,
+              TransactionDataRequest, TransactionDataResponse, HighWaterMarkRequest, HighWaterMarkResponse, Failure)
+}
+
+
+def decode(msg_type: int, payload: bytes) -> Message:
+    cls = MESSAGES.get(msg_type)
+    if cls is None:
+        raise ProtocolError(f"unknown client-protocol message type 0x{msg_type:02x}")
+    r = _Reader(payload, cls.__name__)
+    msg = cls.parse(r)
+    r.done()
+    return msg
+
+
+class MessageReader:
+    """Bytes in, decoded messages out (`FrameReader` for the framing, then `decode`)."""
+
+    def __init__(self, max_frame: int = 64 << 20) -> None:
+        self._frames = FrameReader(MAGIC, max_frame)
+
+    def feed(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def next_message(self) -> Message | None:
+        frame = self._frames.next_frame()
+        if frame is None:
+            return None
+        return decode(*frame)

@@ -1,0 +1,96 @@
+"""The client protocol's codec: every message round-trips through real frames, in any split of
+the byte stream; malformed payloads and frames are refused with ProtocolError."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from waltz import client_protocol as cp
+from waltz.errors import ProtocolError
+
+i32 = st.integers(-(2**31), 2**31 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+req = st.tuples(i32, i32, i32, i32)
+locks = st.lists(i64, max_size=5).map(tuple)
+
+messages = st.one_of(
+    st.builds(cp.Hello, st.integers(0, 255), st.integers(0, 255)),
+    st.builds(cp.HelloOk, st.integers(0, 255)),
+    st.builds(cp.Mount, i64, i32, i32, i64, i64),
+    st.builds(cp.MountResponse, i64, i32, st.sampled_from(cp.MountStatus), i64, i32),
+    st.builds(cp.Append, req, i64, i32, st.binary(max_size=300), locks, locks, locks),
+    st.builds(cp.LockFailure, req, i64),
+    st.builds(cp.FeedRequest, i64, i32, i64, i32),
+    st.builds(cp.FeedData, i64, i32, st.lists(st.builds(cp.FeedEntry, i64, req, i32), max_size=20).map(tuple)),
+    st.builds(cp.Flush, i64, i32),
+    st.builds(cp.FlushResponse, i64, i32, i64),
+    st.builds(cp.TransactionDataRequest, i64, i32, i64),
+    st.builds(cp.TransactionDataResponse, i64, i32, i64, st.binary(max_size=300)),
+    st.builds(cp.HighWaterMarkRequest, i64, i32),
+    st.builds(cp.HighWaterMarkResponse, i64, i32, i64),
+    st.builds(cp.Failure, i64, i32, st.sampled_from(cp.FailureKind), st.text(max_size=50)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(msgs=st.lists(messages, min_size=1, max_size=6), cut=st.integers(1, 64))
+def test_round_trip_in_any_split(msgs, cut) -> None:
+    stream = b"".join(m.frame() for m in msgs)
+    reader = cp.MessageReader()
+    out = []
+    for i in range(0, len(stream), cut):
+        reader.feed(stream[i : i + cut])
+        while (m := reader.next_message()) is not None:
+            out.append(m)
+    assert out == msgs
+
+
+def test_every_message_type_is_distinct() -> None:
+    assert len(cp.MESSAGES) == 15 and all(t == m.TYPE for t, m in cp.MESSAGES.items())
+
+
+def payload_of(m: cp.Message) -> bytes:
+    return m.payload()
+
+
+def test_malformed_payloads_are_refused() -> None:
+    good = cp.Append((1, 2, 3, 4), 9, 7, b"data", (1,), (), (2, 3))
+    p = payload_of(good)
+    with pytest.raises(ProtocolError, match="ends inside"):
+        cp.decode(cp.Append.TYPE, p[:-1])
+    with pytest.raises(ProtocolError, match="trailing"):
+        cp.decode(cp.Append.TYPE, p + b"\x00")
+    bad_crc = p[:-4] + struct.pack(">I", zlib.crc32(b"data") ^ 1)
+    with pytest.raises(ProtocolError, match="checksum"):
+        cp.decode(cp.Append.TYPE, bad_crc)
+    huge = struct.pack(">iiii", 1, 2, 3, 4) + struct.pack(">q", 0) + struct.pack(">i", 1 << 30)
+    with pytest.raises(ProtocolError, match="does not fit"):
+        cp.decode(cp.Append.TYPE, huge)
+    with pytest.raises(ProtocolError, match="unknown client-protocol message type"):
+        cp.decode(0x7F, b"")
+    with pytest.raises(ProtocolError, match="unknown status"):
+        cp.decode(cp.MountResponse.TYPE, struct.pack(">qiBqi", 1, 0, 9, 0, 0))
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        cp.decode(cp.Failure.TYPE, struct.pack(">qiH", 0, 0, 1) + struct.pack(">i", 2) + b"\xff\xfe")
+
+
+def test_bad_frames_are_refused() -> None:
+    frame = bytearray(cp.Flush(1, 2).frame())
+    frame[-1] ^= 1
+    r = cp.MessageReader()
+    r.feed(bytes(frame))
+    with pytest.raises(ProtocolError, match="CRC|checksum"):
+        r.next_message()
+    r = cp.MessageReader(max_frame=64)
+    r.feed(struct.pack(">I", 1 << 20))
+    with pytest.raises(ProtocolError, match="large|maximum|exceeds"):
+        r.next_message()
+    r = cp.MessageReader()
+    r.feed(cp.encode_frame(0x5753, cp.Flush.TYPE, cp.Flush(1, 2).payload()))  # a storage-protocol magic
+    with pytest.raises(ProtocolError, match="magic"):
+        r.next_message()
