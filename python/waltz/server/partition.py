@@ -124,12 +124,17 @@ class Partition:
     async def append(self, request: AppendRequest) -> AppendResult:
         """Waits for room in the queue, then for the outcome: Committed, LockFailed, Ignored (a
         stale generation), or `StoreSessionError` (the outcome is unknown)."""
+        return await (await self.enqueue(request))
+
+    async def enqueue(self, request: AppendRequest) -> asyncio.Future[AppendResult]:
+        """Waits for room in the queue (back pressure: a connection stops reading meanwhile) and
+        returns the future of the outcome. Requests are appended in the order they are queued."""
         failed = self.session.failed
         if failed is not None:
             raise failed
         q = _Queued(request, asyncio.get_running_loop().create_future())
         await self._queue.put(q)
-        return await q.future
+        return q.future
 
     async def _append_loop(self) -> None:
         while True:

@@ -1,0 +1,241 @@
+"""One client connection to the server: the client protocol over the partitions this server
+holds (`Partitions`).
+
+Appends are queued into their partition in arrival order, and the connection stops reading
+while a partition's queue is full (back pressure reaches the client's socket). A Mount starts a
+feed task for that partition: it streams committed transactions after the client's high-water
+mark and sends READY once it has delivered everything committed at the moment of the mount.
+Feed frames for the same range are encoded once and shared by every connection. Anything from a
+connection older than the client's newest Mount of a partition is dropped, as are appends of
+another generation (by the partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz._native import ReqId
+from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, Partition
+
+log = logging.getLogger(__name__)
+
+FEED_BATCH = 1000
+
+
+class Partitions:
+    """The partitions this server serves now, the newest connection seq of each client's mounts,
+    and the shared cache of encoded feed frames."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Partition] = {}
+        self.newest_mount: dict[tuple[int, int], int] = {}
+        self._frames: collections.OrderedDict[tuple[int, int, int, int], bytes] = collections.OrderedDict()
+
+    def feed_frame(self, partition: Partition, entries: list[FeedEntry]) -> bytes:
+        key = (partition.partition_id, partition.generation, entries[0].transaction_id, entries[-1].transaction_id)
+        frame = self._frames.get(key)
+        if frame is None:
+            msg = cp.FeedData(-1, partition.partition_id, tuple(
+                cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in entries
+            ))
+            frame = msg.frame()
+            self._frames[key] = frame
+            while len(self._frames) > 256:
+                self._frames.popitem(last=False)
+        return frame
+
+
+class ClientConnection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, partitions: Partitions) -> None:
+        self.reader, self.writer, self.partitions = reader, writer, partitions
+        self.peer = writer.get_extra_info("peername")
+        self._messages = cp.MessageReader()
+        self._mounts: dict[int, tuple[int, int]] = {}  # partition -> (client id, connection seq)
+        self._feeds: dict[int, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._appends: dict[int, list[asyncio.Future[AppendResult]]] = collections.defaultdict(list)
+        self._write_lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        why = "closed by the client"
+        try:
+            if not await self._handshake():
+                return
+            while True:
+                msg = self._messages.next_message()
+                if msg is None:
+                    data = await self.reader.read(1 << 20)
+                    if not data:
+                        break
+                    self._messages.feed(data)
+                    continue
+                await self._dispatch(msg)
+        except errors.ProtocolError as e:
+            why = f"protocol error: {e}"
+            log.warning("closing client connection %s: %s", self.peer, e)
+        except (ConnectionError, OSError) as e:
+            why = str(e)
+        finally:
+            for t in list(self._feeds.values()) + list(self._tasks):
+                t.cancel()
+            self.writer.close()
+            log.debug("client connection %s ended: %s", self.peer, why)
+
+    async def _handshake(self) -> bool:
+        while (msg := self._messages.next_message()) is None:
+            data = await self.reader.read(65536)
+            if not data:
+                return False
+            self._messages.feed(data)
+        if not isinstance(msg, cp.Hello) or not msg.min_version <= cp.VERSION <= msg.max_version:
+            raise errors.ProtocolError(f"the first frame must be a Hello this server speaks, not {msg}")
+        await self._send(cp.HelloOk(cp.VERSION).frame())
+        return True
+
+    async def _send(self, frame: bytes) -> None:
+        async with self._write_lock:
+            self.writer.write(frame)
+            await self.writer.drain()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stale(self, partition: int) -> bool:
+        """True when this connection's mount of the partition is older than the client's newest."""
+        mount = self._mounts.get(partition)
+        return mount is not None and self.partitions.newest_mount.get((mount[0], partition), mount[1]) > mount[1]
+
+    async def _dispatch(self, msg: cp.Message) -> None:
+        if isinstance(msg, cp.Append):
+            await self._append(msg)
+        elif isinstance(msg, cp.Mount):
+            await self._mount(msg)
+        elif isinstance(msg, cp.Flush):
+            self._spawn(self._flush(msg))
+        elif isinstance(msg, cp.HighWaterMarkRequest):
+            p = self.partitions.by_id.get(msg.partition)
+            if p is None:
+                await self._not_here(msg.seq, msg.partition)
+            else:
+                await self._send(cp.HighWaterMarkResponse(msg.seq, msg.partition, p.high_water_mark).frame())
+        elif isinstance(msg, cp.TransactionDataRequest):
+            self._spawn(self._data(msg))
+        elif isinstance(msg, cp.FeedRequest):
+            self._spawn(self._feed_request(msg))
+        else:
+            raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
+
+    async def _not_here(self, seq: int, partition: int) -> None:
+        await self._send(cp.Failure(seq, partition, cp.FailureKind.PARTITION_NOT_HERE, f"partition {partition} is not served here").frame())
+
+    # -- appends ---------------------------------------------------------------------------
+    async def _append(self, msg: cp.Append) -> None:
+        partition = msg.req_id[2]
+        if self._stale(partition):
+            return  # a newer connection of this client owns the partition now
+        p = self.partitions.by_id.get(partition)
+        if p is None:
+            await self._not_here(-1, partition)
+            return
+        request = AppendRequest(ReqId(*msg.req_id), msg.client_high_water_mark, msg.header, msg.data,
+                                msg.write_locks, msg.read_locks, msg.append_locks)
+        try:
+            outcome = await p.enqueue(request)  # waits while the partition's queue is full
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(-1, partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+            return
+        pending = self._appends[partition]
+        pending.append(outcome)
+        self._spawn(self._answer(msg, outcome))
+
+    async def _answer(self, msg: cp.Append, outcome: asyncio.Future[AppendResult]) -> None:
+        try:
+            result = await outcome
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {e}").frame())
+            return
+        finally:
+            pending = self._appends[msg.req_id[2]]
+            if outcome in pending:
+                pending.remove(outcome)
+        if isinstance(result, LockFailed):
+            await self._send(cp.LockFailure(msg.req_id, result.transaction_id).frame())
+        # Committed: the client learns it from the feed. Ignored: a stale generation, dropped.
+
+    async def _flush(self, msg: cp.Flush) -> None:
+        waiting = list(self._appends.get(msg.partition, ()))
+        await asyncio.gather(*waiting, return_exceptions=True)
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._not_here(msg.seq, msg.partition)
+        else:
+            await self._send(cp.FlushResponse(msg.seq, msg.partition, p.high_water_mark).frame())
+
+    # -- mounts and feeds ------------------------------------------------------------------
+    async def _mount(self, msg: cp.Mount) -> None:
+        key = (msg.client_id, msg.partition)
+        if self.partitions.newest_mount.get(key, msg.connection_seq) > msg.connection_seq:
+            return  # from a connection the client has already replaced
+        self.partitions.newest_mount[key] = msg.connection_seq
+        self._mounts[msg.partition] = (msg.client_id, msg.connection_seq)
+        old = self._feeds.pop(msg.partition, None)
+        if old is not None:
+            old.cancel()
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._send(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.NOT_READY, -1, -1).frame())
+            return
+        if msg.client_high_water_mark > p.high_water_mark:
+            await self._send(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.CLIENT_AHEAD, p.high_water_mark, p.generation).frame())
+            return
+        self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
+
+    async def _feed(self, mount: cp.Mount, p: Partition) -> None:
+        target = p.high_water_mark  # READY once everything committed at the mount is delivered
+        ready = mount.client_high_water_mark >= target
+        if ready:
+            await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
+        try:
+            async for entries in p.feed(mount.client_high_water_mark, FEED_BATCH):
+                if self._stale(mount.partition) or self.partitions.by_id.get(mount.partition) is not p:
+                    return
+                await self._send(self.partitions.feed_frame(p, entries))
+                if not ready and entries[-1].transaction_id >= target:
+                    ready = True
+                    await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(-1, mount.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+
+    async def _feed_request(self, msg: cp.FeedRequest) -> None:
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._not_here(msg.seq, msg.partition)
+            return
+        entries: list[cp.FeedEntry] = []
+        if msg.after < p.high_water_mark:
+            async for batch in p.feed(msg.after, max(1, min(msg.max_count, FEED_BATCH))):
+                entries = [cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in batch]
+                break
+        await self._send(cp.FeedData(msg.seq, msg.partition, tuple(entries)).frame())
+
+    async def _data(self, msg: cp.TransactionDataRequest) -> None:
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._not_here(msg.seq, msg.partition)
+            return
+        try:
+            data = await p.transaction_data(msg.transaction_id)
+        except errors.InvalidArgumentError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.NOT_COMMITTED, str(e)).frame())
+            return
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+            return
+        await self._send(cp.TransactionDataResponse(msg.seq, msg.partition, msg.transaction_id, data).frame())

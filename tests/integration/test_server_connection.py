@@ -1,0 +1,177 @@
+"""The client protocol served over a real partition (store session on three real storage nodes),
+spoken by a raw protocol client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from waltz import client_protocol as cp
+from waltz.server.connection import ClientConnection, Partitions
+from waltz.server.lock_table import lock_hash
+from waltz.server.partition import AppendRequest, Partition
+from waltz.server.store_session import StoreSession
+from waltz.storage import ReqId
+
+from test_store_session import cluster  # noqa: F401  (fixture)
+
+GEN = 1
+LOCK = lock_hash("account", 1)
+
+
+class RawClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.messages = cp.MessageReader()
+
+    @classmethod
+    async def connect(cls, port: int) -> RawClient:
+        c = cls(*await asyncio.open_connection("127.0.0.1", port))
+        c.send(cp.Hello())
+        assert await c.next() == cp.HelloOk(cp.VERSION)
+        return c
+
+    def send(self, msg: cp.Message) -> None:
+        self.writer.write(msg.frame())
+
+    async def next(self, timeout: float = 10.0) -> cp.Message | None:
+        """The next message, or None when the server closed the connection."""
+        while (m := self.messages.next_message()) is None:
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not data:
+                return None
+            self.messages.feed(data)
+        return m
+
+    async def until(self, pred: Callable[[cp.Message], bool], timeout: float = 10.0) -> list[cp.Message]:
+        got: list[cp.Message] = []
+        while True:
+            m = await self.next(timeout)
+            assert m is not None, f"connection closed; got {got}"
+            got.append(m)
+            if pred(m):
+                return got
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def feed_ids(msgs: list[cp.Message]) -> list[int]:
+    return [e.transaction_id for m in msgs if isinstance(m, cp.FeedData) for e in m.entries]
+
+
+def append(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, **locks: Any) -> cp.Append:
+    return cp.Append((client, gen, 0, seq), hwm, 0, data, **locks)
+
+
+def serve(meta: Any, body: Callable[[int, Partition], Awaitable[None]]) -> None:
+    async def go() -> None:
+        session = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, session)
+        await p.start()
+        parts = Partitions()
+        parts.by_id[0] = p
+        server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, parts).run(), "127.0.0.1", 0)
+        try:
+            await body(server.sockets[0].getsockname()[1], p)
+        finally:
+            server.close()
+            await p.close()
+
+    asyncio.run(go())
+
+
+def test_mount_feed_append_and_lock_failure(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        for i in range(20):
+            await p.append(AppendRequest(ReqId(9, GEN, 0, i), i - 1, 0, b"old"))
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 5, -1, 1))
+        got = await c.until(lambda m: isinstance(m, cp.MountResponse))
+        assert feed_ids(got) == list(range(20))  # everything before READY
+        assert got[-1] == cp.MountResponse(1, 0, cp.MountStatus.READY, 19, GEN)
+
+        c.send(append(5, 1, 19, b"mine", write_locks=(LOCK,)))
+        got = await c.until(lambda m: isinstance(m, cp.FeedData))
+        (entry,) = got[-1].entries  # type: ignore[attr-defined]
+        assert (entry.transaction_id, entry.req_id) == (20, (5, GEN, 0, 1))
+        c.send(append(5, 2, 19, b"conflict", write_locks=(LOCK,)))  # computed before 20
+        got = await c.until(lambda m: isinstance(m, cp.LockFailure))
+        assert got[-1] == cp.LockFailure((5, GEN, 0, 2), 20)
+
+        c.send(cp.TransactionDataRequest(7, 0, 20))
+        got = await c.until(lambda m: isinstance(m, cp.TransactionDataResponse))
+        assert got[-1] == cp.TransactionDataResponse(7, 0, 20, b"mine")
+        c.send(cp.TransactionDataRequest(8, 0, 99))
+        got = await c.until(lambda m: isinstance(m, cp.Failure))
+        assert got[-1].kind == cp.FailureKind.NOT_COMMITTED  # type: ignore[attr-defined]
+        c.send(cp.HighWaterMarkRequest(9, 0))
+        assert (await c.until(lambda m: isinstance(m, cp.HighWaterMarkResponse)))[-1] == cp.HighWaterMarkResponse(9, 0, 20)
+        c.send(cp.FeedRequest(10, 0, 15, 3))
+        got = await c.until(lambda m: isinstance(m, cp.FeedData) and m.seq == 10)
+        assert [e.transaction_id for e in got[-1].entries] == [16, 17, 18]  # type: ignore[attr-defined]
+        c.close()
+
+    serve(meta, body)
+
+
+def test_mount_refusals(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 5, 100, 1))
+        assert await c.next() == cp.MountResponse(1, 0, cp.MountStatus.CLIENT_AHEAD, -1, GEN)
+        c.send(cp.Mount(2, 3, 5, -1, 1))
+        assert await c.next() == cp.MountResponse(2, 3, cp.MountStatus.NOT_READY, -1, -1)
+        c.send(append(5, 1, -1, gen=GEN + 7))  # another generation: ignored, never committed
+        c.send(cp.Flush(3, 0))
+        assert (await c.until(lambda m: isinstance(m, cp.FlushResponse)))[-1] == cp.FlushResponse(3, 0, -1)
+        assert p.high_water_mark == -1
+        c.close()
+
+    serve(meta, body)
+
+
+def test_an_older_connection_of_the_client_is_ignored(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        old = await RawClient.connect(port)
+        old.send(cp.Mount(1, 0, 5, -1, 1))
+        await old.until(lambda m: isinstance(m, cp.MountResponse))
+        new = await RawClient.connect(port)
+        new.send(cp.Mount(1, 0, 5, -1, 2))
+        await new.until(lambda m: isinstance(m, cp.MountResponse))
+        old.send(append(5, 1, -1, b"from the old connection"))
+        new.send(append(5, 2, -1, b"from the new connection"))
+        got = await new.until(lambda m: isinstance(m, cp.FeedData))
+        assert [(e.transaction_id, e.req_id[3]) for m in got if isinstance(m, cp.FeedData) for e in m.entries] == [(0, 2)]
+        new.send(cp.Flush(2, 0))
+        await new.until(lambda m: isinstance(m, cp.FlushResponse))
+        assert p.high_water_mark == 0
+        assert await p.transaction_data(0) == b"from the new connection"
+        old.close()
+        new.close()
+
+    serve(meta, body)
+
+
+def test_a_malformed_frame_closes_only_that_connection(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        good = await RawClient.connect(port)
+        bad = await RawClient.connect(port)
+        frame = bytearray(append(5, 1, -1).frame())
+        frame[-1] ^= 0xFF
+        bad.writer.write(bytes(frame))
+        assert await bad.next() is None  # closed
+        good.send(cp.HighWaterMarkRequest(1, 0))
+        assert await good.next() == cp.HighWaterMarkResponse(1, 0, -1)
+        good.close()
+
+    serve(meta, body)
