@@ -114,17 +114,22 @@ def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
     need(config.logging.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
 
 
-def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
-    path = pathlib.Path(path)
+def _read_toml(path: pathlib.Path, sections: set[str]) -> dict[str, Any]:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: {e}") from None
-    unknown = sorted(set(raw) - {"storage", "node", "logging"})
+    unknown = sorted(set(raw) - sections)
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}")
+    return raw
+
+
+def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
+    path = pathlib.Path(path)
+    raw = _read_toml(path, {"storage", "node", "logging"})
     if "storage" not in raw or "directory" not in raw["storage"]:
         raise ConfigError(f"{path}: [storage] directory is required")
     config = StorageNodeConfig(
@@ -133,4 +138,55 @@ def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
         logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
     )
     _check_ranges(path, config)
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSection:
+    metadata: str
+    cluster: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 55290
+    session_timeout: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSection:
+    queue_limit: int = 10_000
+    max_batch_records: int = 1000
+    max_batch_bytes: int = 4 << 20
+    max_batches_in_flight: int = 16
+    lock_budget_bytes: int = 8 << 20
+    feed_cache_entries: int = 100_000
+    data_cache_bytes: int = 64 << 20
+    storage_timeout: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    server: ServerSection
+    partition: PartitionSection = PartitionSection()
+    logging: LoggingSection = LoggingSection()
+
+
+def load_server_config(path: str | pathlib.Path) -> ServerConfig:
+    path = pathlib.Path(path)
+    raw = _read_toml(path, {"server", "partition", "logging"})
+    if "server" not in raw or "metadata" not in raw["server"]:
+        raise ConfigError(f"{path}: [server] metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
+    config = ServerConfig(
+        server=_section(ServerSection, raw["server"], f"{path} [server]"),
+        partition=_section(PartitionSection, raw.get("partition", {}), f"{path} [partition]"),
+        logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
+    )
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{path}: {what}")
+
+    need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
+    need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")
+    for f in dataclasses.fields(PartitionSection):
+        need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
+    need(config.logging.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
     return config

@@ -48,5 +48,21 @@ def storage(config_path: str) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")
+def server(config_path: str) -> None:
+    """Run a Waltz server until SIGTERM or SIGINT."""
+    from waltz.config import load_server_config
+    from waltz.server.daemon import run as run_server
+
+    try:
+        config = load_server_config(config_path)
+        _setup_logging(config.logging.level, config.logging.json)
+        run_server(config)
+    except (errors.WaltzError, OSError) as e:
+        click.echo(f"waltz-node server: {e}", err=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,152 @@
+"""`waltz-node server`: serves the partitions the cluster manager assigns to this server.
+
+The membership (registration, election, assignment; `waltz.cluster.manager`) calls
+`PartitionHost.deliver` from the metadata store's threads. Stopping a partition is immediate:
+it leaves the registry at once (connections answer NOT_READY / not here) and closes in the
+background. Starting one opens its store session in the background and retries until it opens
+or the partition is taken away; a store session that ends (lost quorum, fenced) is replaced by
+a new one the same way. Until recovery (issue 6) exists, a session opens only where replicas
+agree; otherwise the partition keeps retrying and says why in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from waltz import errors
+from waltz.cluster import open_store
+from waltz.cluster.layout import cluster_root
+from waltz.cluster.manager import ServerMembership
+from waltz.cluster.metadata import ClusterMetadata
+from waltz.config import PartitionSection, ServerConfig
+from waltz.server.connection import ClientConnection, Partitions
+from waltz.server.partition import Partition
+from waltz.server.store_session import StoreSession
+
+log = logging.getLogger("waltz.server")
+
+
+class PartitionHost:
+    """Keeps the served partitions equal to what the membership delivers: one runner task per
+    wanted partition opens it, serves it while its store session lives, and reopens it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, metadata: ClusterMetadata, partitions: Partitions, tuning: PartitionSection) -> None:
+        self.loop, self.metadata, self.partitions, self.tuning = loop, metadata, partitions, tuning
+        self.desired: dict[int, int] = {}
+        self._runners: dict[int, tuple[int, asyncio.Task[None]]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def deliver(self, wanted: dict[int, int]) -> None:
+        """From the membership (a store thread): returns once the registry matches `wanted`
+        (partitions no longer wanted are out of it; wanted ones are opening or served)."""
+        asyncio.run_coroutine_threadsafe(self._apply(wanted), self.loop).result(timeout=30)
+
+    def _close_later(self, part: Partition) -> None:
+        task = asyncio.ensure_future(part.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _apply(self, wanted: dict[int, int]) -> None:
+        self.desired = dict(wanted)
+        for pid, part in list(self.partitions.by_id.items()):
+            if wanted.get(pid) != part.generation:
+                del self.partitions.by_id[pid]  # no longer served, from this instant
+                log.info("partition %d (generation %d): stopped", pid, part.generation)
+                self._close_later(part)
+        for pid, (gen, task) in list(self._runners.items()):
+            if wanted.get(pid) != gen:
+                task.cancel()
+                del self._runners[pid]
+        for pid, gen in wanted.items():
+            if pid not in self._runners:
+                self._runners[pid] = (gen, asyncio.ensure_future(self._run(pid, gen)))
+
+    def _wanted(self, pid: int, gen: int) -> bool:
+        return self.desired.get(pid) == gen
+
+    async def _run(self, pid: int, gen: int) -> None:
+        delay = 0.2
+        part: Partition | None = None  # opened and not (or no longer) in the registry: ours to close
+        try:
+            while self._wanted(pid, gen):
+                try:
+                    session = await StoreSession.open(self.metadata, pid, gen, timeout=self.tuning.storage_timeout)
+                except errors.StaleGenerationError as e:
+                    log.info("partition %d: %s", pid, e)
+                    return
+                except (errors.WaltzError, OSError) as e:
+                    log.warning("partition %d (generation %d): cannot open a store session yet (retrying): %s", pid, gen, e)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                delay = 0.2
+                t = self.tuning
+                part = Partition(
+                    pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
+                    max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
+                    lock_budget_bytes=t.lock_budget_bytes, feed_cache_entries=t.feed_cache_entries, data_cache_bytes=t.data_cache_bytes,
+                )
+                await part.start()
+                if not self._wanted(pid, gen):
+                    return
+                self.partitions.by_id[pid] = served = part
+                part = None  # from here on whoever takes it out of the registry closes it
+                log.info("partition %d (generation %d): serving from high-water mark %d", pid, gen, served.high_water_mark)
+                while session.failed is None and self.partitions.by_id.get(pid) is served:
+                    await asyncio.sleep(0.2)
+                if self.partitions.by_id.get(pid) is not served:
+                    return
+                log.warning("partition %d: %s; opening a new store session", pid, session.failed)
+                del self.partitions.by_id[pid]
+                await served.close()
+        finally:
+            if part is not None:
+                self._close_later(part)
+            if self._runners.get(pid, (None, None))[1] is asyncio.current_task():
+                del self._runners[pid]
+
+    async def close(self) -> None:
+        await self._apply({})
+        await asyncio.gather(*(t for _, t in self._runners.values()), *self._closing, return_exceptions=True)
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future[int] | None = None) -> None:
+    s = config.server
+    store = open_store(s.metadata, session_timeout=s.session_timeout)
+    await asyncio.to_thread(store.start)
+    try:
+        metadata = ClusterMetadata(store, cluster_root(s.cluster))
+        await asyncio.to_thread(metadata.info)  # a clear error when the cluster does not exist
+        partitions = Partitions()
+        server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, partitions).run(), s.host, s.port)
+        port = server.sockets[0].getsockname()[1]
+        host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition)
+        membership = ServerMembership(metadata, s.host, port, host.deliver)
+        await asyncio.to_thread(membership.start)
+        log.info("server %d serving cluster %s on %s:%d (metadata %s)", membership.server_id, s.cluster, s.host, port, store.description)
+        log.warning("TLS is not configured: client traffic is plaintext")
+        if ready is not None:
+            ready.set_result(port)
+        await stop.wait()
+        log.info("stopping server %d", membership.server_id)
+        await asyncio.to_thread(membership.close)
+        server.close()
+        await host.close()
+    finally:
+        await asyncio.to_thread(store.close)
+    log.info("server stopped")
+
+
+def run(config: ServerConfig) -> None:
+    """Serves until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(main())

@@ -1,0 +1,142 @@
+"""`waltz-node server` as real processes with three real storage nodes and real metadata: a
+client mounts, appends and reads its feed; the server is killed with SIGKILL and its partitions
+move to another server under a new generation, with nothing acknowledged lost."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waltz import client_protocol as cp
+from waltz.cluster import open_store
+from waltz.cluster.metadata import ClusterMetadata
+
+from processes import stop
+from test_cli import PARTITIONS, Cli, Node
+from test_server_connection import RawClient, feed_ids
+
+
+@pytest.fixture
+def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
+    store = open_store(metadata_url)
+    store.start()
+    meta = ClusterMetadata(store, "/waltz/e2e")
+    info, _ = meta.create("e2e", PARTITIONS, 3)
+    nodes = [Node(tmp_path / f"n{i}", info.cluster_key) for i in range(3)]
+    for i, n in enumerate(nodes):
+        meta.add_storage_node(n.address, n.ports["admin_port"], i)
+        meta.auto_assign(i)
+
+        async def assign_all(c: Any) -> None:
+            for p in range(PARTITIONS):
+                await c.assign(p)
+
+        n.admin(assign_all)
+    yield meta, nodes, metadata_url
+    for n in nodes:
+        if n.proc.poll() is None:
+            stop(n.proc)
+    store.close()
+
+
+def start_server(tmp_path: pathlib.Path, url: str, name: str) -> subprocess.Popen[str]:
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nsession_timeout = 2.0\n\n[logging]\nlevel = "info"\n')
+    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=subprocess.PIPE, text=True)
+
+
+def wait_served(meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0) -> tuple[str, int]:
+    """(endpoint, generation) of the live server serving `partition` under its current generation."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assignment, _ = meta.assignment()
+        a = assignment.get(partition)
+        for s in meta.servers():
+            if a is not None and s.server_id == a.server != not_by and s.serving.get(partition) == a.generation:
+                return s.endpoint, a.generation
+        time.sleep(0.1)
+    raise AssertionError(f"partition {partition} not served: {meta.assignment()[0]}, {meta.servers()}")
+
+
+async def mounted(endpoint: str, hwm: int, connection_seq: int) -> tuple[RawClient, cp.MountResponse, list[cp.Message]]:
+    """Mounts partition 0, retrying while the server is still opening it."""
+    port = int(endpoint.rsplit(":", 1)[1])
+    for _ in range(100):
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 42, hwm, connection_seq))
+        got = await c.until(lambda m: isinstance(m, cp.MountResponse))
+        resp = got[-1]
+        assert isinstance(resp, cp.MountResponse)
+        if resp.status == cp.MountStatus.READY:
+            return c, resp, got
+        c.close()
+        await asyncio.sleep(0.2)
+    raise AssertionError("never READY")
+
+
+def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path) -> None:
+    meta, nodes, url = setup
+    first = start_server(tmp_path, url, "s1")
+    second = None
+    try:
+        endpoint, gen = wait_served(meta, 0)
+
+        async def phase1() -> None:
+            c, resp, _ = await mounted(endpoint, -1, 1)
+            assert resp.high_water_mark == -1
+            for i in range(10):
+                c.send(cp.Append((42, gen, 0, i), i - 1, i, b"tx%d" % i))
+            got = await c.until(lambda m: isinstance(m, cp.FeedData) and m.entries[-1].transaction_id == 9)
+            assert feed_ids(got) == list(range(10))
+            c.close()
+
+        asyncio.run(phase1())
+        old_server = next(s.server_id for s in meta.servers() if s.endpoint == endpoint)
+        second = start_server(tmp_path, url, "s2")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        endpoint2, gen2 = wait_served(meta, 0, not_by=old_server)
+        assert gen2 > gen
+
+        async def phase2() -> None:
+            c, resp, got = await mounted(endpoint2, 9, 2)
+            assert (resp.high_water_mark, resp.generation) == (9, gen2)
+            c.send(cp.Append((42, gen, 0, 10), 9, 0, b"stale generation"))  # ignored
+            c.send(cp.Append((42, gen2, 0, 11), 9, 0, b"tx10"))
+            got = await c.until(lambda m: isinstance(m, cp.FeedData))
+            (e,) = [e for m in got if isinstance(m, cp.FeedData) for e in m.entries]
+            assert (e.transaction_id, e.req_id) == (10, (42, gen2, 0, 11))
+            c.send(cp.TransactionDataRequest(5, 0, 3))
+            assert (await c.until(lambda m: isinstance(m, cp.TransactionDataResponse)))[-1].data == b"tx3"  # type: ignore[attr-defined]
+            c.close()
+
+        asyncio.run(phase2())
+
+        async def read(c: Any) -> list[bytes]:
+            return [bytes(r.data) for r in await c.records(0, 0, 100)]  # admin read: no store session
+
+        for n in nodes:
+            assert n.admin(read) == [b"tx%d" % i for i in range(11)]
+        # Every partition ends up served and every replica in its current session.
+        for p in range(PARTITIONS):
+            wait_served(meta, p, not_by=old_server)
+        deadline = time.monotonic() + 30
+        while not (report := Cli(url).json("--cluster", "e2e", "cluster", "verify", ok=None))["ok"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert report["ok"], report
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
