@@ -16,7 +16,7 @@ from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
 from waltz.server.store_session import StoreSession
 from waltz.storage import RecordBatch, ReqId
 
-from processes import stop
+from processes import start, stop, wait_http
 from test_cli import Node
 
 PARTITIONS = 4  # test_cli.Node's partition count
@@ -153,6 +153,28 @@ def test_replicas_that_disagree_need_the_recovery_vote(cluster) -> None:
         await asyncio.to_thread(nodes[0].run, lambda c: c.append(0, s.session_id, 3, batch("dirty", 2)))
         with pytest.raises(errors.RecoveryNeededError, match="max 4"):
             await StoreSession.open(meta, 0, generation=1)
+
+    asyncio.run(go())
+
+
+def test_a_replica_behind_is_left_out_until_catch_up(cluster) -> None:
+    meta, nodes = cluster
+
+    async def go() -> None:
+        s = await StoreSession.open(meta, 0, generation=1, timeout=5.0)
+        await s.append(batch("a"))
+        await asyncio.to_thread(stop, nodes[2].proc)
+        await s.append(batch("b"))  # committed on the other two only
+        await s.close()
+        nodes[2].proc = start(nodes[2].config)  # back, but behind
+        await asyncio.to_thread(wait_http, nodes[2].ports["http_port"], nodes[2].proc)
+        s2 = await StoreSession.open(meta, 0, generation=1)
+        assert s2.high_water_mark == 5
+        assert sorted(s2.replicas_in_write_path) == sorted(n.address for n in nodes[:2])
+        assert await s2.append(batch("c")) == (6, 8)
+        pm, _ = meta.partition_metadata(0)
+        assert pm.replicas[nodes[2].address].session_id == s.session_id  # not clean in the new session
+        await s2.close()
 
     asyncio.run(go())
 

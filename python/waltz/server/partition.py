@@ -105,20 +105,26 @@ class Partition:
         self._data_budget = data_cache_bytes
         self._committed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self.stats = collections.Counter[str]()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._append_loop(), name=f"waltz-partition-{self.partition_id}")
 
+    def _closed_error(self) -> errors.StoreSessionError:
+        return errors.StoreSessionError(f"partition {self.partition_id} closed before this append was written")
+
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         while not self._queue.empty():
             q = self._queue.get_nowait()
             if not q.future.done():
-                q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id} closed before this append was written"))
+                q.future.set_exception(self._closed_error())
         await self.session.close()
+        await self._notify()  # feed readers waiting for a commit learn that the session ended
 
     # -- appending -------------------------------------------------------------------------
     async def append(self, request: AppendRequest) -> AppendResult:
@@ -132,8 +138,12 @@ class Partition:
         failed = self.session.failed
         if failed is not None:
             raise failed
+        if self._closed:
+            raise self._closed_error()
         q = _Queued(request, asyncio.get_running_loop().create_future())
         await self._queue.put(q)
+        if self._closed and not q.future.done():  # woken by close()'s draining: nobody reads the queue now
+            q.future.set_exception(self._closed_error())
         return q.future
 
     async def _append_loop(self) -> None:
@@ -145,43 +155,65 @@ class Partition:
                 q = self._queue.get_nowait()
                 items.append(q)
                 size += len(q.request.data)
-            await self._in_flight.acquire()
             try:
-                self._write(items)
-            except BaseException:
-                self._in_flight.release()
+                await self._in_flight.acquire()
+            except BaseException:  # closed while waiting for room: these were dequeued, answer them
+                for q in items:
+                    if not q.future.done():
+                        q.future.set_exception(self._closed_error())
                 raise
+            try:
+                handed_over = self._write(items)
+            except Exception as e:  # never let one batch kill the loop (every later append would hang)
+                log.exception("partition %d: writing a batch failed", self.partition_id)
+                handed_over = False
+                for q in items:
+                    if not q.future.done():
+                        q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}"))
+            if not handed_over:
+                self._in_flight.release()
 
-    def _write(self, items: list[_Queued]) -> None:
+    def _write(self, items: list[_Queued]) -> bool:
+        """True when the batch went to the session (its in-flight slot is released on commit).
+        Appenders may have given up (cancelled futures): every answer checks `done()`."""
         batch = RecordBatch()
         accepted: list[tuple[_Queued, int]] = []
         for q in items:
             r = q.request
             if r.req_id.generation != self.generation:
                 self.stats["ignored"] += 1
-                q.future.set_result(Ignored(f"generation {r.req_id.generation} is not the partition's {self.generation}"))
+                if not q.future.done():
+                    q.future.set_result(Ignored(f"generation {r.req_id.generation} is not the partition's {self.generation}"))
                 continue
             txid = self._next + len(accepted)
             failure = self.locks.check_and_update(r.client_high_water_mark, txid, r.write_locks, r.read_locks, r.append_locks)
             if failure is not None:
                 self.stats["lock_failures"] += 1
-                q.future.set_result(LockFailed(failure.transaction_id))
+                if not q.future.done():
+                    q.future.set_result(LockFailed(failure.transaction_id))
                 continue
-            batch.add(r.req_id, r.header, r.data)
+            try:
+                batch.add(r.req_id, r.header, r.data)
+            except (OverflowError, ValueError, TypeError, errors.WaltzError) as e:
+                # Not written; its lock versions stay raised (upper bounds still) and the next
+                # accepted transaction takes this id.
+                if not q.future.done():
+                    q.future.set_exception(errors.InvalidArgumentError(f"append cannot be encoded: {e}"))
+                continue
             accepted.append((q, txid))
         if not accepted:
-            self._in_flight.release()
-            return
+            return False
         try:
             committed = self.session.append(batch)
         except errors.StoreSessionError as e:
-            self._in_flight.release()
             for q, _ in accepted:
-                q.future.set_exception(e)
-            return
+                if not q.future.done():
+                    q.future.set_exception(e)
+            return False
         self._next += len(accepted)
         self.stats["appended"] += len(accepted)
         committed.add_done_callback(lambda f: self._on_commit(f, accepted))
+        return True
 
     def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]]) -> None:
         self._in_flight.release()
@@ -190,10 +222,22 @@ class Partition:
             for q, _ in accepted:
                 if not q.future.done():
                     q.future.set_exception(exc)
+            asyncio.ensure_future(self._notify())  # feed readers waiting for a commit must see the failure
             return
         first, last = f.result()
-        # Invariant kept on in production: commits arrive in id order, with the ids we assigned.
-        assert first == self.high_water_mark + 1 == accepted[0][1] and last == accepted[-1][1], (first, last, self.high_water_mark)
+        # Invariant, checked in production too (not an assert, which -O strips): commits arrive
+        # in id order with the ids assigned here. Broken, nothing more may be acknowledged.
+        if not (first == self.high_water_mark + 1 == accepted[0][1] and last == accepted[-1][1]):
+            broken = errors.InternalError(
+                f"partition {self.partition_id}: commit ({first}, {last}) does not follow high-water mark "
+                f"{self.high_water_mark} and assigned ids {accepted[0][1]}..{accepted[-1][1]}"
+            )
+            log.critical("%s", broken)
+            self.session._fail(str(broken))
+            for q, _ in accepted:
+                if not q.future.done():
+                    q.future.set_exception(broken)
+            return
         for q, txid in accepted:
             r = q.request
             self._feed.append(FeedEntry(txid, r.req_id, r.header))
@@ -220,6 +264,8 @@ class Partition:
     async def feed(self, after: int, max_entries: int = 1000) -> AsyncIterator[list[FeedEntry]]:
         """Committed transactions with ids above `after`, in order, in lists of at most
         `max_entries`, forever (waits for new commits)."""
+        if max_entries < 1:
+            raise errors.InvalidArgumentError(f"max_entries must be at least 1, not {max_entries}")
         nxt = after + 1
         while True:
             cached_from = self._feed[0].transaction_id if self._feed else self.high_water_mark + 1

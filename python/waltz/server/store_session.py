@@ -5,11 +5,14 @@ the partition has moved to a newer generation), connects to the partition's repl
 fences every older session on them), settles the starting high-water mark, sets it as every
 reachable replica's low-water mark and records those replicas as clean in the metadata.
 
-Until recovery (issue 6) exists, the starting point is settled only in the case that needs no
-vote: a majority of the replicas is reachable and they hold exactly the same transactions above
-their low-water marks. Then their common max id is what the vote would decide (every committed
-transaction is on a majority, which meets the reachable majority; the unreachable ones are too
-few to make a higher mark decidable). Otherwise opening fails with `RecoveryNeededError`.
+Until recovery (issue 6) exists, the starting point is settled only where the vote needs no
+truncation: a majority of the last session's replicas is reachable, a majority of the assigned
+replicas holds the same highest transaction, and every reachable replica agrees with them as far
+as it goes (a lower one is behind, not dirty). That highest id is then what the vote decides:
+every committed transaction is on a majority of the last session's replicas, which meets the
+reachable ones, and the unreachable ones are too few to make a higher mark decidable. Replicas
+behind it stay out of the session until catch-up exists. Otherwise opening fails with
+`RecoveryNeededError`.
 
 Appends get the next ids, are sent at once to every replica in the write path (many batches in
 flight, not stop-and-wait) and commit when a majority of the partition's replicas acknowledged
@@ -106,6 +109,12 @@ class StoreSession:
             raise errors.StoreSessionError(f"partition {partition} has no replicas assigned")
         quorum = len(nodes) // 2 + 1
         session = await asyncio.to_thread(_new_session_id, metadata, partition, generation)
+        # Who may hold the last session's commits: the replicas recorded clean in it. A replica
+        # the metadata does not place in that session (new, replaced, or only clean earlier) can
+        # lack them while agreeing with the others, so it cannot make up the agreeing majority.
+        meta, _ = await asyncio.to_thread(metadata.partition_metadata, partition)
+        last = max((st.session_id for st in meta.replicas.values()), default=None)
+        holders = {a for a, st in meta.replicas.items() if st.session_id == last} if last is not None else None
         connected = await asyncio.gather(
             *(StorageClient.connect(n.host, int(n.address.rsplit(":", 1)[1]), cluster_key=info.cluster_key,
                                     partition_count=info.partitions, timeout=timeout) for n in nodes),
@@ -114,8 +123,12 @@ class StoreSession:
         replicas = [_Replica(n.address, c) for n, c in zip(nodes, connected) if isinstance(c, StorageClient)]
         down = {n.address: str(c) for n, c in zip(nodes, connected) if not isinstance(c, StorageClient)}
         try:
-            hwm = await cls._settle(partition, session, replicas, down, quorum)
-            # The low-water mark is this session's starting point on every reachable replica.
+            hwm, members = await cls._settle(partition, session, replicas, down, quorum, holders)
+            behind = [r for r in replicas if r not in members]
+            await asyncio.gather(*(r.client.close() for r in behind), return_exceptions=True)
+            down.update({r.address: "behind the others (left out until catch-up)" for r in behind})
+            replicas = members
+            # The low-water mark is this session's starting point on every member.
             await asyncio.gather(*(r.client.set_low_water_mark(partition, session, hwm) for r in replicas))
             await asyncio.to_thread(_record_clean, metadata, partition, session, [r.address for r in replicas])
         except BaseException:
@@ -123,13 +136,15 @@ class StoreSession:
             raise
         log.info(
             "partition %d: store session %d open at high-water mark %d on %s%s", partition, session, hwm,
-            ", ".join(r.address for r in replicas), f" (unreachable: {', '.join(down)})" if down else "",
+            ", ".join(r.address for r in replicas), f" (left out: {'; '.join(f'{a}: {w}' for a, w in down.items())})" if down else "",
         )
         return cls(partition, session, replicas, len(nodes), hwm, max_lag)
 
     @staticmethod
-    async def _settle(partition: int, session: int, replicas: list[_Replica], down: dict[str, str], quorum: int) -> int:
-        """The common max id of a reachable majority holding identical transactions, or an error."""
+    async def _settle(
+        partition: int, session: int, replicas: list[_Replica], down: dict[str, str], quorum: int, holders: set[str] | None = None
+    ) -> tuple[int, list[_Replica]]:
+        """The starting high-water mark and the replicas that hold exactly up to it, or an error."""
         try:
             infos = await asyncio.gather(*(r.client.last_session_info(partition, session) for r in replicas))
             maxes = await asyncio.gather(*(r.client.max_transaction_id(partition, session) for r in replicas))
@@ -141,24 +156,47 @@ class StoreSession:
                 f"{quorum} needed ({'; '.join(f'{a}: {why}' for a, why in down.items())})"
             )
         state = ", ".join(f"{r.address} max {m}" for r, m in zip(replicas, maxes))
-        if len(set(maxes)) > 1:
-            raise errors.RecoveryNeededError(f"partition {partition}: replicas disagree ({state}); the recovery vote is needed")
-        hwm = maxes[0]
+        if holders is not None:
+            reached = holders & {r.address for r in replicas}
+            if len(reached) < len(holders) // 2 + 1:
+                raise errors.RecoveryNeededError(
+                    f"partition {partition}: only {sorted(reached)} of the last session's replicas {sorted(holders)} are "
+                    f"reachable ({state}); the recovery vote is needed"
+                )
+        # The highest mark a majority of the assigned replicas holds is what the vote decides, if
+        # every reachable replica agrees with it as far as it goes (the lower ones are prefixes:
+        # behind, not dirty). Lower replicas stay out of the session until catch-up (issue 6).
+        top = max(maxes)
+        at_top = [r for r, m in zip(replicas, maxes) if m == top]
+        if len(at_top) < quorum:
+            raise errors.RecoveryNeededError(
+                f"partition {partition}: only {len(at_top)} replicas reach transaction {top}, {quorum} needed ({state}); "
+                f"the recovery vote is needed"
+            )
+        ref = at_top[0]
         start = min(lwm for _, lwm in infos) + 1
-        while start <= hwm:
-            lists = await asyncio.gather(*(r.client.record_headers(partition, session, start, 1000) for r in replicas))
-            n = min(len(h) for h in lists)
+        for r, m in zip(replicas, maxes):
+            if r is not ref:
+                await StoreSession._same_prefix(partition, session, ref, r, start, m, state)
+        return top, at_top
+
+    @staticmethod
+    async def _same_prefix(partition: int, session: int, ref: _Replica, other: _Replica, start: int, end: int, state: str) -> None:
+        """Raises RecoveryNeededError unless both replicas hold the same transactions start..end."""
+        while start <= end:
+            a, b = await asyncio.gather(
+                ref.client.record_headers(partition, session, start, min(1000, end - start + 1)),
+                other.client.record_headers(partition, session, start, min(1000, end - start + 1)),
+            )
+            n = min(len(a), len(b))
             if n == 0:
-                raise errors.RecoveryNeededError(f"partition {partition}: a replica returned no header at {start} ({state})")
-            first = [(h.txid, h.req_id, h.header) for h in lists[0][:n]]
-            for r, h in zip(replicas[1:], lists[1:]):
-                if [(x.txid, x.req_id, x.header) for x in h[:n]] != first:
-                    raise errors.RecoveryNeededError(
-                        f"partition {partition}: {r.address} differs from {replicas[0].address} after transaction {start - 1} "
-                        f"({state}); the recovery vote is needed"
-                    )
-            start = first[-1][0] + 1
-        return hwm
+                raise errors.RecoveryNeededError(f"partition {partition}: no header at {start} on {ref.address} or {other.address} ({state})")
+            if [(x.txid, x.req_id, x.header) for x in a[:n]] != [(x.txid, x.req_id, x.header) for x in b[:n]]:
+                raise errors.RecoveryNeededError(
+                    f"partition {partition}: {other.address} differs from {ref.address} after transaction {start - 1} "
+                    f"({state}); the recovery vote is needed"
+                )
+            start = a[n - 1].txid + 1
 
     # -- writing ---------------------------------------------------------------------------
     @property
