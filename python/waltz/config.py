@@ -147,6 +147,7 @@ class ServerSection:
     cluster: str = "default"
     host: str = "127.0.0.1"
     port: int = 55290
+    http_port: int = 55291
     session_timeout: float = 10.0
 
 
@@ -185,6 +186,7 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
             raise ConfigError(f"{path}: {what}")
 
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
+    need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")
     for f in dataclasses.fields(PartitionSection):
         need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")

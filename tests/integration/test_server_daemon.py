@@ -5,6 +5,7 @@ move to another server under a new generation, with nothing acknowledged lost.""
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from waltz import client_protocol as cp
 from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 
-from processes import stop
+from processes import free_port, get, stop
 from test_cli import PARTITIONS, Cli, Node
 from test_server_connection import RawClient, feed_ids
 
@@ -47,10 +48,14 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
     store.close()
 
 
-def start_server(tmp_path: pathlib.Path, url: str, name: str) -> subprocess.Popen[str]:
+def start_server(tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0) -> subprocess.Popen[str]:
     config = tmp_path / f"{name}.toml"
-    config.write_text(f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nsession_timeout = 2.0\n\n[logging]\nlevel = "info"\n')
-    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=subprocess.PIPE, text=True)
+    config.write_text(
+        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n\n'
+        '[logging]\nlevel = "info"\n'
+    )
+    log = open(tmp_path / f"{name}.log", "a")
+    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True)
 
 
 def wait_served(meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0) -> tuple[str, int]:
@@ -84,7 +89,8 @@ async def mounted(endpoint: str, hwm: int, connection_seq: int) -> tuple[RawClie
 
 def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path) -> None:
     meta, nodes, url = setup
-    first = start_server(tmp_path, url, "s1")
+    http_port = free_port()
+    first = start_server(tmp_path, url, "s1", http_port)
     second = None
     try:
         endpoint, gen = wait_served(meta, 0)
@@ -99,6 +105,13 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
             c.close()
 
         asyncio.run(phase1())
+        # The server's own view: healthy, and its metrics count what was committed.
+        status, body = get(http_port, "/health")
+        assert status == 200 and json.loads(body)["checks"]["partitions"]["0"] is True
+        status, metrics = get(http_port, "/metrics")
+        assert status == 200 and 'waltz_server_committed_total{partition="0"} 10.0' in metrics
+        assert 'waltz_server_replicas_in_write_path{partition="0"} 3.0' in metrics
+        assert 'waltz_server_commit_seconds_count{partition="0"}' in metrics
         old_server = next(s.server_id for s in meta.servers() if s.endpoint == endpoint)
         second = start_server(tmp_path, url, "s2")
         first.send_signal(signal.SIGKILL)

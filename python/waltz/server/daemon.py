@@ -15,13 +15,17 @@ import asyncio
 import logging
 import signal
 
+from prometheus_client import CollectorRegistry
+
 from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.manager import ServerMembership
 from waltz.cluster.metadata import ClusterMetadata
 from waltz.config import PartitionSection, ServerConfig
+from waltz.http import serve_endpoint
 from waltz.server.connection import ClientConnection, Partitions
+from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import Partition
 from waltz.server.store_session import StoreSession
 
@@ -125,7 +129,13 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition)
         membership = ServerMembership(metadata, s.host, port, host.deliver)
         await asyncio.to_thread(membership.start)
-        log.info("server %d serving cluster %s on %s:%d (metadata %s)", membership.server_id, s.cluster, s.host, port, store.description)
+        registry = CollectorRegistry()
+        registry.register(ServerCollector(partitions))
+        http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
+        log.info(
+            "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s)",
+            membership.server_id, s.cluster, s.host, port, s.host, http.server_address[1], store.description,
+        )
         log.warning("TLS is not configured: client traffic is plaintext")
         if ready is not None:
             ready.set_result(port)
@@ -134,6 +144,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         await asyncio.to_thread(membership.close)
         server.close()
         await host.close()
+        http.shutdown()
     finally:
         await asyncio.to_thread(store.close)
     log.info("server stopped")

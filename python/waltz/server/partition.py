@@ -16,9 +16,11 @@ cache of recent commits, or read from a replica.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 from waltz import errors
@@ -66,6 +68,9 @@ class FeedEntry:
     header: int
 
 
+COMMIT_SECONDS_BOUNDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
 @dataclasses.dataclass(eq=False)
 class _Queued:
     request: AppendRequest
@@ -107,6 +112,9 @@ class Partition:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = collections.Counter[str]()
+        self.commit_seconds = ([0] * (len(COMMIT_SECONDS_BOUNDS) + 1), 0.0)
+        """Commit latency (batch handed to the store session until a majority has it): counts
+        per bucket of COMMIT_SECONDS_BOUNDS (+Inf last) and the sum."""
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._append_loop(), name=f"waltz-partition-{self.partition_id}")
@@ -212,11 +220,16 @@ class Partition:
             return False
         self._next += len(accepted)
         self.stats["appended"] += len(accepted)
-        committed.add_done_callback(lambda f: self._on_commit(f, accepted))
+        handed = time.perf_counter()
+        committed.add_done_callback(lambda f: self._on_commit(f, accepted, handed))
         return True
 
-    def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]]) -> None:
+    def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]], handed: float) -> None:
         self._in_flight.release()
+        waited = time.perf_counter() - handed
+        counts, total = self.commit_seconds
+        counts[bisect.bisect_left(COMMIT_SECONDS_BOUNDS, waited)] += 1
+        self.commit_seconds = (counts, total + waited)
         exc = f.exception()
         if exc is not None:
             for q, _ in accepted:
@@ -261,6 +274,10 @@ class Partition:
             self._data_bytes -= len(old)
 
     # -- reading ---------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
     async def feed(self, after: int, max_entries: int = 1000) -> AsyncIterator[list[FeedEntry]]:
         """Committed transactions with ids above `after`, in order, in lists of at most
         `max_entries`, forever (waits for new commits)."""

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from waltz import errors
 from waltz._native import BATCH_RECORDS_BOUNDS, SYNC_MICROS_BOUNDS, Storage, StorageNode
+from waltz.http import buckets as _buckets
+from waltz.http import serve_endpoint
 
 
 def health(storage: Storage) -> tuple[bool, dict[str, Any]]:
@@ -106,41 +106,8 @@ class NodeCollector(Collector):
         yield batch_hist
 
 
-def _buckets(hist: Any, bounds: list[int], scale: float) -> tuple[list[tuple[str, float]], float]:
-    counts, total = hist
-    cumulative, out = 0, []
-    for bound, n in zip([*bounds, float("inf")], counts):
-        cumulative += n
-        out.append(("+Inf" if bound == float("inf") else repr(float(bound * scale)), cumulative))
-    return out, total * scale
-
-
 def serve_http(storage: Storage, node: StorageNode, host: str, port: int) -> ThreadingHTTPServer:
     """Starts the endpoint on a daemon thread; `server.shutdown()` stops it."""
     registry = CollectorRegistry()
     registry.register(NodeCollector(storage, node))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path == "/metrics":
-                self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
-            elif self.path == "/health":
-                ok, checks = health(storage)
-                body = json.dumps({"status": "ok" if ok else "failing", "checks": checks}).encode()
-                self._send(200 if ok else 503, body, "application/json")
-            else:
-                self._send(404, b"not found: try /health or /metrics\n", "text/plain")
-
-        def _send(self, code: int, body: bytes, kind: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="waltz-http", daemon=True).start()
-    return server
+    return serve_endpoint(host, port, registry, lambda: health(storage))

@@ -1,0 +1,52 @@
+"""The HTTP endpoint every daemon serves: `/health` (JSON, 200 or 503) and `/metrics` (Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+Health = Callable[[], tuple[bool, dict[str, Any]]]
+
+
+def buckets(hist: Any, bounds: list[int] | list[float], scale: float) -> tuple[list[tuple[str, float]], float]:
+    """(counts per bucket, sum) as Prometheus cumulative buckets, bounds scaled to the unit."""
+    counts, total = hist
+    cumulative, out = 0, []
+    for bound, n in zip([*bounds, float("inf")], counts):
+        cumulative += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound * scale)), cumulative))
+    return out, total * scale
+
+
+def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: Health) -> ThreadingHTTPServer:
+    """Starts the endpoint on a daemon thread; `server.shutdown()` stops it."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path == "/metrics":
+                self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
+            elif self.path == "/health":
+                ok, checks = health()
+                body = json.dumps({"status": "ok" if ok else "failing", "checks": checks}).encode()
+                self._send(200 if ok else 503, body, "application/json")
+            else:
+                self._send(404, b"not found: try /health or /metrics\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="waltz-http", daemon=True).start()
+    return server
