@@ -153,3 +153,71 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+def rss_mib(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path: pathlib.Path) -> None:
+    meta, _, url = setup
+    config = tmp_path / "flood.toml"
+    config.write_text(
+        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = 0\nsession_timeout = 2.0\n\n'
+        "[partition]\nqueue_limit = 16\nmax_batch_bytes = 4194304\nmax_batches_in_flight = 2\n"
+        "data_cache_bytes = 8388608\nfeed_cache_entries = 1000\n"
+    )
+    # The budget these settings allow: queued appends, batches in flight, the data cache, and one
+    # partly read 1 MiB frame per connection.
+    connections, size = 4, 1 << 20
+    budget_mib = (16 * size + 2 * (4 << 20) + (8 << 20) + connections * 2 * size) / (1 << 20)
+    server = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+                              stderr=open(tmp_path / "flood.log", "a"), text=True)
+    try:
+        endpoint, gen = wait_served(meta, 0)
+        port = int(endpoint.rsplit(":", 1)[1])
+        baseline = rss_mib(server.pid)
+        peak = baseline
+
+        async def flood() -> int:
+            nonlocal peak
+            payload = bytes(size)
+            stop_at = time.monotonic() + 6.0
+
+            async def one(cid: int) -> None:
+                c = await RawClient.connect(port)
+                seq = 0
+                while time.monotonic() < stop_at:
+                    c.send(cp.Append((cid, gen, 0, seq), -1, 0, payload))
+                    seq += 1
+                    await c.writer.drain()  # blocks once the server stops reading
+                c.close()
+
+            async def watch() -> None:
+                nonlocal peak
+                while time.monotonic() < stop_at + 1:
+                    peak = max(peak, rss_mib(server.pid))
+                    await asyncio.sleep(0.05)
+
+            await asyncio.gather(*(one(100 + i) for i in range(connections)), watch())
+            # Still answering, and it committed a good part of the flood.
+            c = await RawClient.connect(port)
+            c.send(cp.HighWaterMarkRequest(1, 0))
+            hwm = (await c.until(lambda m: isinstance(m, cp.HighWaterMarkResponse)))[-1].high_water_mark  # type: ignore[attr-defined]
+            c.close()
+            return int(hwm)
+
+        hwm = asyncio.run(flood())
+        print(f"flood: committed {hwm + 1} x 1 MiB; RSS {baseline:.0f} -> peak {peak:.0f} MiB (budget {budget_mib:.0f} MiB)")
+        assert hwm >= 10
+        overhead = 64.0
+        assert peak - baseline < budget_mib + overhead, f"RSS grew {peak - baseline:.0f} MiB (budget {budget_mib:.0f} MiB + {overhead:.0f})"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
