@@ -153,20 +153,26 @@ class ClientConnection:
             return
         pending = self._appends[partition]
         pending.append(outcome)
-        self._spawn(self._answer(msg, outcome))
+        outcome.add_done_callback(lambda f: self._answered(msg, f))
 
-    async def _answer(self, msg: cp.Append, outcome: asyncio.Future[AppendResult]) -> None:
-        try:
-            result = await outcome
-        except errors.StoreSessionError as e:
-            await self._send(cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {e}").frame())
+    def _answered(self, msg: cp.Append, outcome: asyncio.Future[AppendResult]) -> None:
+        """Runs when the append is resolved; a callback, not a task, as most appends need no answer
+        (a commit is announced by the feed). Whole frames are written at once, so they never
+        interleave with the frames of the feed."""
+        pending = self._appends[msg.req_id[2]]
+        if outcome in pending:
+            pending.remove(outcome)
+        if outcome.cancelled() or self.writer.is_closing():
             return
-        finally:
-            pending = self._appends[msg.req_id[2]]
-            if outcome in pending:
-                pending.remove(outcome)
-        if isinstance(result, LockFailed):
-            await self._send(cp.LockFailure(msg.req_id, result.transaction_id).frame())
+        exc = outcome.exception()
+        if isinstance(exc, errors.StoreSessionError):
+            self.writer.write(cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {exc}").frame())
+        elif exc is not None:
+            self.writer.write(cp.Failure(-1, msg.req_id[2], cp.FailureKind.BAD_REQUEST, f"append {msg.req_id}: {exc}").frame())
+        else:
+            result = outcome.result()
+            if isinstance(result, LockFailed):
+                self.writer.write(cp.LockFailure(msg.req_id, result.transaction_id).frame())
         # Committed: the client learns it from the feed. Ignored: a stale generation, dropped.
 
     async def _flush(self, msg: cp.Flush) -> None:
