@@ -127,6 +127,23 @@ class Message:
         return encode_frame(MAGIC, self.TYPE, self.payload())
 
 
+class _Fixed(Message):
+    """A message whose payload is its fields packed with one struct format, in field order."""
+
+    LAYOUT: ClassVar[struct.Struct]
+
+    def payload(self) -> bytes:
+        return self.LAYOUT.pack(*(int(getattr(self, f.name)) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Message:
+        if r.i + cls.LAYOUT.size > len(r.b):
+            raise ProtocolError(f"{r.what}: payload shorter than its {cls.LAYOUT.size} bytes")
+        values = cls.LAYOUT.unpack_from(r.b, r.i)
+        r.i += cls.LAYOUT.size
+        return cls(*values)
+
+
 @dataclasses.dataclass(frozen=True)
 class Hello(Message):
     TYPE = 0x01
@@ -155,21 +172,15 @@ class HelloOk(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mount(Message):
+class Mount(_Fixed):
     TYPE = 0x30
+    LAYOUT = struct.Struct(">qiiqq")
     seq: int
     partition: int
     client_id: int
     client_high_water_mark: int
     connection_seq: int
     """Grows with every new connection of this client: older connections' messages are dropped."""
-
-    def payload(self) -> bytes:
-        return struct.pack(">qiiqq", self.seq, self.partition, self.client_id, self.client_high_water_mark, self.connection_seq)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> Mount:
-        return cls(r.i64("seq"), r.i32("partition"), r.i32("client id"), r.i64("client high-water mark"), r.i64("connection seq"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,19 +248,13 @@ class LockFailure(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class FeedRequest(Message):
+class FeedRequest(_Fixed):
     TYPE = 0x32
+    LAYOUT = struct.Struct(">qiqi")
     seq: int
     partition: int
     after: int
     max_count: int
-
-    def payload(self) -> bytes:
-        return struct.pack(">qiqi", self.seq, self.partition, self.after, self.max_count)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> FeedRequest:
-        return cls(r.i64("seq"), r.i32("partition"), r.i64("after"), r.i32("max count"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,50 +295,32 @@ class FeedData(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Flush(Message):
+class Flush(_Fixed):
     TYPE = 0x33
+    LAYOUT = struct.Struct(">qi")
     seq: int
     partition: int
 
-    def payload(self) -> bytes:
-        return struct.pack(">qi", self.seq, self.partition)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> Flush:
-        return cls(r.i64("seq"), r.i32("partition"))
-
 
 @dataclasses.dataclass(frozen=True)
-class FlushResponse(Message):
+class FlushResponse(_Fixed):
     """Every append sent on this connection before the Flush has been resolved (committed,
     failed on a lock, or ignored); the partition's high-water mark then."""
 
     TYPE = 0xB3
+    LAYOUT = struct.Struct(">qiq")
     seq: int
     partition: int
     high_water_mark: int
 
-    def payload(self) -> bytes:
-        return struct.pack(">qiq", self.seq, self.partition, self.high_water_mark)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> FlushResponse:
-        return cls(r.i64("seq"), r.i32("partition"), r.i64("high-water mark"))
-
 
 @dataclasses.dataclass(frozen=True)
-class TransactionDataRequest(Message):
+class TransactionDataRequest(_Fixed):
     TYPE = 0x34
+    LAYOUT = struct.Struct(">qiq")
     seq: int
     partition: int
     transaction_id: int
-
-    def payload(self) -> bytes:
-        return struct.pack(">qiq", self.seq, self.partition, self.transaction_id)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> TransactionDataRequest:
-        return cls(r.i64("seq"), r.i32("partition"), r.i64("transaction id"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,32 +343,20 @@ class TransactionDataResponse(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class HighWaterMarkRequest(Message):
+class HighWaterMarkRequest(_Fixed):
     TYPE = 0x35
+    LAYOUT = struct.Struct(">qi")
     seq: int
     partition: int
-
-    def payload(self) -> bytes:
-        return struct.pack(">qi", self.seq, self.partition)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> HighWaterMarkRequest:
-        return cls(r.i64("seq"), r.i32("partition"))
 
 
 @dataclasses.dataclass(frozen=True)
-class HighWaterMarkResponse(Message):
+class HighWaterMarkResponse(_Fixed):
     TYPE = 0xB5
+    LAYOUT = struct.Struct(">qiq")
     seq: int
     partition: int
     high_water_mark: int
-
-    def payload(self) -> bytes:
-        return struct.pack(">qiq", self.seq, self.partition, self.high_water_mark)
-
-    @classmethod
-    def parse(cls, r: _Reader) -> HighWaterMarkResponse:
-        return cls(r.i64("seq"), r.i32("partition"), r.i64("high-water mark"))
 
 
 @dataclasses.dataclass(frozen=True)

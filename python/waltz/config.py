@@ -8,6 +8,7 @@ import math
 import pathlib
 import tomllib
 import uuid
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from waltz.errors import WaltzError
@@ -96,11 +97,16 @@ def _coerce(kind: str, value: Any) -> Any:
     return value
 
 
-def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
+def _requirer(path: pathlib.Path) -> Callable[[bool, str], None]:
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise ConfigError(f"{path}: {what}")
 
+    return need
+
+
+def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
+    need = _requirer(path)
     n, st = config.node, config.storage
     for name in ("port", "admin_port", "http_port"):
         need(0 <= getattr(n, name) <= 65535, f"[node] {name} must be between 0 and 65535")
@@ -181,10 +187,7 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
         logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
     )
 
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise ConfigError(f"{path}: {what}")
-
+    need = _requirer(path)
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
     need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")

@@ -15,24 +15,7 @@ from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.store import EventType, MetadataStore, SessionState, WatchEvent
 
-TIMEOUT = 2.0
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.fixture
-def store(metadata_url: str) -> Iterator[MetadataStore]:
-    s = open_store(metadata_url, session_timeout=TIMEOUT)
-    s.start()
-    yield s
-    s.close()
+from test_metadata_store import TIMEOUT, store, wait_for  # noqa: F401  (store is a fixture)
 
 
 # ---------------------------------------------------------------------------------------------

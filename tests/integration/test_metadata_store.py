@@ -37,7 +37,7 @@ def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "con
         if cond():
             return
         time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

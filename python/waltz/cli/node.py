@@ -9,7 +9,6 @@ import sys
 import click
 
 from waltz import errors
-from waltz.config import load_storage_node_config
 
 
 class _JsonFormatter(logging.Formatter):
@@ -30,38 +29,43 @@ def main() -> None:
     """Waltz daemons."""
 
 
+def _run_daemon(name: str, config_path: str) -> None:
+    """Loads the configuration, sets up logging and runs; a user's mistake is one line, exit 1."""
+    from waltz.config import load_server_config, load_storage_node_config
+
+    try:
+        if name == "storage":
+            from waltz.storage.daemon import run as run_storage
+
+            storage_config = load_storage_node_config(config_path)
+            _setup_logging(storage_config.logging.level, storage_config.logging.json)
+            run_storage(storage_config)
+        else:
+            from waltz.server.daemon import run as run_server
+
+            server_config = load_server_config(config_path)
+            _setup_logging(server_config.logging.level, server_config.logging.json)
+            run_server(server_config)
+    except (errors.WaltzError, OSError) as e:
+        click.echo(f"waltz-node {name}: {e}", err=True)
+        sys.exit(1)
+
+
+CONFIG = click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")
+
+
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")
+@CONFIG
 def storage(config_path: str) -> None:
     """Run a storage node until SIGTERM or SIGINT."""
-    from waltz.storage.daemon import run
-
-    try:
-        config = load_storage_node_config(config_path)
-        _setup_logging(config.logging.level, config.logging.json)
-        run(config)
-    except errors.WaltzError as e:
-        click.echo(f"waltz-node storage: {e}", err=True)
-        sys.exit(1)
-    except OSError as e:
-        click.echo(f"waltz-node storage: {e}", err=True)
-        sys.exit(1)
+    _run_daemon("storage", config_path)
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")
+@CONFIG
 def server(config_path: str) -> None:
     """Run a Waltz server until SIGTERM or SIGINT."""
-    from waltz.config import load_server_config
-    from waltz.server.daemon import run as run_server
-
-    try:
-        config = load_server_config(config_path)
-        _setup_logging(config.logging.level, config.logging.json)
-        run_server(config)
-    except (errors.WaltzError, OSError) as e:
-        click.echo(f"waltz-node server: {e}", err=True)
-        sys.exit(1)
+    _run_daemon("server", config_path)
 
 
 if __name__ == "__main__":
