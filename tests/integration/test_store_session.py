@@ -157,24 +157,44 @@ def test_replicas_that_disagree_need_the_recovery_vote(cluster) -> None:
     asyncio.run(go())
 
 
-def test_a_replica_behind_is_left_out_until_catch_up(cluster) -> None:
+def test_a_replica_behind_catches_up_and_rejoins_the_write_path(cluster) -> None:
     meta, nodes = cluster
 
     async def go() -> None:
         s = await StoreSession.open(meta, 0, generation=1, timeout=5.0)
-        await s.append(batch("a"))
+        for i in range(40):
+            await s.append(batch(f"a{i}", 50))
         await asyncio.to_thread(stop, nodes[2].proc)
-        await s.append(batch("b"))  # committed on the other two only
+        for i in range(40):
+            await s.append(batch(f"b{i}", 50))  # committed on the other two only
         await s.close()
-        nodes[2].proc = start(nodes[2].config)  # back, but behind
+        nodes[2].proc = start(nodes[2].config)  # back, but 2,000 transactions behind
         await asyncio.to_thread(wait_http, nodes[2].ports["http_port"], nodes[2].proc)
         s2 = await StoreSession.open(meta, 0, generation=1)
-        assert s2.high_water_mark == 5
-        assert sorted(s2.replicas_in_write_path) == sorted(n.address for n in nodes[:2])
-        assert await s2.append(batch("c")) == (6, 8)
-        pm, _ = meta.partition_metadata(0)
-        assert pm.replicas[nodes[2].address].session_id == s.session_id  # not clean in the new session
+        assert s2.high_water_mark == 3999
+        # Writes go on while node 2 is filled in the background; then it is back in the write path.
+        futures = []
+        for i in range(200):
+            futures.append(s2.append(batch(f"c{i}", 5)))
+            await asyncio.sleep(0.005)
+            if nodes[2].address in s2.replicas_in_write_path:
+                break
+        await asyncio.gather(*futures)
+        deadline = asyncio.get_running_loop().time() + 30
+        while nodes[2].address not in s2.replicas_in_write_path:
+            assert asyncio.get_running_loop().time() < deadline, "node 2 never rejoined"
+            await s2.append(batch("d", 1))
+            await asyncio.sleep(0.05)
+        last = (await s2.append(batch("e", 2)))[1]
+        for _ in range(100):
+            pm, _v = meta.partition_metadata(0)
+            if pm.replicas[nodes[2].address].session_id == s2.session_id:
+                break
+            await asyncio.sleep(0.05)
+        assert pm.replicas[nodes[2].address].session_id == s2.session_id  # recorded clean once caught up
         await s2.close()
+        copies = [await asyncio.to_thread(read_all, n, 99) for n in nodes]
+        assert len(copies[2]) == last + 1 and copies[0] == copies[1] == copies[2]
 
     asyncio.run(go())
 

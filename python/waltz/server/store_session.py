@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 class _Pending:
     first: int
     last: int
+    batch: RecordBatch
+    """Kept until committed: a replica that catches up is sent the batches still in flight."""
     future: asyncio.Future[tuple[int, int]]
     acks: set[str] = dataclasses.field(default_factory=set)
 
@@ -52,6 +54,7 @@ class _Replica:
     in_write_path: bool = True
     in_flight: int = 0
     left_because: str | None = None
+    catching_up: bool = False
 
 
 def _new_session_id(metadata: ClusterMetadata, partition: int, generation: int) -> int:
@@ -93,6 +96,8 @@ class StoreSession:
         self.high_water_mark = high_water_mark
         self.max_lag = max_lag
         self._replicas = replicas
+        self.start_high_water_mark = high_water_mark
+        self.metadata: ClusterMetadata | None = None
         self._next = high_water_mark + 1
         self._pending: deque[_Pending] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -125,20 +130,25 @@ class StoreSession:
         try:
             hwm, members = await cls._settle(partition, session, replicas, down, quorum, holders)
             behind = [r for r in replicas if r not in members]
-            await asyncio.gather(*(r.client.close() for r in behind), return_exceptions=True)
-            down.update({r.address: "behind the others (left out until catch-up)" for r in behind})
-            replicas = members
+            for r in behind:
+                r.in_write_path, r.catching_up = False, True
             # The low-water mark is this session's starting point on every member.
-            await asyncio.gather(*(r.client.set_low_water_mark(partition, session, hwm) for r in replicas))
-            await asyncio.to_thread(_record_clean, metadata, partition, session, [r.address for r in replicas])
+            await asyncio.gather(*(r.client.set_low_water_mark(partition, session, hwm) for r in members))
+            await asyncio.to_thread(_record_clean, metadata, partition, session, [r.address for r in members])
         except BaseException:
             await asyncio.gather(*(r.client.close() for r in replicas), return_exceptions=True)
             raise
         log.info(
-            "partition %d: store session %d open at high-water mark %d on %s%s", partition, session, hwm,
-            ", ".join(r.address for r in replicas), f" (left out: {'; '.join(f'{a}: {w}' for a, w in down.items())})" if down else "",
+            "partition %d: store session %d open at high-water mark %d on %s%s%s", partition, session, hwm,
+            ", ".join(r.address for r in members),
+            f" (catching up: {', '.join(r.address for r in behind)})" if behind else "",
+            f" (unreachable: {'; '.join(f'{a}: {w}' for a, w in down.items())})" if down else "",
         )
-        return cls(partition, session, replicas, len(nodes), hwm, max_lag)
+        opened = cls(partition, session, replicas, len(nodes), hwm, max_lag)
+        opened.metadata = metadata
+        for r in behind:
+            opened._start_catch_up(r)
+        return opened
 
     @staticmethod
     async def _settle(
@@ -216,13 +226,14 @@ class StoreSession:
             raise errors.InvalidArgumentError("an empty batch has no transaction ids")
         first = self._next
         self._next += len(batch)
-        pending = _Pending(first, self._next - 1, asyncio.get_running_loop().create_future())
+        pending = _Pending(first, self._next - 1, batch, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         for r in self._replicas:
             if not r.in_write_path:
                 continue
             if r.in_flight >= self.max_lag:
                 self._leave(r, f"fell {r.in_flight} batches behind")
+                self._start_catch_up(r)
                 continue
             try:
                 acked = r.client.send_append(self.partition, self.session_id, first, batch)
@@ -281,6 +292,65 @@ class StoreSession:
             if not p.future.done():
                 p.future.set_exception(self._failed)
                 p.future.exception()  # a caller that dropped the future has nothing to be warned about
+
+    # -- catch-up --------------------------------------------------------------------------
+    def _start_catch_up(self, r: _Replica) -> None:
+        r.catching_up = True
+        task = asyncio.ensure_future(self._catch_up(r))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _catch_up(self, r: _Replica) -> None:
+        """Fills a replica that is behind from one in the write path, in bounded batches of
+        committed records, while writes go on; then, with no await between the check and the
+        join, sends it the batches still in flight and puts it back in the write path."""
+        try:
+            while r.in_flight > 0 and self._failed is None:  # what it was sent before leaving settles first
+                await asyncio.sleep(0.05)
+            nxt = await r.client.max_transaction_id(self.partition, self.session_id) + 1
+            low_water_mark_set = False
+            while self._failed is None:
+                if nxt > self.start_high_water_mark and not low_water_mark_set:
+                    await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
+                    low_water_mark_set = True
+                    continue
+                if nxt > self.high_water_mark and low_water_mark_set:
+                    self._join(r, nxt)
+                    break
+                sources = [x for x in self._replicas if x.in_write_path]
+                if not sources:
+                    return
+                target = self.high_water_mark
+                records = [x for x in await sources[0].client.records(self.partition, self.session_id, nxt, 1000) if x.txid <= target]
+                if not records:
+                    await asyncio.sleep(0.05)
+                    continue
+                await r.client.append(self.partition, self.session_id, nxt, RecordBatch([(x.req_id, x.header, x.data) for x in records]))
+                nxt = records[-1].txid + 1
+        except errors.WaltzError as e:
+            r.catching_up = False
+            r.left_because = f"catch-up failed: {e}"
+            log.warning("partition %d session %d: catching up %s failed: %s", self.partition, self.session_id, r.address, e)
+            return
+        if r.in_write_path and self.metadata is not None:
+            try:
+                await asyncio.to_thread(_record_clean, self.metadata, self.partition, self.session_id, [r.address])
+            except errors.WaltzError as e:
+                log.warning("partition %d: %s caught up but not recorded clean: %s", self.partition, r.address, e)
+
+    def _join(self, r: _Replica, nxt: int) -> None:
+        # Everything committed is on r. Of the batches in flight it is sent those it lacks; the
+        # ones it has it acknowledged before leaving (acks cover whole batches).
+        if any(p.first < nxt <= p.last for p in self._pending):
+            raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
+        for pending in (p for p in self._pending if p.first >= nxt):
+            acked = r.client.send_append(self.partition, self.session_id, pending.first, pending.batch)
+            r.in_flight += 1
+            task = asyncio.ensure_future(self._await_ack(r, pending, acked))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        r.in_write_path, r.catching_up, r.left_because = True, False, None
+        log.info("partition %d session %d: %s caught up at %d and rejoined the write path", self.partition, self.session_id, r.address, nxt - 1)
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
