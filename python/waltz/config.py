@@ -164,7 +164,7 @@ class PartitionSection:
     max_batch_bytes: int = 4 << 20
     max_batches_in_flight: int = 16
     lock_budget_bytes: int = 8 << 20
-    feed_cache_entries: int = 100_000
+    feed_cache_bytes: int = 16 << 20
     data_cache_bytes: int = 64 << 20
     storage_timeout: float = 10.0
 

@@ -153,7 +153,7 @@ def test_readers_behind_the_cache_catch_up_from_storage(cluster) -> None:  # noq
         await p.append(req(1, 99, p.high_water_mark, b"new"))
         assert [e.transaction_id for e in await asyncio.wait_for(waiting, 10)] == [50]
 
-    run(meta, body, feed_cache_entries=10, data_cache_bytes=64)
+    run(meta, body, feed_cache_bytes=10 * 200, data_cache_bytes=64)
 
 
 def test_queue_limit_makes_appenders_wait(cluster) -> None:  # noqa: F811

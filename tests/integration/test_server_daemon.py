@@ -170,7 +170,7 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
     config.write_text(
         f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = 0\nsession_timeout = 2.0\n\n'
         "[partition]\nqueue_limit = 16\nmax_batch_bytes = 4194304\nmax_batches_in_flight = 2\n"
-        "data_cache_bytes = 8388608\nfeed_cache_entries = 1000\n"
+        "data_cache_bytes = 8388608\nfeed_cache_bytes = 1048576\n"
     )
     # The budget these settings allow: queued appends, batches in flight, the data cache, and one
     # partly read 1 MiB frame per connection.

@@ -90,7 +90,7 @@ class PartitionHost:
                 part = Partition(
                     pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
                     max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
-                    lock_budget_bytes=t.lock_budget_bytes, feed_cache_entries=t.feed_cache_entries, data_cache_bytes=t.data_cache_bytes,
+                    lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
                 )
                 await part.start()
                 if not self._wanted(pid, gen):

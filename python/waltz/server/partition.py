@@ -8,7 +8,7 @@ flight. Commits come back strictly in id order: each committed transaction is pu
 the feed, then its appender is answered. The queue and the in-flight batches are bounded, so
 appenders wait (back pressure) instead of growing memory.
 
-The feed keeps the newest `feed_cache_entries` headers in memory; a reader further behind is
+The feed keeps the newest headers within `feed_cache_bytes` in memory; a reader further behind is
 served from the storage nodes in bounded batches. Transaction data is served from a byte-bounded
 cache of recent commits, or read from a replica.
 """
@@ -68,6 +68,7 @@ class FeedEntry:
     header: int
 
 
+FEED_ENTRY_BYTES = 200
 COMMIT_SECONDS_BOUNDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
@@ -91,7 +92,7 @@ class Partition:
         max_batches_in_flight: int = 16,
         queue_limit: int = 10_000,
         lock_budget_bytes: int = 8 << 20,
-        feed_cache_entries: int = 100_000,
+        feed_cache_bytes: int = 16 << 20,
         data_cache_bytes: int = 64 << 20,
     ) -> None:
         self.partition_id = partition_id
@@ -104,7 +105,8 @@ class Partition:
         self._next = session.high_water_mark + 1
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue(queue_limit)
         self._in_flight = asyncio.Semaphore(max_batches_in_flight)
-        self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=feed_cache_entries)
+        # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
+        self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
