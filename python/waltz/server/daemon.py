@@ -41,16 +41,18 @@ class PartitionHost:
         self.desired: dict[int, int] = {}
         self._runners: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._stopping: set[asyncio.Task[None]] = set()  # cancelled runners still unwinding
 
     def deliver(self, wanted: dict[int, int]) -> None:
         """From the membership (a store thread): returns once the registry matches `wanted`
         (partitions no longer wanted are out of it; wanted ones are opening or served)."""
         asyncio.run_coroutine_threadsafe(self._apply(wanted), self.loop).result(timeout=30)
 
-    def _close_later(self, part: Partition) -> None:
+    def _close_later(self, part: Partition) -> asyncio.Task[None]:
         task = asyncio.ensure_future(part.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+        return task
 
     async def _apply(self, wanted: dict[int, int]) -> None:
         self.desired = dict(wanted)
@@ -63,6 +65,8 @@ class PartitionHost:
             if wanted.get(pid) != gen:
                 task.cancel()
                 del self._runners[pid]
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
         for pid, gen in wanted.items():
             if pid not in self._runners:
                 self._runners[pid] = (gen, asyncio.ensure_future(self._run(pid, gen)))
@@ -104,7 +108,7 @@ class PartitionHost:
                     return
                 log.warning("partition %d: %s; opening a new store session", pid, session.failed)
                 del self.partitions.by_id[pid]
-                await served.close()
+                await asyncio.shield(self._close_later(served))  # a cancelled runner must not cut the close short
         finally:
             if part is not None:
                 self._close_later(part)
@@ -113,7 +117,8 @@ class PartitionHost:
 
     async def close(self) -> None:
         await self._apply({})
-        await asyncio.gather(*(t for _, t in self._runners.values()), *self._closing, return_exceptions=True)
+        while self._stopping or self._closing:  # runners unwinding may still schedule closes
+            await asyncio.gather(*self._stopping, *self._closing, return_exceptions=True)
 
 
 async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future[int] | None = None) -> None:

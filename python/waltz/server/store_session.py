@@ -309,6 +309,7 @@ class StoreSession:
                 await asyncio.sleep(0.05)
             nxt = await r.client.max_transaction_id(self.partition, self.session_id) + 1
             low_water_mark_set = False
+            turn = 0  # which write-path member to read from: the next one after a failure or a lag
             while self._failed is None:
                 if nxt > self.start_high_water_mark and not low_water_mark_set:
                     await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
@@ -321,12 +322,24 @@ class StoreSession:
                 if not sources:
                     return
                 target = self.high_water_mark
-                records = [x for x in await sources[0].client.records(self.partition, self.session_id, nxt, 1000) if x.txid <= target]
+                source = sources[turn % len(sources)]
+                try:
+                    got = await source.client.records(self.partition, self.session_id, nxt, 1000)
+                except errors.StaleSessionError:
+                    raise
+                except errors.WaltzError as e:  # the source's trouble, not r's: read from another
+                    log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+                    got = []
+                records = [x for x in got if x.txid <= target]
                 if not records:
+                    turn += 1
                     await asyncio.sleep(0.05)
                     continue
                 await r.client.append(self.partition, self.session_id, nxt, RecordBatch([(x.req_id, x.header, x.data) for x in records]))
                 nxt = records[-1].txid + 1
+        except errors.StaleSessionError as e:
+            self._fail(f"fenced: a newer store session exists ({e})")
+            return
         except errors.WaltzError as e:
             r.catching_up = False
             r.left_because = f"catch-up failed: {e}"
