@@ -175,3 +175,68 @@ def test_a_malformed_frame_closes_only_that_connection(cluster) -> None:  # noqa
         good.close()
 
     serve(meta, body)
+
+
+def test_a_large_data_response_never_delays_the_feed(cluster) -> None:  # noqa: F811
+    """Two connections, as a client keeps them: a large transaction-data response that the RPC
+    connection does not even read must not hold back the feed on the stream connection."""
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        await p.append(AppendRequest(ReqId(9, GEN, 0, 0), -1, 0, bytes(8 << 20)))  # 8 MiB of data
+        stream, rpc = await RawClient.connect(port), await RawClient.connect(port)
+        stream.send(cp.Mount(1, 0, 5, 0, 1))
+        await stream.until(lambda m: isinstance(m, cp.MountResponse))
+        for i in range(5):
+            rpc.send(cp.TransactionDataRequest(i, 0, 0))  # ~40 MiB of answers, never read
+        await asyncio.sleep(0.2)
+        for seq in range(1, 4):
+            stream.send(append(5, seq, p.high_water_mark, b"small"))
+            got = await stream.until(lambda m: isinstance(m, cp.FeedData), timeout=10)
+            assert got[-1].entries[-1].req_id == (5, GEN, 0, seq)  # type: ignore[attr-defined]
+        stream.close()
+        rpc.close()
+
+    serve(meta, body)
+
+
+def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+    received: list[bytes] = []
+
+    async def go() -> None:
+        session = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, session)
+        await p.start()
+        parts = Partitions()
+        parts.by_id[0] = p
+        encoded: list[bytes] = []
+        original = parts.feed_frame
+
+        def counting(partition: Partition, entries: Any) -> bytes:
+            frame = original(partition, entries)
+            encoded.append(frame)
+            return frame
+
+        parts.feed_frame = counting  # type: ignore[method-assign]
+        server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, parts).run(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            clients = [await RawClient.connect(port) for _ in range(3)]
+            for i, c in enumerate(clients):
+                c.send(cp.Mount(1, 0, 10 + i, -1, 1))
+                await c.until(lambda m: isinstance(m, cp.MountResponse))
+            await p.append(AppendRequest(ReqId(9, GEN, 0, 0), -1, 0, b"shared"))
+            for c in clients:
+                got = await c.until(lambda m: isinstance(m, cp.FeedData))
+                received.append(got[-1].frame())
+            # Three connections were sent the same frame object: built once, then taken from the cache.
+            assert len(encoded) == 3 and encoded[0] is encoded[1] is encoded[2]
+            assert received[0] == received[1] == received[2] == encoded[0]
+            for c in clients:
+                c.close()
+        finally:
+            server.close()
+            await p.close()
+
+    asyncio.run(go())
