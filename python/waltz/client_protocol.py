@@ -10,7 +10,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 from waltz._native import FrameReader, ProtocolError, encode_frame
 
@@ -257,6 +257,27 @@ class FeedRequest(_Fixed):
     max_count: int
 
 
+class _Entry(Protocol):
+    @property
+    def transaction_id(self) -> int: ...
+    @property
+    def header(self) -> int: ...
+    @property
+    def req_id(self) -> Any: ...
+
+
+def feed_payload(seq: int, partition: int, entries: Sequence[_Entry]) -> bytes:
+    """A Feed Data payload straight from entries whose `req_id` is a 4-tuple or a native ReqId
+    (the server's feed), without building message objects per entry."""
+    out = bytearray(struct.pack(">qii", seq, partition, len(entries)))
+    base = len(out)
+    out.extend(bytes(_ENTRY.size * len(entries)))
+    for i, e in enumerate(entries):
+        r = e.req_id
+        _ENTRY.pack_into(out, base + i * _ENTRY.size, e.transaction_id, *(r if isinstance(r, tuple) else r.as_tuple()), e.header)
+    return bytes(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class FeedEntry:
     transaction_id: int
@@ -275,12 +296,7 @@ class FeedData(Message):
     entries: tuple[FeedEntry, ...]
 
     def payload(self) -> bytes:
-        out = bytearray(struct.pack(">qii", self.seq, self.partition, len(self.entries)))
-        base = len(out)
-        out.extend(bytes(_ENTRY.size * len(self.entries)))
-        for i, e in enumerate(self.entries):
-            _ENTRY.pack_into(out, base + i * _ENTRY.size, e.transaction_id, *e.req_id, e.header)
-        return bytes(out)
+        return feed_payload(self.seq, self.partition, self.entries)
 
     @classmethod
     def parse(cls, r: _Reader) -> FeedData:

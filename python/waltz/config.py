@@ -7,6 +7,7 @@ import dataclasses
 import math
 import pathlib
 import tomllib
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -117,7 +118,6 @@ def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
     need(st.segment_size >= 4096, "[storage] segment_size must be at least 4096")
     need(st.checkpoint_interval > 0, "[storage] checkpoint_interval must be positive")
     need(0 < st.max_record_size <= 1 << 30, "[storage] max_record_size must be between 1 and 1 GiB")
-    need(config.logging.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
 
 
 def _read_toml(path: pathlib.Path, sections: set[str]) -> dict[str, Any]:
@@ -133,16 +133,25 @@ def _read_toml(path: pathlib.Path, sections: set[str]) -> dict[str, Any]:
     return raw
 
 
+C = TypeVar("C")
+
+
+def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str = "") -> C:
+    """Reads a TOML file whose sections are the fields of `cls` (each a dataclass)."""
+    sections = typing.get_type_hints(cls)
+    raw = _read_toml(path, set(sections))
+    section, key = required
+    if section not in raw or key not in raw[section]:
+        raise ConfigError(f"{path}: [{section}] {key} is required{hint}")
+    config = cls(**{name: _section(kind, raw.get(name, {}), f"{path} [{name}]") for name, kind in sections.items()})
+    level = config.logging.level  # type: ignore[attr-defined]
+    _requirer(path)(level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
+    return config
+
+
 def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
     path = pathlib.Path(path)
-    raw = _read_toml(path, {"storage", "node", "logging"})
-    if "storage" not in raw or "directory" not in raw["storage"]:
-        raise ConfigError(f"{path}: [storage] directory is required")
-    config = StorageNodeConfig(
-        storage=_section(StorageSection, raw["storage"], f"{path} [storage]"),
-        node=_section(NodeSection, raw.get("node", {}), f"{path} [node]"),
-        logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
-    )
+    config = _load(path, StorageNodeConfig, ("storage", "directory"))
     _check_ranges(path, config)
     return config
 
@@ -178,20 +187,11 @@ class ServerConfig:
 
 def load_server_config(path: str | pathlib.Path) -> ServerConfig:
     path = pathlib.Path(path)
-    raw = _read_toml(path, {"server", "partition", "logging"})
-    if "server" not in raw or "metadata" not in raw["server"]:
-        raise ConfigError(f"{path}: [server] metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
-    config = ServerConfig(
-        server=_section(ServerSection, raw["server"], f"{path} [server]"),
-        partition=_section(PartitionSection, raw.get("partition", {}), f"{path} [partition]"),
-        logging=_section(LoggingSection, raw.get("logging", {}), f"{path} [logging]"),
-    )
-
+    config = _load(path, ServerConfig, ("server", "metadata"), " (zk://host:port/chroot or embedded:/path/metadata.db)")
     need = _requirer(path)
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
     need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")
     for f in dataclasses.fields(PartitionSection):
         need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
-    need(config.logging.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
     return config

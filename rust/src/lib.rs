@@ -316,9 +316,14 @@ mod python {
     }
 
     fn unpack_record(item: &Bound<'_, PyAny>) -> PyResult<(ReqId, i32, Vec<u8>)> {
+        // A Record read from a node goes in as it is (catch-up and recovery copies).
+        if let Ok(r) = item.cast::<PyRecord>() {
+            let r = r.get();
+            return Ok((r.req_id.0, r.header, r.data.bind(item.py()).as_bytes().to_vec()));
+        }
         let t = item
             .cast::<PyTuple>()
-            .map_err(|_| InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"))?;
+            .map_err(|_| InvalidArgumentError::new_err("each record must be a Record or a tuple (req_id, header, data)"))?;
         if t.len() != 3 {
             return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
         }
@@ -946,7 +951,7 @@ mod python {
     }
 
     /// Encodes one admin-protocol request frame: hello, open, assign, unassign,
-    /// set_availability, status.
+    /// set_availability, status, record_list, set_partition_info.
     #[pyfunction]
     #[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1))]
     #[allow(clippy::too_many_arguments)]
@@ -986,7 +991,6 @@ mod python {
         Ok(PyBytes::new(py, &out))
     }
 
-    /// Encodes an Append frame of `batch` as transactions first_txid, first_txid + 1, ...
     /// An admin Append frame carrying `records` (Records read from another node) unchanged.
     #[pyfunction]
     fn encode_admin_append<'py>(py: Python<'py>, seq: i64, partition_id: i32, records: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
@@ -1004,6 +1008,7 @@ mod python {
         Ok(PyBytes::new(py, &out))
     }
 
+    /// Encodes an Append frame of `batch` as transactions first_txid, first_txid + 1, ...
     #[pyfunction]
     fn encode_append<'py>(
         py: Python<'py>,

@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 
 from waltz import client_protocol as cp
 from waltz import errors
-from waltz._native import ReqId
+from waltz._native import ReqId, encode_frame
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, Partition
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,7 @@ class Partitions:
         key = (partition.partition_id, partition.generation, entries[0].transaction_id, entries[-1].transaction_id)
         frame = self._frames.get(key)
         if frame is None:
-            msg = cp.FeedData(-1, partition.partition_id, tuple(
-                cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in entries
-            ))
-            frame = msg.frame()
+            frame = encode_frame(cp.MAGIC, cp.FeedData.TYPE, cp.feed_payload(-1, partition.partition_id, entries))
             self._frames[key] = frame
             while len(self._frames) > 256:
                 self._frames.popitem(last=False)

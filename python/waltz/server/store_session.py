@@ -335,7 +335,7 @@ class StoreSession:
                     turn += 1
                     await asyncio.sleep(0.05)
                     continue
-                await r.client.append(self.partition, self.session_id, nxt, RecordBatch([(x.req_id, x.header, x.data) for x in records]))
+                await r.client.append(self.partition, self.session_id, nxt, RecordBatch(records))
                 nxt = records[-1].txid + 1
         except errors.StaleSessionError as e:
             self._fail(f"fenced: a newer store session exists ({e})")
