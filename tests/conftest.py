@@ -40,3 +40,8 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
         return f"embedded:{tmp_path / 'metadata.db'}"
     server = request.getfixturevalue("zookeeper")
     return server.url(f"/t-{uuid.uuid4().hex[:12]}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--seeds", type=int, default=300, help="seeds of the deterministic recovery simulation (tests/simulation)")
+    parser.addoption("--first-seed", type=int, default=0, help="the first simulation seed")

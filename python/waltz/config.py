@@ -176,6 +176,9 @@ class PartitionSection:
     feed_cache_bytes: int = 16 << 20
     data_cache_bytes: int = 64 << 20
     storage_timeout: float = 10.0
+    checkpoint_interval: int = 100_000
+    """Transactions after which a new store session starts (the spec's storage.checkpointInterval):
+    it bounds what an inconsistent replica is truncated back by."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,7 +98,8 @@ class StoreSessionError(WaltzError):
 
 
 class RecoveryNeededError(StoreSessionError):
-    """The replicas disagree and the recovery vote (issue 6) is needed before a new session."""
+    """The recovery vote stayed undecidable (too many replicas of the last session unreachable)
+    for as long as the session waited; the partition retries with a new session."""
 
 
 class StaleGenerationError(WaltzError):

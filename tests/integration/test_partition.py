@@ -172,3 +172,46 @@ def test_queue_limit_makes_appenders_wait(cluster) -> None:  # noqa: F811
         assert sorted(r.transaction_id for r in results if isinstance(r, Committed)) == list(range(6))
 
     run(meta, body, queue_limit=4, max_batch_records=3, max_batches_in_flight=2)
+
+
+def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cluster, tmp_path) -> None:  # noqa: F811
+    """Appenders only wait while the partition moves to a new session: every 40 commits, and when a
+    fourth replica is assigned (it is filled and joins); nothing is lost or reordered."""
+    from test_cli import Node
+    from test_store_session import read_all
+
+    meta, nodes = cluster
+    extra = Node(tmp_path / "n3", meta.info().cluster_key)
+
+    async def go() -> None:
+        first = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, first, checkpoint_interval=40, open_session=lambda: StoreSession.open(meta, 0, generation=GEN))
+        await p.start()
+        try:
+            results = []
+            for chunk in range(15):  # the interval is checked between batches
+                results += await asyncio.gather(*(p.append(req(1, i, -1, f"t{i}".encode())) for i in range(chunk * 10, chunk * 10 + 10)))
+            assert [r.transaction_id for r in results if isinstance(r, Committed)] == list(range(150))
+            assert p.stats["store_sessions"] >= 3 and p.session.session_id > first.session_id + 2
+            meta.add_storage_node(extra.address, extra.ports["admin_port"], 3)
+            meta.assign_partition(extra.address, 0)
+            await asyncio.to_thread(extra.admin, lambda c: c.assign(0))
+            p.request_new_session("a replica was added")
+            assert isinstance(await p.append(req(1, 150, -1, b"t150")), Committed)
+            assert extra.address in p.session.assigned_replicas
+            for _ in range(200):
+                if extra.address in p.session.replicas_in_write_path:
+                    break
+                await asyncio.sleep(0.05)
+            assert isinstance(await p.append(req(1, 151, -1, b"t151")), Committed)
+        finally:
+            await p.close()
+        copies = [await asyncio.to_thread(read_all, n, 10**6) for n in [*nodes, extra]]
+        assert all(c == copies[0] for c in copies) and [bytes(r.data) for r in copies[0]] == [f"t{i}".encode() for i in range(152)]
+
+    try:
+        asyncio.run(go())
+    finally:
+        from processes import stop
+
+        stop(extra.proc)

@@ -20,7 +20,7 @@ from waltz.storage import ReqId
 
 from processes import start, stop, wait_http
 from test_cli import Node
-from test_store_session import batch, cluster  # noqa: F401  (fixture)
+from test_store_session import batch, cluster, read_all  # noqa: F401  (fixture)
 
 GEN = 1
 LOCK = lock_hash("account", 1)
@@ -188,7 +188,7 @@ def test_close_answers_the_batch_waiting_for_an_in_flight_slot(cluster) -> None:
     asyncio.run(go())
 
 
-# 5. settle() ignores the partition metadata's replica states, so replicas that never held the
+# 5. (Fixed by the recovery vote.) settle() ignored the partition metadata's replica states, so replicas that never held the
 #    committed transactions can "agree". Documented procedure (docs/operations.md, "Adding or
 #    replacing a storage node", filling is optional): replace n1 by a new, empty n3 while n2 lags
 #    (it left the write path; catch-up is not built) and n0 is briefly down. n2 and n3 are a
@@ -219,12 +219,16 @@ def test_replicas_that_never_held_the_commits_cannot_settle_the_start(cluster, t
         stop(n0.proc)  # n0 restarting
 
         async def second_session() -> None:
-            with pytest.raises((errors.RecoveryNeededError, errors.StoreSessionError)):
-                s = await StoreSession.open(meta, 0, generation=GEN, timeout=2.0)
-                # Bug: opened at -1 on {n2, n3}; a different transaction now commits at id 0.
-                got = await s.append(batch("other"))
-                await s.close()
-                raise AssertionError(f"session opened at high-water mark -1 and committed {got}: acknowledged 0..2 lost")
+            # The electorate is the last session's write set {n0, n1, n2}: n1 (unassigned, still
+            # reachable) holds 0..2, n2 was clean in it but holds nothing, n0 is down. Undecidable
+            # until n2 is filled from n1; then 2 is decided and the new write set {n2, n3} holds it.
+            s = await StoreSession.open(meta, 0, generation=GEN, timeout=2.0)
+            assert s.high_water_mark == 2
+            assert await s.append(batch("other")) == (3, 5)
+            await s.close()
+            for n in (n2, n3):
+                held = await asyncio.to_thread(read_all, n, 99)
+                assert [bytes(r.data) for r in held] == [b"acked-0", b"acked-1", b"acked-2", b"other-0", b"other-1", b"other-2"]
 
         asyncio.run(second_session())
     finally:

@@ -142,7 +142,7 @@ def test_opening_with_a_majority_reachable_and_agreeing(cluster) -> None:
     asyncio.run(go())
 
 
-def test_replicas_that_disagree_need_the_recovery_vote(cluster) -> None:
+def test_a_dirty_tail_on_one_replica_is_voted_down_and_truncated(cluster) -> None:
     meta, nodes = cluster
 
     async def go() -> None:
@@ -151,8 +151,13 @@ def test_replicas_that_disagree_need_the_recovery_vote(cluster) -> None:
         await s.close()
         # A dirty tail on one replica only (as a server crash mid-write would leave).
         await asyncio.to_thread(nodes[0].run, lambda c: c.append(0, s.session_id, 3, batch("dirty", 2)))
-        with pytest.raises(errors.RecoveryNeededError, match="max 4"):
-            await StoreSession.open(meta, 0, generation=1)
+        s2 = await StoreSession.open(meta, 0, generation=1)
+        assert s2.high_water_mark == 2 and len(s2.replicas_in_write_path) == 3
+        assert any("dirty tail 3..4 truncated" in line for line in s2.recovery_log), s2.recovery_log
+        assert await s2.append(batch("b")) == (3, 5)
+        await s2.close()
+        copies = [await asyncio.to_thread(read_all, n, 99) for n in nodes]
+        assert copies[0] == copies[1] == copies[2] and [bytes(r.data) for r in copies[0][3:]] == [b"b-0", b"b-1", b"b-2"]
 
     asyncio.run(go())
 
@@ -205,8 +210,8 @@ def test_too_few_replicas_reachable(cluster) -> None:
         stop(n.proc)
 
     async def go() -> None:
-        with pytest.raises(errors.StoreSessionError, match="only 1 of 3 replicas reachable"):
-            await StoreSession.open(meta, 0, generation=1, timeout=2.0)
+        with pytest.raises(errors.RecoveryNeededError, match="undecidable: -1 has 1 of 3 votes and 2 replicas are unreachable"):
+            await StoreSession.open(meta, 0, generation=1, timeout=1.0, recovery_timeout=1.0)
 
     asyncio.run(go())
     pm, _ = meta.partition_metadata(0)

@@ -41,12 +41,16 @@ class PartitionMetadata:
     session_id: int = -1
     replicas: dict[str, ReplicaState] = dataclasses.field(default_factory=dict)
     """Replica (storage node `host:port`) → its state."""
+    members: tuple[str, ...] = ()
+    """The write set of the last session that recorded clean replicas: the electorate of the
+    next recovery vote (empty before the first)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "generation": self.generation,
             "session_id": self.session_id,
             "replicas": {k: dataclasses.asdict(v) for k, v in sorted(self.replicas.items())},
+            "members": list(self.members),
         }
 
     @staticmethod
@@ -55,6 +59,7 @@ class PartitionMetadata:
             generation=int(d["generation"]),
             session_id=int(d["session_id"]),
             replicas={k: ReplicaState(int(v["session_id"]), int(v["closing_high_water_mark"])) for k, v in d["replicas"].items()},
+            members=tuple(str(m) for m in d.get("members", ())),
         )
 
 

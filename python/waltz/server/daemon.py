@@ -5,8 +5,10 @@ The membership (registration, election, assignment; `waltz.cluster.manager`) cal
 it leaves the registry at once (connections answer NOT_READY / not here) and closes in the
 background. Starting one opens its store session in the background and retries until it opens
 or the partition is taken away; a store session that ends (lost quorum, fenced) is replaced by
-a new one the same way. Until recovery (issue 6) exists, a session opens only where replicas
-agree; otherwise the partition keeps retrying and says why in the log.
+a new one the same way (each attempt is a new session that runs the recovery; while the vote is
+undecidable it keeps retrying and says why in the log). A served partition moves to a new store
+session in place when its replica assignment changes (a watch on the assignment) and every
+`checkpoint_interval` transactions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.manager import ServerMembership
 from waltz.cluster.metadata import ClusterMetadata
+from waltz.cluster.store import DataWatch
 from waltz.config import PartitionSection, ServerConfig
 from waltz.http import serve_endpoint
 from waltz.server.connection import ClientConnection, Partitions
@@ -95,6 +98,8 @@ class PartitionHost:
                     pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
                     max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
+                    checkpoint_interval=t.checkpoint_interval,
+                    open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout),
                 )
                 await part.start()
                 if not self._wanted(pid, gen):
@@ -102,11 +107,11 @@ class PartitionHost:
                 self.partitions.by_id[pid] = served = part
                 part = None  # from here on whoever takes it out of the registry closes it
                 log.info("partition %d (generation %d): serving from high-water mark %d", pid, gen, served.high_water_mark)
-                while session.failed is None and self.partitions.by_id.get(pid) is served:
+                while served.session.failed is None and self.partitions.by_id.get(pid) is served:
                     await asyncio.sleep(0.2)
                 if self.partitions.by_id.get(pid) is not served:
                     return
-                log.warning("partition %d: %s; opening a new store session", pid, session.failed)
+                log.warning("partition %d: %s; opening a new store session", pid, served.session.failed)
                 del self.partitions.by_id[pid]
                 await asyncio.shield(self._close_later(served))  # a cancelled runner must not cut the close short
         finally:
@@ -114,6 +119,22 @@ class PartitionHost:
                 self._close_later(part)
             if self._runners.get(pid, (None, None))[1] is asyncio.current_task():
                 del self._runners[pid]
+
+    def replicas_changed(self) -> None:
+        """From the metadata store's thread: the replica assignment changed; partitions whose
+        replica set differs from their session's move to a new session."""
+
+        async def check() -> None:
+            for pid, part in list(self.partitions.by_id.items()):
+                try:
+                    now = sorted(n.address for n in await asyncio.to_thread(self.metadata.replicas_of, pid))
+                except errors.WaltzError as e:
+                    log.warning("partition %d: cannot read its replicas: %s", pid, e)
+                    continue
+                if now != sorted(part.session.assigned_replicas):
+                    part.request_new_session(f"replicas now {', '.join(now)}")
+
+        asyncio.run_coroutine_threadsafe(check(), self.loop)
 
     async def close(self) -> None:
         await self._apply({})
@@ -134,6 +155,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition)
         membership = ServerMembership(metadata, s.host, port, host.deliver)
         await asyncio.to_thread(membership.start)
+        replica_watch = await asyncio.to_thread(
+            DataWatch, store, metadata.paths.replica_assignment, lambda _data, _stat: host.replicas_changed()
+        )
         registry = CollectorRegistry()
         registry.register(ServerCollector(partitions))
         http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
@@ -147,6 +171,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         await stop.wait()
         log.info("stopping server %d", membership.server_id)
         await asyncio.to_thread(membership.close)
+        replica_watch.stop()
         server.close()
         await host.close()
         http.shutdown()

@@ -8,6 +8,11 @@ flight. Commits come back strictly in id order: each committed transaction is pu
 the feed, then its appender is answered. The queue and the in-flight batches are bounded, so
 appenders wait (back pressure) instead of growing memory.
 
+A new store session replaces the current one every `checkpoint_interval` commits and when the
+replica assignment changes (`request_new_session`): the append loop stops taking batches, waits
+until every batch in flight committed, opens the next session (whose recovery then finds every
+replica at the same mark) and goes on; appenders only wait.
+
 The feed keeps the newest headers within `feed_cache_bytes` in memory; a reader further behind is
 served from the storage nodes in bounded batches. Transaction data is served from a byte-bounded
 cache of recent commits, or read from a replica.
@@ -21,7 +26,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from waltz import errors
 from waltz._native import RecordBatch, ReqId
@@ -94,6 +99,8 @@ class Partition:
         lock_budget_bytes: int = 8 << 20,
         feed_cache_bytes: int = 16 << 20,
         data_cache_bytes: int = 64 << 20,
+        checkpoint_interval: int = 100_000,
+        open_session: Callable[[], Awaitable[StoreSession]] | None = None,
     ) -> None:
         self.partition_id = partition_id
         self.generation = generation
@@ -102,9 +109,14 @@ class Partition:
         self.max_batch_bytes = max_batch_bytes
         self.high_water_mark = session.high_water_mark
         self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
+        self._session_start = session.high_water_mark
         self._next = session.high_water_mark + 1
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue(queue_limit)
         self._in_flight = asyncio.Semaphore(max_batches_in_flight)
+        self._max_in_flight = max_batches_in_flight
+        self.checkpoint_interval = checkpoint_interval
+        self._open_session = open_session
+        self._new_session_wanted: str | None = None
         # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
         self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -156,9 +168,55 @@ class Partition:
             q.future.set_exception(self._closed_error())
         return q.future
 
+    def request_new_session(self, why: str) -> None:
+        """The next batch goes to a new store session (the replica assignment changed)."""
+        if self._open_session is not None and self._new_session_wanted is None:
+            self._new_session_wanted = why
+
+    async def _new_session(self, why: str) -> None:
+        """Waits for every batch in flight to commit, then replaces the store session. A failure
+        leaves the old session failed: the partition's host reopens the partition."""
+        assert self._open_session is not None
+        held = 0
+        try:
+            for _ in range(self._max_in_flight):
+                await self._in_flight.acquire()
+                held += 1
+            old = self.session
+            if old.failed is not None:
+                return
+            log.info("partition %d: new store session after session %d (%s)", self.partition_id, old.session_id, why)
+            try:
+                new = await self._open_session()
+            except Exception as e:
+                old._fail(f"its successor did not open: {e}")
+                return
+            if new.high_water_mark != self.high_water_mark:
+                # Everything was committed before the switch: the recovery must find exactly that.
+                broken = errors.InternalError(
+                    f"partition {self.partition_id}: session {new.session_id} recovered to {new.high_water_mark}, "
+                    f"the partition committed up to {self.high_water_mark}"
+                )
+                log.critical("%s", broken)
+                await new.close()
+                old._fail(str(broken))
+                return
+            self.session, self._session_start = new, new.high_water_mark
+            self.stats["store_sessions"] += 1
+            await old.close()
+        finally:
+            self._new_session_wanted = None
+            for _ in range(held):
+                self._in_flight.release()
+
     async def _append_loop(self) -> None:
         while True:
             first = await self._queue.get()
+            if self._open_session is not None:
+                if self.high_water_mark - self._session_start >= self.checkpoint_interval:
+                    self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
+                if self._new_session_wanted is not None:
+                    await self._new_session(self._new_session_wanted)
             items = [first]
             size = len(first.request.data)
             while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:

@@ -1,25 +1,29 @@
 """A partition's store session: the server's replicated, pipelined write path to its storage nodes.
 
 Opening one takes a new session id by compare-and-set in the partition metadata (refused when
-the partition has moved to a newer generation), connects to the partition's replicas (which
-fences every older session on them), settles the starting high-water mark, sets it as every
-reachable replica's low-water mark and records those replicas as clean in the metadata.
+the partition has moved to a newer generation), which fences every older session on every replica
+it reaches, then runs the recovery of `waltz.server.recovery` against the replicas:
 
-Until recovery (issue 6) exists, the starting point is settled only where the vote needs no
-truncation: a majority of the last session's replicas is reachable, a majority of the assigned
-replicas holds the same highest transaction, and every reachable replica agrees with them as far
-as it goes (a lower one is behind, not dirty). That highest id is then what the vote decides:
-every committed transaction is on a majority of the last session's replicas, which meets the
-reachable ones, and the unreachable ones are too few to make a higher mark decidable. Replicas
-behind it stay out of the session until catch-up exists. Otherwise opening fails with
-`RecoveryNeededError`.
+- each reachable replica is prepared (truncated as its metadata state and its last session info
+  say) and votes; replicas that cannot be reached count against deciding;
+- while the vote is undecidable, replicas of the electorate behind the highest one are filled
+  from it in bounded batches and unreachable ones are retried, and the vote runs again, until
+  `recovery_timeout` (then `RecoveryNeededError`, and the partition retries with a new session);
+- once the closing high-water mark is decided, dirty tails above it are truncated, it becomes
+  the low-water mark of every replica holding exactly it, and the metadata records them clean.
 
 Appends get the next ids, are sent at once to every replica in the write path (many batches in
 flight, not stop-and-wait) and commit when a majority of the partition's replicas acknowledged
-them durably, strictly in id order. A replica that errs or falls `max_lag` batches behind leaves
-the write path (catch-up is issue 6's work); losing the majority, or any replica answering that a
-newer session exists, ends the session: in-flight appends fail with `StoreSessionError` (outcome
-unknown) and later appends are refused.
+them durably, strictly in id order. An assigned replica outside the write path (unreachable at the
+start, behind, failed, or `max_lag` batches behind) has a task of its own: it reconnects with
+backoff, is prepared again, is filled with committed records from the write path in bounded
+batches while writes go on, is recorded clean in the metadata (before it acknowledges anything:
+the recovery's invariant), and rejoins the write path. Losing the majority, or any replica
+answering that a newer session exists, ends the session: in-flight appends fail with
+`StoreSessionError` (outcome unknown) and later appends are refused.
+
+Metadata and storage connections are passed in (`offload`, `connect`) so that the deterministic
+simulation (`tests/simulation/`) runs this very code over simulated nodes and a virtual clock.
 """
 
 from __future__ import annotations
@@ -28,13 +32,38 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
 from waltz import errors
 from waltz._native import RecordBatch
-from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata, PartitionMetadata, ReplicaState
+from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
+from waltz.server import recovery
 from waltz.storage.client import StorageClient
 
 log = logging.getLogger(__name__)
+
+CATCH_UP_BATCH = 4000
+"""Records per catch-up read (the storage node also bounds a list response in bytes)."""
+CATCH_UP_WRITES = 4
+"""Catch-up appends in flight to the replica being filled while the next batch is read."""
+
+
+class Metadata(Protocol):
+    """What a store session needs of `ClusterMetadata` (the simulation has its own)."""
+
+    def info(self) -> Any: ...
+    def replicas_of(self, partition_id: int) -> list[Any]: ...
+    def partition_metadata(self, partition_id: int) -> tuple[PartitionMetadata, int]: ...
+    def set_partition_metadata(self, partition_id: int, meta: PartitionMetadata, version: int) -> int: ...
+
+
+Connect = Callable[[str], Awaitable[Any]]
+"""Connects to the storage node at `host:port` and returns a client (`StorageClient` methods)."""
+Offload = Callable[..., Awaitable[Any]]
+"""Runs a blocking metadata call: `asyncio.to_thread`, or a direct call in the simulation."""
+Pack = Callable[[list[Any]], Any]
+"""Packs records read from one replica into a batch for another (`RecordBatch`)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,14 +79,18 @@ class _Pending:
 @dataclasses.dataclass(eq=False)
 class _Replica:
     address: str
-    client: StorageClient
-    in_write_path: bool = True
+    assigned: bool = True
+    client: Any = None
+    in_write_path: bool = False
     in_flight: int = 0
     left_because: str | None = None
     catching_up: bool = False
+    broken: bool = False
+    """Its connection failed: the replica task reconnects before anything else."""
+    prepared: recovery.Preparation | None = None
 
 
-def _new_session_id(metadata: ClusterMetadata, partition: int, generation: int) -> int:
+def _new_session_id(metadata: Metadata, partition: int, generation: int) -> int:
     while True:
         meta, version = metadata.partition_metadata(partition)
         if meta.generation > generation:
@@ -65,150 +98,260 @@ def _new_session_id(metadata: ClusterMetadata, partition: int, generation: int) 
                 f"partition {partition} is at generation {meta.generation}; this server holds generation {generation}"
             )
         try:
-            metadata.set_partition_metadata(partition, PartitionMetadata(generation, meta.session_id + 1, meta.replicas), version)
+            metadata.set_partition_metadata(partition, dataclasses.replace(meta, generation=generation, session_id=meta.session_id + 1), version)
             return meta.session_id + 1
         except errors.MetadataVersionError:
             continue
 
 
-def _record_clean(metadata: ClusterMetadata, partition: int, session: int, clean: list[str]) -> None:
+def _update(metadata: Metadata, partition: int, session: int, change: Callable[[PartitionMetadata], PartitionMetadata]) -> None:
+    """Compare-and-set of the partition metadata, only while `session` is still the newest."""
     while True:
         meta, version = metadata.partition_metadata(partition)
         if meta.session_id != session:
             raise errors.StoreSessionError(f"partition {partition}: store session {meta.session_id} replaced ours ({session})")
-        replicas = dict(meta.replicas)
-        replicas.update({a: ReplicaState(session, UNRESOLVED) for a in clean})
         try:
-            metadata.set_partition_metadata(partition, PartitionMetadata(meta.generation, session, replicas), version)
+            metadata.set_partition_metadata(partition, change(meta), version)
             return
         except errors.MetadataVersionError:
             continue
 
 
+def _network_connect(info: Any, timeout: float) -> Connect:
+    async def connect(address: str) -> StorageClient:
+        host, port = address.rsplit(":", 1)
+        return await StorageClient.connect(host, int(port), cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout)
+
+    return connect
+
+
 class StoreSession:
     """Use `await StoreSession.open(metadata, partition, generation)`; `append(batch)`; `close()`."""
 
-    def __init__(self, partition: int, session_id: int, replicas: list[_Replica], total: int, high_water_mark: int, max_lag: int) -> None:
+    def __init__(
+        self, partition: int, session_id: int, replicas: list[_Replica], *, max_lag: int, metadata: Metadata,
+        connect: Connect, offload: Offload, pack: Pack = RecordBatch,
+    ) -> None:
         self.partition = partition
         self.session_id = session_id
-        self.quorum = total // 2 + 1
-        self.replica_count = total
-        self.high_water_mark = high_water_mark
-        self.max_lag = max_lag
         self._replicas = replicas
-        self.start_high_water_mark = high_water_mark
-        self.metadata: ClusterMetadata | None = None
-        self._next = high_water_mark + 1
+        self.replica_count = sum(1 for r in replicas if r.assigned)
+        self.quorum = self.replica_count // 2 + 1
+        self.high_water_mark = -1
+        self.start_high_water_mark = -1
+        self.max_lag = max_lag
+        self.metadata = metadata
+        self._connect = connect
+        self._offload = offload
+        self._pack = pack
+        self._next = 0
         self._pending: deque[_Pending] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Dicts, not sets: insertion order keeps the simulation's schedule reproducible.
+        self._tasks: dict[asyncio.Future[Any], None] = {}
+        self._closing: dict[asyncio.Future[Any], None] = {}
         self._failed: errors.StoreSessionError | None = None
+        self.recovery_log: list[str] = []
+        """How the recovery went, one line a step (for logs, errors and tests)."""
 
-    # -- opening ---------------------------------------------------------------------------
+    # -- opening: the recovery ---------------------------------------------------------------
     @classmethod
     async def open(
-        cls, metadata: ClusterMetadata, partition: int, generation: int, *, timeout: float = 10.0, max_lag: int = 256
+        cls, metadata: Metadata, partition: int, generation: int, *, timeout: float = 10.0, max_lag: int = 256,
+        recovery_timeout: float | None = None, connect: Connect | None = None, offload: Offload = asyncio.to_thread,
+        pack: Pack = RecordBatch,
     ) -> StoreSession:
-        info = await asyncio.to_thread(metadata.info)
-        nodes = await asyncio.to_thread(metadata.replicas_of, partition)
-        if not nodes:
+        """Opens the next session of `partition` and recovers it; waits up to `recovery_timeout`
+        (default: three times `timeout`) for the vote to become decidable."""
+        info = await offload(metadata.info)
+        assigned = [n.address for n in await offload(metadata.replicas_of, partition)]
+        if not assigned:
             raise errors.StoreSessionError(f"partition {partition} has no replicas assigned")
-        quorum = len(nodes) // 2 + 1
-        session = await asyncio.to_thread(_new_session_id, metadata, partition, generation)
-        # Who may hold the last session's commits: the replicas recorded clean in it. A replica
-        # the metadata does not place in that session (new, replaced, or only clean earlier) can
-        # lack them while agreeing with the others, so it cannot make up the agreeing majority.
-        meta, _ = await asyncio.to_thread(metadata.partition_metadata, partition)
-        last = max((st.session_id for st in meta.replicas.values()), default=None)
-        holders = {a for a, st in meta.replicas.items() if st.session_id == last} if last is not None else None
-        connected = await asyncio.gather(
-            *(StorageClient.connect(n.host, int(n.address.rsplit(":", 1)[1]), cluster_key=info.cluster_key,
-                                    partition_count=info.partitions, timeout=timeout) for n in nodes),
-            return_exceptions=True,
+        session = await offload(_new_session_id, metadata, partition, generation)
+        meta, _ = await offload(metadata.partition_metadata, partition)
+        electors = recovery.electorate(meta, assigned)
+        replicas = [_Replica(a, assigned=a in assigned) for a in sorted(set(assigned) | set(electors))]
+        opened = cls(
+            partition, session, replicas, max_lag=max_lag, metadata=metadata,
+            connect=connect or _network_connect(info, timeout), offload=offload, pack=pack,
         )
-        replicas = [_Replica(n.address, c) for n, c in zip(nodes, connected) if isinstance(c, StorageClient)]
-        down = {n.address: str(c) for n, c in zip(nodes, connected) if not isinstance(c, StorageClient)}
         try:
-            hwm, members = await cls._settle(partition, session, replicas, down, quorum, holders)
-            behind = [r for r in replicas if r not in members]
-            for r in behind:
-                r.in_write_path, r.catching_up = False, True
-            # The low-water mark is this session's starting point on every member.
-            await asyncio.gather(*(r.client.set_low_water_mark(partition, session, hwm) for r in members))
-            await asyncio.to_thread(_record_clean, metadata, partition, session, [r.address for r in members])
+            await opened._recover(meta, electors, timeout * 3 if recovery_timeout is None else recovery_timeout)
         except BaseException:
-            await asyncio.gather(*(r.client.close() for r in replicas), return_exceptions=True)
+            await opened.close()
             raise
-        log.info(
-            "partition %d: store session %d open at high-water mark %d on %s%s%s", partition, session, hwm,
-            ", ".join(r.address for r in members),
-            f" (catching up: {', '.join(r.address for r in behind)})" if behind else "",
-            f" (unreachable: {'; '.join(f'{a}: {w}' for a, w in down.items())})" if down else "",
-        )
-        opened = cls(partition, session, replicas, len(nodes), hwm, max_lag)
-        opened.metadata = metadata
-        for r in behind:
-            opened._start_catch_up(r)
         return opened
 
-    @staticmethod
-    async def _settle(
-        partition: int, session: int, replicas: list[_Replica], down: dict[str, str], quorum: int, holders: set[str] | None = None
-    ) -> tuple[int, list[_Replica]]:
-        """The starting high-water mark and the replicas that hold exactly up to it, or an error."""
-        try:
-            infos = await asyncio.gather(*(r.client.last_session_info(partition, session) for r in replicas))
-            maxes = await asyncio.gather(*(r.client.max_transaction_id(partition, session) for r in replicas))
-        except errors.StaleSessionError as e:
-            raise errors.StoreSessionError(f"partition {partition}: a newer store session than {session} exists: {e}") from e
-        if len(replicas) < quorum:
-            raise errors.StoreSessionError(
-                f"partition {partition}: only {len(replicas)} of {len(replicas) + len(down)} replicas reachable, "
-                f"{quorum} needed ({'; '.join(f'{a}: {why}' for a, why in down.items())})"
-            )
-        state = ", ".join(f"{r.address} max {m}" for r, m in zip(replicas, maxes))
-        if holders is not None:
-            reached = holders & {r.address for r in replicas}
-            if len(reached) < len(holders) // 2 + 1:
-                raise errors.RecoveryNeededError(
-                    f"partition {partition}: only {sorted(reached)} of the last session's replicas {sorted(holders)} are "
-                    f"reachable ({state}); the recovery vote is needed"
-                )
-        # The highest mark a majority of the assigned replicas holds is what the vote decides, if
-        # every reachable replica agrees with it as far as it goes (the lower ones are prefixes:
-        # behind, not dirty). Lower replicas stay out of the session until catch-up (issue 6).
-        top = max(maxes)
-        at_top = [r for r, m in zip(replicas, maxes) if m == top]
-        if len(at_top) < quorum:
-            raise errors.RecoveryNeededError(
-                f"partition {partition}: only {len(at_top)} replicas reach transaction {top}, {quorum} needed ({state}); "
-                f"the recovery vote is needed"
-            )
-        ref = at_top[0]
-        start = min(lwm for _, lwm in infos) + 1
-        for r, m in zip(replicas, maxes):
-            if r is not ref:
-                await StoreSession._same_prefix(partition, session, ref, r, start, m, state)
-        return top, at_top
+    def _note(self, line: str) -> None:
+        self.recovery_log.append(line)
+        log.debug("partition %d session %d: %s", self.partition, self.session_id, line)
 
-    @staticmethod
-    async def _same_prefix(partition: int, session: int, ref: _Replica, other: _Replica, start: int, end: int, state: str) -> None:
-        """Raises RecoveryNeededError unless both replicas hold the same transactions start..end."""
-        while start <= end:
-            a, b = await asyncio.gather(
-                ref.client.record_headers(partition, session, start, min(1000, end - start + 1)),
-                other.client.record_headers(partition, session, start, min(1000, end - start + 1)),
-            )
-            n = min(len(a), len(b))
-            if n == 0:
-                raise errors.RecoveryNeededError(f"partition {partition}: no header at {start} on {ref.address} or {other.address} ({state})")
-            if [(x.txid, x.req_id, x.header) for x in a[:n]] != [(x.txid, x.req_id, x.header) for x in b[:n]]:
+    def _drop(self, r: _Replica, why: str) -> None:
+        """Forgets a replica's connection (closed in the background) after `why` went wrong with it."""
+        client, r.client, r.prepared = r.client, None, None
+        r.left_because = why
+        if client is not None:
+            task = asyncio.ensure_future(client.close())
+            self._closing[task] = None
+            task.add_done_callback(lambda t: self._closing.pop(t, None))
+
+    async def _reach(self, r: _Replica, meta: PartitionMetadata, last: int | None) -> None:
+        """Connects to a replica, prepares it (truncating as the recovery says) and records what it holds."""
+        try:
+            if r.client is None:
+                r.client = await self._connect(r.address)
+            lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
+            top = await r.client.max_transaction_id(self.partition, self.session_id)
+            prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), last)
+            if prep.truncate_to is not None:
+                await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+            r.prepared = prep
+            self._note(f"{r.address}: max {top}; {prep.why}")
+        except errors.StaleSessionError as e:
+            raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+        except errors.WaltzError as e:
+            self._drop(r, str(e))
+
+    async def _recover(self, meta: PartitionMetadata, electors: list[str], recovery_timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + recovery_timeout
+        last = recovery.last_session(meta)
+        while True:
+            await asyncio.gather(*(self._reach(r, meta, last) for r in self._replicas if r.prepared is None))
+            prepared = {r.address: r.prepared for r in self._replicas if r.prepared is not None}
+            outcome = recovery.vote(electors, prepared)
+            if outcome.closing is not None:
+                break
+            # Undecidable (only while an elector is unreachable): fill the electors behind the
+            # highest replica, which may decide it, or wait for the unreachable ones.
+            try:
+                if await self._fill_electors(electors):
+                    continue
+            except errors.StaleSessionError as e:
+                raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            if loop.time() >= deadline:
+                down = "; ".join(f"{r.address}: {r.left_because}" for r in self._replicas if r.prepared is None)
                 raise errors.RecoveryNeededError(
-                    f"partition {partition}: {other.address} differs from {ref.address} after transaction {start - 1} "
-                    f"({state}); the recovery vote is needed"
+                    f"partition {self.partition}: the closing high-water mark of {'session ' + str(last) if last is not None else 'the partition'} is undecidable: "
+                    f"{outcome.why} ({down}); retrying with a new session"
                 )
-            start = a[n - 1].txid + 1
+            await asyncio.sleep(0.2)
+        closing = outcome.closing
+        self._note(f"closing high-water mark {closing}: {outcome.why}")
+        await self._settle(closing, deadline)
+        clean = [r.address for r in self._replicas if r.in_write_path]
+        assigned = [r.address for r in self._replicas if r.assigned]
+        await self._offload(_update, self.metadata, self.partition, self.session_id,
+                            lambda m: recovery.after_recovery(m, self.session_id, closing, clean, assigned))
+        self.high_water_mark = self.start_high_water_mark = closing
+        self._next = closing + 1
+        for r in self._replicas:
+            if not r.assigned:
+                self._drop(r, "not assigned")
+            elif not r.in_write_path:
+                self._start_replica_task(r)
+        log.info(
+            "partition %d: store session %d open at high-water mark %d on %s%s", self.partition, self.session_id, closing,
+            ", ".join(clean),
+            "".join(f"; {r.address} not yet ({r.left_because or 'catching up'})" for r in self._replicas if r.assigned and not r.in_write_path),
+        )
+
+    async def _fill_electors(self, electors: list[str]) -> bool:
+        """Copies one bounded batch from the replica holding the most to each elector behind it
+        (every prepared replica holds a prefix of one sequence). True if anything was copied."""
+        ready = [r for r in self._replicas if r.prepared is not None]
+        source = max(ready, key=lambda r: r.prepared.high_water_mark if r.prepared else -1, default=None)
+        if source is None or source.prepared is None:
+            return False
+        top = source.prepared.high_water_mark
+        behind = [r for r in ready if r.address in electors and r.prepared is not None and r.prepared.high_water_mark < top]
+        if not behind:
+            return False
+        results = await asyncio.gather(*(self._copy(source, r, top) for r in behind))
+        return any(results)
+
+    async def _copy(self, source: _Replica, r: _Replica, upto: int) -> bool:
+        assert r.prepared is not None
+        nxt = r.prepared.high_water_mark + 1
+        try:
+            got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
+        except errors.StaleSessionError:
+            raise
+        except errors.WaltzError as e:
+            self._drop(source, str(e))
+            return False
+        records = [x for x in got if x.txid <= upto]
+        if not records:
+            return False
+        try:
+            await r.client.append(self.partition, self.session_id, nxt, self._pack(records))
+        except errors.StaleSessionError:
+            raise
+        except errors.WaltzError as e:
+            self._drop(r, str(e))
+            return False
+        r.prepared = dataclasses.replace(r.prepared, high_water_mark=records[-1].txid)
+        return True
+
+    async def _settle(self, closing: int, deadline: float) -> None:
+        """Truncates dirty tails above the closing mark, sets it as the low-water mark of the
+        assigned replicas that hold exactly it (the write path), and fills enough others to
+        reach the write quorum if need be."""
+
+        async def clean(r: _Replica) -> None:
+            assert r.prepared is not None
+            try:
+                if r.prepared.high_water_mark > closing:
+                    await r.client.truncate(self.partition, self.session_id, closing)
+                    self._note(f"{r.address}: dirty tail {closing + 1}..{r.prepared.high_water_mark} truncated")
+                    r.prepared = dataclasses.replace(r.prepared, high_water_mark=closing)
+                if r.assigned and r.prepared.high_water_mark == closing:
+                    await r.client.set_low_water_mark(self.partition, self.session_id, closing)
+                    r.in_write_path, r.left_because = True, None
+            except errors.StaleSessionError:
+                raise
+            except errors.WaltzError as e:
+                self._drop(r, str(e))
+
+        while True:
+            try:
+                await asyncio.gather(*(clean(r) for r in self._replicas if r.prepared is not None and not r.in_write_path))
+            except errors.StaleSessionError as e:
+                raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            members = sum(1 for r in self._replicas if r.in_write_path)
+            if members >= self.quorum:
+                return
+            # Too few hold the mark: fill the reachable assigned ones that are behind.
+            sources = [r for r in self._replicas if r.prepared is not None and r.prepared.high_water_mark >= closing]
+            behind = [r for r in self._replicas if r.assigned and r.prepared is not None and r.prepared.high_water_mark < closing]
+            copied = False
+            if sources and behind:
+                try:
+                    copied = any(await asyncio.gather(*(self._copy(sources[0], r, closing) for r in behind)))
+                except errors.StaleSessionError as e:
+                    raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            if copied:
+                continue
+            if asyncio.get_running_loop().time() >= deadline:
+                raise errors.StoreSessionError(
+                    f"partition {self.partition}: only {members} of {self.replica_count} replicas hold the closing high-water "
+                    f"mark {closing}, {self.quorum} needed ("
+                    + "; ".join(f"{r.address}: {r.left_because or 'behind'}" for r in self._replicas if r.assigned and not r.in_write_path)
+                    + ")"
+                )
+            await asyncio.sleep(0.2)
+            meta, _ = await self._offload(self.metadata.partition_metadata, self.partition)
+            await asyncio.gather(*(self._reach(r, meta, recovery.last_session(meta)) for r in self._replicas if r.assigned and r.prepared is None))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks[task] = None
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     # -- writing ---------------------------------------------------------------------------
+    @property
+    def assigned_replicas(self) -> list[str]:
+        return [r.address for r in self._replicas if r.assigned]
+
     @property
     def replicas_in_write_path(self) -> list[str]:
         return [r.address for r in self._replicas if r.in_write_path]
@@ -232,8 +375,7 @@ class StoreSession:
             if not r.in_write_path:
                 continue
             if r.in_flight >= self.max_lag:
-                self._leave(r, f"fell {r.in_flight} batches behind")
-                self._start_catch_up(r)
+                self._leave(r, f"fell {r.in_flight} batches behind", broken=False)
                 continue
             try:
                 acked = r.client.send_append(self.partition, self.session_id, first, batch)
@@ -241,9 +383,7 @@ class StoreSession:
                 self._leave(r, str(e))
                 continue
             r.in_flight += 1
-            task = asyncio.ensure_future(self._await_ack(r, pending, acked))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._await_ack(r, pending, acked))
         return pending.future
 
     async def _await_ack(self, r: _Replica, pending: _Pending, acked: asyncio.Task[None]) -> None:
@@ -271,14 +411,16 @@ class StoreSession:
             if not p.future.done():
                 p.future.set_result((p.first, p.last))
 
-    def _leave(self, r: _Replica, why: str) -> None:
+    def _leave(self, r: _Replica, why: str, *, broken: bool = True) -> None:
         if not r.in_write_path:
             return
-        r.in_write_path, r.left_because = False, why
+        r.in_write_path, r.left_because, r.broken = False, why, broken
         log.warning("partition %d session %d: replica %s leaves the write path: %s", self.partition, self.session_id, r.address, why)
         alive = sum(1 for x in self._replicas if x.in_write_path)
         if alive < self.quorum:
             self._fail(f"lost the quorum: {alive} of {self.replica_count} replicas left in the write path, {self.quorum} needed")
+        else:
+            self._start_replica_task(r)
 
     def _fail(self, why: str, *, level: int = logging.ERROR) -> None:
         if self._failed is not None:
@@ -293,38 +435,90 @@ class StoreSession:
                 p.future.set_exception(self._failed)
                 p.future.exception()  # a caller that dropped the future has nothing to be warned about
 
-    # -- catch-up --------------------------------------------------------------------------
-    def _start_catch_up(self, r: _Replica) -> None:
+    # -- replicas outside the write path -------------------------------------------------------
+    def _start_replica_task(self, r: _Replica) -> None:
+        if r.catching_up or self._failed is not None:
+            return
         r.catching_up = True
-        task = asyncio.ensure_future(self._catch_up(r))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._replica_task(r))
 
-    async def _catch_up(self, r: _Replica) -> None:
-        """Fills a replica that is behind from one in the write path, in bounded batches of
-        committed records, while writes go on; then, with no await between the check and the
-        join, sends it the batches still in flight and puts it back in the write path."""
+    async def _replica_task(self, r: _Replica) -> None:
+        """Brings an assigned replica into the write path: reconnect (with backoff), prepare as
+        the recovery says, fill from the write path, set the low-water mark, record it clean,
+        fill the rest and join. Ends with the session, or when fenced (which ends the session)."""
+        delay = 0.2
         try:
-            while r.in_flight > 0 and self._failed is None:  # what it was sent before leaving settles first
-                await asyncio.sleep(0.05)
-            nxt = await r.client.max_transaction_id(self.partition, self.session_id) + 1
-            low_water_mark_set = False
-            turn = 0  # which write-path member to read from: the next one after a failure or a lag
+            while self._failed is None and not r.in_write_path:
+                try:
+                    await self._bring_in(r)
+                    return
+                except errors.StaleSessionError as e:
+                    self._fail(f"fenced: {r.address} has seen a newer store session ({e})")
+                    return
+                except errors.WaltzError as e:
+                    log.info("partition %d session %d: %s not back yet (retrying in %.1fs): %s", self.partition, self.session_id, r.address, delay, e)
+                    r.broken, r.left_because = True, str(e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        finally:
+            r.catching_up = False
+
+    async def _bring_in(self, r: _Replica) -> None:
+        while r.in_flight > 0 and self._failed is None:  # what it was sent before leaving settles first
+            await asyncio.sleep(0.05)
+        if r.broken or r.client is None:
+            self._drop(r, r.left_because or "reconnecting")
+            r.client = await self._connect(r.address)
+            r.broken = False
+        meta, _ = await self._offload(self.metadata.partition_metadata, self.partition)
+        if meta.session_id != self.session_id:
+            raise errors.StaleSessionError(f"the partition metadata is at session {meta.session_id}")
+        lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
+        top = await r.client.max_transaction_id(self.partition, self.session_id)
+        prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta))
+        if prep.truncate_to is not None:
+            await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+        log.info("partition %d session %d: %s reached: %s", self.partition, self.session_id, r.address, prep.why)
+        nxt = prep.high_water_mark + 1
+        clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
+        turn = 0  # which write-path member to read from: the next one after a failure or a lag
+        writes: deque[asyncio.Future[None]] = deque()  # catch-up appends in flight, in id order
+
+        async def drain(keep: int = 0) -> None:
+            while len(writes) > keep:
+                await writes.popleft()
+
+        try:
             while self._failed is None:
-                if nxt > self.start_high_water_mark and not low_water_mark_set:
+                if nxt > self.start_high_water_mark and not clean:
+                    # It holds the session's start: that is its low-water mark, and the metadata
+                    # records it clean before it acknowledges anything of this session.
+                    await drain()
                     await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
-                    low_water_mark_set = True
+                    await self._offload(_update, self.metadata, self.partition, self.session_id,
+                                        lambda m: recovery.after_catch_up(m, self.session_id, r.address))
+                    clean = True
                     continue
-                if nxt > self.high_water_mark and low_water_mark_set:
+                if nxt > self.high_water_mark and clean:
+                    await drain()
+                    if nxt <= self.high_water_mark:
+                        continue  # commits arrived while the last writes landed
+                    cut = next((p for p in self._pending if p.first < nxt <= p.last), None)
+                    if cut is not None:
+                        # Part of an in-flight batch survived a crash of the node: it never
+                        # acknowledged that batch, so the part goes and the whole batch is resent.
+                        await r.client.truncate(self.partition, self.session_id, cut.first - 1)
+                        nxt = cut.first
+                        continue
                     self._join(r, nxt)
-                    break
+                    return
                 sources = [x for x in self._replicas if x.in_write_path]
                 if not sources:
                     return
                 target = self.high_water_mark
                 source = sources[turn % len(sources)]
                 try:
-                    got = await source.client.records(self.partition, self.session_id, nxt, 1000)
+                    got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
                 except errors.StaleSessionError:
                     raise
                 except errors.WaltzError as e:  # the source's trouble, not r's: read from another
@@ -333,23 +527,17 @@ class StoreSession:
                 records = [x for x in got if x.txid <= target]
                 if not records:
                     turn += 1
+                    await drain()
                     await asyncio.sleep(0.05)
                     continue
-                await r.client.append(self.partition, self.session_id, nxt, RecordBatch(records))
+                # Pipelined: the next read overlaps these appends (sent in order on one connection).
+                writes.append(r.client.send_append(self.partition, self.session_id, nxt, self._pack(records)))
                 nxt = records[-1].txid + 1
-        except errors.StaleSessionError as e:
-            self._fail(f"fenced: a newer store session exists ({e})")
-            return
-        except errors.WaltzError as e:
-            r.catching_up = False
-            r.left_because = f"catch-up failed: {e}"
-            log.warning("partition %d session %d: catching up %s failed: %s", self.partition, self.session_id, r.address, e)
-            return
-        if r.in_write_path and self.metadata is not None:
-            try:
-                await asyncio.to_thread(_record_clean, self.metadata, self.partition, self.session_id, [r.address])
-            except errors.WaltzError as e:
-                log.warning("partition %d: %s caught up but not recorded clean: %s", self.partition, r.address, e)
+                await drain(CATCH_UP_WRITES - 1)
+        finally:
+            for w in writes:
+                w.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
 
     def _join(self, r: _Replica, nxt: int) -> None:
         # Everything committed is on r. Of the batches in flight it is sent those it lacks; the
@@ -359,17 +547,15 @@ class StoreSession:
         for pending in (p for p in self._pending if p.first >= nxt):
             acked = r.client.send_append(self.partition, self.session_id, pending.first, pending.batch)
             r.in_flight += 1
-            task = asyncio.ensure_future(self._await_ack(r, pending, acked))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        r.in_write_path, r.catching_up, r.left_because = True, False, None
-        log.info("partition %d session %d: %s caught up at %d and rejoined the write path", self.partition, self.session_id, r.address, nxt - 1)
+            self._spawn(self._await_ack(r, pending, acked))
+        r.in_write_path, r.left_because = True, None
+        log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
         # Every replica of this session holds the same committed prefix; those still in the write
         # path are the most complete.
-        return sorted(self._replicas, key=lambda r: not r.in_write_path)
+        return sorted((r for r in self._replicas if r.client is not None), key=lambda r: not r.in_write_path)
 
     async def read_headers(self, start: int, count: int) -> list[Any]:
         """Headers of committed transactions from `start` (at most `count`; fewer at the end)."""
@@ -411,4 +597,4 @@ class StoreSession:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(r.client.close() for r in self._replicas), return_exceptions=True)
+        await asyncio.gather(*self._closing, *(r.client.close() for r in self._replicas if r.client is not None), return_exceptions=True)
