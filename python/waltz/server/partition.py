@@ -187,6 +187,7 @@ class Partition:
                 return
             log.info("partition %d: new store session after session %d (%s)", self.partition_id, old.session_id, why)
             try:
+                await old.quiesce()
                 new = await self._open_session()
             except Exception as e:
                 old._fail(f"its successor did not open: {e}")

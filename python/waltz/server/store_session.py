@@ -591,6 +591,15 @@ class StoreSession:
             problems.append(f"{r.address}: absent")
         raise errors.StoreSessionError(f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})")
 
+    async def quiesce(self) -> None:
+        """Stops the background work (replica tasks) of a session with nothing in flight, so that
+        its successor's recovery does not fence it into a failure while the partition switches."""
+        if self._pending:
+            raise errors.InternalError(f"partition {self.partition}: quiesce with {len(self._pending)} batches in flight")
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def close(self) -> None:
         if self._failed is None:
             self._fail("closed", level=logging.INFO)
