@@ -18,6 +18,7 @@ from waltz import client_protocol as cp
 
 from processes import start, stop, wait_http
 from test_server_daemon import mounted, setup, start_server, wait_served  # noqa: F401  (fixture)
+from test_store_session import admin_read_all
 
 CLIENT = 42
 
@@ -79,16 +80,7 @@ class Load:
 
 
 def replica_log(node: Any, upto: int) -> list[bytes]:
-    async def read(c: Any) -> list[bytes]:
-        out: list[bytes] = []
-        while len(out) <= upto:
-            got = await c.records(0, len(out), 1000)  # admin reads: no store session, no fence
-            if not got:
-                break
-            out += [bytes(r.data) for r in got]
-        return out[: upto + 1]
-
-    return node.admin(read)  # type: ignore[no-any-return]
+    return [bytes(r.data) for r in admin_read_all(node)[: upto + 1]]
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)

@@ -125,12 +125,13 @@ class PartitionHost:
         replica set differs from their session's move to a new session."""
 
         async def check() -> None:
+            try:
+                nodes = await asyncio.to_thread(self.metadata.storage_nodes)  # one read for every partition
+            except errors.WaltzError as e:
+                log.warning("cannot read the replica assignment: %s", e)
+                return
             for pid, part in list(self.partitions.by_id.items()):
-                try:
-                    now = sorted(n.address for n in await asyncio.to_thread(self.metadata.replicas_of, pid))
-                except errors.WaltzError as e:
-                    log.warning("partition %d: cannot read its replicas: %s", pid, e)
-                    continue
+                now = sorted(n.address for n in nodes if pid in n.partitions)
                 if now != sorted(part.session.assigned_replicas):
                     part.request_new_session(f"replicas now {', '.join(now)}")
 

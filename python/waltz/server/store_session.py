@@ -117,6 +117,13 @@ def _update(metadata: Metadata, partition: int, session: int, change: Callable[[
             continue
 
 
+def _upto(records: list[Any], last: int) -> list[Any]:
+    """The records of a list read (dense ids) up to `last`, without looking at each one."""
+    if not records or records[-1].txid <= last:
+        return records
+    return records[: max(0, last - records[0].txid + 1)]
+
+
 def _network_connect(info: Any, timeout: float) -> Connect:
     async def connect(address: str) -> StorageClient:
         host, port = address.rsplit(":", 1)
@@ -176,6 +183,9 @@ class StoreSession:
         )
         try:
             await opened._recover(meta, electors, timeout * 3 if recovery_timeout is None else recovery_timeout)
+        except errors.StaleSessionError as e:
+            await opened.close()
+            raise errors.StoreSessionError(f"partition {partition}: a newer store session than {session} exists: {e}") from e
         except BaseException:
             await opened.close()
             raise
@@ -194,20 +204,25 @@ class StoreSession:
             self._closing[task] = None
             task.add_done_callback(lambda t: self._closing.pop(t, None))
 
-    async def _reach(self, r: _Replica, meta: PartitionMetadata, last: int | None) -> None:
-        """Connects to a replica, prepares it (truncating as the recovery says) and records what it holds."""
+    async def _prepare(self, r: _Replica, meta: PartitionMetadata) -> tuple[recovery.Preparation, int]:
+        """Asks a connected replica what it holds and truncates it as the recovery says; returns
+        the preparation and the replica's last clean session."""
+        lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
+        top = await r.client.max_transaction_id(self.partition, self.session_id)
+        prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta))
+        if prep.truncate_to is not None:
+            await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+        self._note(f"{r.address}: max {top}; {prep.why}")
+        return prep, lsn
+
+    async def _reach(self, r: _Replica, meta: PartitionMetadata) -> None:
+        """Connects to a replica and prepares it; one that cannot be reached counts as unreachable."""
         try:
             if r.client is None:
                 r.client = await self._connect(r.address)
-            lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
-            top = await r.client.max_transaction_id(self.partition, self.session_id)
-            prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), last)
-            if prep.truncate_to is not None:
-                await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
-            r.prepared = prep
-            self._note(f"{r.address}: max {top}; {prep.why}")
-        except errors.StaleSessionError as e:
-            raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            r.prepared, _ = await self._prepare(r, meta)
+        except errors.StaleSessionError:
+            raise
         except errors.WaltzError as e:
             self._drop(r, str(e))
 
@@ -216,18 +231,15 @@ class StoreSession:
         deadline = loop.time() + recovery_timeout
         last = recovery.last_session(meta)
         while True:
-            await asyncio.gather(*(self._reach(r, meta, last) for r in self._replicas if r.prepared is None))
+            await asyncio.gather(*(self._reach(r, meta) for r in self._replicas if r.prepared is None))
             prepared = {r.address: r.prepared for r in self._replicas if r.prepared is not None}
             outcome = recovery.vote(electors, prepared)
             if outcome.closing is not None:
                 break
             # Undecidable (only while an elector is unreachable): fill the electors behind the
             # highest replica, which may decide it, or wait for the unreachable ones.
-            try:
-                if await self._fill_electors(electors):
-                    continue
-            except errors.StaleSessionError as e:
-                raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            if await self._fill_electors(electors):
+                continue
             if loop.time() >= deadline:
                 down = "; ".join(f"{r.address}: {r.left_because}" for r in self._replicas if r.prepared is None)
                 raise errors.RecoveryNeededError(
@@ -279,7 +291,7 @@ class StoreSession:
         except errors.WaltzError as e:
             self._drop(source, str(e))
             return False
-        records = [x for x in got if x.txid <= upto]
+        records = _upto(got, upto)
         if not records:
             return False
         try:
@@ -313,10 +325,7 @@ class StoreSession:
                 self._drop(r, str(e))
 
         while True:
-            try:
-                await asyncio.gather(*(clean(r) for r in self._replicas if r.prepared is not None and not r.in_write_path))
-            except errors.StaleSessionError as e:
-                raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+            await asyncio.gather(*(clean(r) for r in self._replicas if r.prepared is not None and not r.in_write_path))
             members = sum(1 for r in self._replicas if r.in_write_path)
             if members >= self.quorum:
                 return
@@ -325,10 +334,7 @@ class StoreSession:
             behind = [r for r in self._replicas if r.assigned and r.prepared is not None and r.prepared.high_water_mark < closing]
             copied = False
             if sources and behind:
-                try:
-                    copied = any(await asyncio.gather(*(self._copy(sources[0], r, closing) for r in behind)))
-                except errors.StaleSessionError as e:
-                    raise errors.StoreSessionError(f"partition {self.partition}: a newer store session than {self.session_id} exists: {e}") from e
+                copied = any(await asyncio.gather(*(self._copy(sources[0], r, closing) for r in behind)))
             if copied:
                 continue
             if asyncio.get_running_loop().time() >= deadline:
@@ -340,7 +346,7 @@ class StoreSession:
                 )
             await asyncio.sleep(0.2)
             meta, _ = await self._offload(self.metadata.partition_metadata, self.partition)
-            await asyncio.gather(*(self._reach(r, meta, recovery.last_session(meta)) for r in self._replicas if r.assigned and r.prepared is None))
+            await asyncio.gather(*(self._reach(r, meta) for r in self._replicas if r.assigned and r.prepared is None))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -473,11 +479,7 @@ class StoreSession:
         meta, _ = await self._offload(self.metadata.partition_metadata, self.partition)
         if meta.session_id != self.session_id:
             raise errors.StaleSessionError(f"the partition metadata is at session {meta.session_id}")
-        lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
-        top = await r.client.max_transaction_id(self.partition, self.session_id)
-        prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta))
-        if prep.truncate_to is not None:
-            await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+        prep, lsn = await self._prepare(r, meta)
         log.info("partition %d session %d: %s reached: %s", self.partition, self.session_id, r.address, prep.why)
         nxt = prep.high_water_mark + 1
         clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
@@ -524,7 +526,7 @@ class StoreSession:
                 except errors.WaltzError as e:  # the source's trouble, not r's: read from another
                     log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
                     got = []
-                records = [x for x in got if x.txid <= target]
+                records = _upto(got, target)
                 if not records:
                     turn += 1
                     await drain()
