@@ -8,7 +8,10 @@ keeps one 1 KiB transaction in flight: it sends an Append and waits until its Re
 in the feed (the commit), then sends the next. Reported per client count (1, 8, 32): committed
 transactions/s, MB/s, p50/p99 submit-to-commit latency, and CPU microseconds per committed
 transaction summed over every process (server, storage nodes, and this one, which runs the
-clients). Comparisons with etcd and ZooKeeper are issue 10's extension of this script.
+clients). Then the same through the client library: one `WaltzClient` in this process with
+1, 8, 32 threads each keeping one transaction in flight, reporting transactions/s, p50/p99
+submit-to-applied latency and the ratio to the raw-protocol clients at the same concurrency
+(what the library costs). Comparisons with etcd and ZooKeeper are issue 10's extension.
 
 Knobs for investigation: WALTZ_SERVER_EXTRA (TOML appended to the server's configuration, e.g.
 "[partition]\nmax_batches_in_flight = 2"), WALTZ_PROFILE=PATH (the server runs under cProfile).
@@ -25,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tests"))
@@ -33,6 +37,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tests" / "integratio
 from processes import free_port, start, stop, wait_http, write_config  # noqa: E402
 
 from waltz import client_protocol as cp  # noqa: E402
+from waltz.client import (  # noqa: E402
+    ClientConfig,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+)
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
 from waltz.storage import StorageAdminClient  # noqa: E402
@@ -124,6 +136,74 @@ async def measure(port: int, clients: int, seconds: float, pids: list[int]) -> d
     }
 
 
+class _Noted(WaltzClientCallbacks):
+    """Applies nothing; notes when each transaction (by header) reached apply_transaction."""
+
+    def __init__(self) -> None:
+        self.marks: dict[int, int] = {}
+        self.applied_at: dict[int, float] = {}
+
+    def get_client_high_water_mark(self, partition: int) -> int:
+        return self.marks.get(partition, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self.applied_at[transaction.header] = time.perf_counter()
+        self.marks[transaction.partition] = transaction.transaction_id
+
+
+class _Put(TransactionContext):
+    def __init__(self, n: int, payload: bytes) -> None:
+        super().__init__()
+        self.n, self.payload = n, payload
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.n % num_partitions
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.n)
+        builder.set_data(self.payload)
+        return True
+
+
+def measure_client(url: str, concurrency: int, seconds: float, pids: list[int]) -> dict[str, object]:
+    """One WaltzClient in this process, `concurrency` threads each keeping one transaction in
+    flight (submit, wait for the commit): what the library costs over the raw protocol."""
+    app = _Noted()
+    payload = os.urandom(1024)
+    submitted: dict[int, float] = {}
+    counter = iter(range(1, 1 << 31))
+    with WaltzClient(app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
+        app.marks = {p: client.high_water_mark(p) for p in range(client.partitions)}  # start at the tail
+        c0, t0 = cpu_seconds(pids), time.perf_counter()
+        deadline = t0 + seconds
+
+        def loop() -> None:
+            while time.perf_counter() < deadline:
+                n = next(counter)
+                submitted[n] = time.perf_counter()
+                client.submit(_Put(n, payload)).result()
+
+        threads = [threading.Thread(target=loop) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        client.flush()
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
+        own_cpu = cpu_seconds([os.getpid()])
+    lat = sorted(app.applied_at[n] - t for n, t in submitted.items() if n in app.applied_at)
+    q = statistics.quantiles(lat, n=100)
+    return {
+        "concurrency": concurrency,
+        "committed": len(lat),
+        "tx_per_s": len(lat) / elapsed,
+        "p50_ms": q[49] * 1e3,
+        "p99_ms": q[98] * 1e3,
+        "cpu_us_per_tx": cpu / len(lat) * 1e6,
+        "client_process_cpu_s": own_cpu,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -169,6 +249,7 @@ def main() -> None:
             time.sleep(0.5)
             pids = [os.getpid(), server.pid] + [p.pid for p in procs]
             rows = [asyncio.run(measure(port, n, seconds, pids)) for n in (1, 8, 32)]
+            client_rows = [measure_client(url, n, seconds, pids) for n in (1, 8, 32)]
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -180,8 +261,16 @@ def main() -> None:
         print(r["cpu_us_per_tx_by_process"], file=sys.stderr)
     for r in rows:
         print(f"| {r['clients']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:.0f} |")
+    print("\nThe client library (one WaltzClient, N threads each with one transaction in flight; latency submit -> applied)\n")
+    print("| in flight | tx/s | p50 ms | p99 ms | CPU us/tx (all processes) | tx/s vs raw protocol |\n|---|---|---|---|---|---|")
+    ratios = {}
+    for r, raw in zip(client_rows, rows):
+        ratio = r["tx_per_s"] / raw["tx_per_s"]  # type: ignore[operator]
+        ratios[f"client_library_vs_raw_protocol_{r['concurrency']}"] = round(ratio, 3)
+        print(f"| {r['concurrency']} | {r['tx_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_tx']:.0f} | {ratio:.2f}x |")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"seconds_per_run": seconds, "rows": rows, "ratios": {}}, indent=2))
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"seconds_per_run": seconds, "rows": rows, "client_library": client_rows, "ratios": ratios}, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ command -v strace >/dev/null || need_apt+=(strace)
 # Real ZooKeeper for the integration tests (the demo runs on the embedded store without it).
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null || need_apt+=(default-jre-headless)
+# A real PostgreSQL for the client's exactly-once tests (waltz.client.sql).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing ${need_apt[*]} (apt)"
@@ -31,7 +33,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-extras=${WALTZ_EXTRAS:-test,arrow,bench}
+extras=${WALTZ_EXTRAS:-test,arrow,bench,sql}
 echo "setup: building the native engine and installing waltz[$extras] (first build takes a minute or two)"
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 .venv/bin/python -c "import waltz; print('setup: waltz', waltz.__version__, 'ready in .venv')"

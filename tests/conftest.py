@@ -32,6 +32,21 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgresql():
+    """One real PostgreSQL server for the session; tests create their own databases."""
+    from processes import PostgresServer
+
+    server = PostgresServer()
+    try:
+        server.start()
+    except Exception as e:
+        server.stop()
+        pytest.fail(f"PostgreSQL did not start: {e} {getattr(e, 'stderr', '')}")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["embedded", "zookeeper"])
 def metadata_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
     """A fresh, empty metadata store of each kind: an embedded SQLite file, or a new chroot on

@@ -152,3 +152,51 @@ class ZooKeeperServer:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def postgres_bin(name: str) -> str | None:
+    for d in sorted(pathlib.Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (d / name).exists():
+            return str(d / name)
+    return shutil.which(name)
+
+
+class PostgresServer:
+    """A real PostgreSQL (Debian package `postgresql`) in a temporary directory on 127.0.0.1 and
+    a free port, trust authentication. PostgreSQL refuses to run as root: under root it runs as
+    the `postgres` system user, in a directory that user owns."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        initdb = postgres_bin("initdb")
+        if initdb is None:
+            raise RuntimeError("PostgreSQL is not installed: run scripts/setup.sh (apt package `postgresql`)")
+        self.bin = pathlib.Path(initdb).parent
+        self.directory = pathlib.Path(tempfile.mkdtemp(prefix="waltz-pg-"))
+        self.port = free_port()
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres", "postgres")
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as, *args], check=True, capture_output=True, text=True)
+
+    def start(self) -> None:
+        data = self.directory / "data"
+        self._run(str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "waltz", "--no-sync")
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.directory / "log"), "-w", "-t", "60",
+            "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off", "start",
+        )
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://waltz@127.0.0.1:{self.port}/{database}"
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.directory / "data"), "-m", "immediate", "stop")
+        except subprocess.CalledProcessError:
+            pass
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import struct
 import zlib
 from collections.abc import Sequence
@@ -25,6 +26,12 @@ _REQ = struct.Struct(">iiii")
 _ENTRY = struct.Struct(">qiiiii")  # transaction id, ReqId, header
 
 
+def lock_hash(name: str, lock_id: int) -> int:
+    """The 64-bit hash a client sends for lock (name, id); the server never sees names."""
+    digest = hashlib.blake2b(name.encode() + b"\x00" + lock_id.to_bytes(8, "big", signed=True), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 class MountStatus(enum.IntEnum):
     READY = 0
     """The feed has delivered everything committed up to the moment of the mount."""
@@ -41,6 +48,8 @@ class FailureKind(enum.IntEnum):
     PARTITION_NOT_HERE = 3
     NOT_COMMITTED = 4
     STORE_UNAVAILABLE = 5
+    APPEND_REJECTED = 6
+    """An append that can never be written (too large, malformed): `seq` is its sequence number."""
 
 
 class _Reader:

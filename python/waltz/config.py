@@ -164,6 +164,8 @@ class ServerSection:
     port: int = 55290
     http_port: int = 55291
     session_timeout: float = 10.0
+    advertised_address: str = ""
+    """`host:port` clients connect to, when it is not `host` and the bound port (a proxy, NAT)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +178,9 @@ class PartitionSection:
     feed_cache_bytes: int = 16 << 20
     data_cache_bytes: int = 64 << 20
     storage_timeout: float = 10.0
+    max_transaction_bytes: int = (16 << 20) - 1024
+    """Larger appends are refused (APPEND_REJECTED); keep it below the storage nodes'
+    max_record_size minus 40 bytes."""
     checkpoint_interval: int = 100_000
     """Transactions after which a new store session starts (the spec's storage.checkpointInterval):
     it bounds what an inconsistent replica is truncated back by."""
@@ -195,6 +200,9 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
     need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")
+    if config.server.advertised_address:
+        host, sep, port = config.server.advertised_address.rpartition(":")
+        need(bool(sep and host and port.isdigit() and 0 < int(port) < 65536), "[server] advertised_address must be host:port")
     for f in dataclasses.fields(PartitionSection):
         need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
     return config

@@ -110,8 +110,59 @@ class ClusterError(WaltzError):
     """A cluster administration request cannot be done as asked (the message says why)."""
 
 
+class ClientError(WaltzError):
+    """The client library cannot do what was asked (the message says why)."""
+
+
+class ClientClosedError(ClientError):
+    """The client is closed (or closing): nothing more can be submitted."""
+
+
+class MountTimeoutError(ClientError, TimeoutError):
+    """A partition could not be mounted (no server serving it, or its feed not replayed) within
+    `mount_timeout`. Whether a transaction already sent committed is then unknown: if it did, it
+    arrives in the feed like any other."""
+
+
+class ClientAheadError(ClientError):
+    """The application's high-water mark is above the partition's: it read a different cluster,
+    or its database was restored from a newer backup. Refused rather than papered over."""
+
+
+class TransactionExpiredError(ClientError, TimeoutError):
+    """A transaction context was not completed within its timeout and is not retried any more."""
+
+
+class RequestFailedError(ClientError):
+    """A server refused a request; `kind` is the protocol's failure kind (docs/protocol.md)."""
+
+    def __init__(self, message: str, kind: str = "internal") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class RequestTimeoutError(RequestFailedError, TimeoutError):
+    """A request got no answer within `request_timeout`, retries included."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "timeout")
+
+
+class ApplicationStateError(ClientError):
+    """The application's stored high-water mark does not fit the feed (a gap: the database was
+    restored, or another cluster's feed was applied to it)."""
+
+
 __all__ = [
+    "ApplicationStateError",
+    "ClientAheadError",
+    "ClientClosedError",
+    "ClientError",
     "ClusterError",
+    "MountTimeoutError",
+    "RequestFailedError",
+    "RequestTimeoutError",
+    "TransactionExpiredError",
     "RecoveryNeededError",
     "StaleGenerationError",
     "StoreSessionError",

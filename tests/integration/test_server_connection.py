@@ -240,3 +240,32 @@ def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # 
             await p.close()
 
     asyncio.run(go())
+
+
+def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(cluster) -> None:  # noqa: F811
+    """The client fails every pending append once READY arrives: none of its appends from an
+    older connection may commit after that."""
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        old = await RawClient.connect(port)
+        old.send(cp.Mount(1, 0, 7, -1, 1))
+        await old.until(lambda m: isinstance(m, cp.MountResponse))
+        for i in range(1, 3001):
+            old.send(append(7, i, -1, b"in flight %d " % i + bytes(2000)))
+        await asyncio.sleep(0.05)  # some read by the server and in flight, more queued
+        new = await RawClient.connect(port)
+        new.send(cp.Mount(2, 0, 7, -1, 2))
+        got = await new.until(lambda m: isinstance(m, cp.MountResponse))
+        ready = got[-1]
+        assert isinstance(ready, cp.MountResponse) and ready.status == cp.MountStatus.READY
+        before = feed_ids(got)
+        await asyncio.sleep(1.0)
+        committed_later = [e for e in (await p.feed(ready.high_water_mark, 1000).__anext__() if p.high_water_mark > ready.high_water_mark else [])]
+        assert committed_later == [], f"{len(committed_later)} appends of the old connection committed after READY"
+        assert before == list(range(ready.high_water_mark + 1))
+        assert ready.high_water_mark >= 0  # some did commit, and all of them before READY
+        old.close()
+        new.close()
+
+    serve(meta, body)

@@ -148,6 +148,9 @@ class ClientConnection:
         except errors.StoreSessionError as e:
             await self._send(cp.Failure(-1, partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
             return
+        except errors.InvalidArgumentError as e:
+            await self._send(cp.Failure(msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {e}").frame())
+            return
         pending = self._appends[partition]
         pending.append(outcome)
         outcome.add_done_callback(lambda f: self._answered(msg, f))
@@ -165,7 +168,7 @@ class ClientConnection:
         if isinstance(exc, errors.StoreSessionError):
             self.writer.write(cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {exc}").frame())
         elif exc is not None:
-            self.writer.write(cp.Failure(-1, msg.req_id[2], cp.FailureKind.BAD_REQUEST, f"append {msg.req_id}: {exc}").frame())
+            self.writer.write(cp.Failure(msg.req_id[3], msg.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {exc}").frame())
         else:
             result = outcome.result()
             if isinstance(result, LockFailed):
@@ -201,6 +204,16 @@ class ClientConnection:
         self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
 
     async def _feed(self, mount: cp.Mount, p: Partition) -> None:
+        # The client fails every append it has not seen committed once READY arrives, so READY
+        # must mean that none of them can commit any more: wait until this client's earlier
+        # appends are resolved, and refuse while the store session is broken (what it had in
+        # flight is decided by the next session's recovery, not here).
+        await p.settled(mount.client_id)
+        if self._stale(mount.partition):
+            return
+        if self.partitions.by_id.get(mount.partition) is not p or p.session.failed is not None:
+            await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.NOT_READY, -1, -1).frame())
+            return
         target = p.high_water_mark  # READY once everything committed at the mount is delivered
         ready = mount.client_high_water_mark >= target
         if ready:

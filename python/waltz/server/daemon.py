@@ -98,7 +98,7 @@ class PartitionHost:
                     pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
                     max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
-                    checkpoint_interval=t.checkpoint_interval,
+                    checkpoint_interval=t.checkpoint_interval, max_transaction_bytes=t.max_transaction_bytes,
                     open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout),
                 )
                 await part.start()
@@ -154,7 +154,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, partitions).run(), s.host, s.port)
         port = server.sockets[0].getsockname()[1]
         host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition)
-        membership = ServerMembership(metadata, s.host, port, host.deliver)
+        public_host, public_port = s.host, port
+        if s.advertised_address:
+            public_host, _, advertised_port = s.advertised_address.rpartition(":")
+            public_port = int(advertised_port)
+        membership = ServerMembership(metadata, public_host, public_port, host.deliver)
         await asyncio.to_thread(membership.start)
         replica_watch = await asyncio.to_thread(
             DataWatch, store, metadata.paths.replica_assignment, lambda _data, _stat: host.replicas_changed()

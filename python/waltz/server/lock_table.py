@@ -26,21 +26,16 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
+
+from waltz.client_protocol import lock_hash as lock_hash  # the hash is the protocol's; kept here for its users
 
 # Rough CPython cost of one exact entry (OrderedDict node, key and value ints): sizes the map.
 EXACT_ENTRY_BYTES = 120
 SLOT_BYTES = 8
 HASHES = 3
 _MASK = (1 << 64) - 1
-
-
-def lock_hash(name: str, lock_id: int) -> int:
-    """The 64-bit hash a client sends for lock (name, id); the server never sees names."""
-    digest = hashlib.blake2b(name.encode() + b"\x00" + lock_id.to_bytes(8, "big", signed=True), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def _mix(x: int) -> int:

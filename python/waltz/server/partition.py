@@ -74,6 +74,9 @@ class FeedEntry:
 
 
 FEED_ENTRY_BYTES = 200
+MAX_TRANSACTION_BYTES = (16 << 20) - 1024
+"""Below the storage nodes' default max_record_size (16 MiB, a record's 40 header bytes
+included): a larger append would fail the whole batch at the replicas."""
 COMMIT_SECONDS_BOUNDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
@@ -100,6 +103,7 @@ class Partition:
         feed_cache_bytes: int = 16 << 20,
         data_cache_bytes: int = 64 << 20,
         checkpoint_interval: int = 100_000,
+        max_transaction_bytes: int = MAX_TRANSACTION_BYTES,
         open_session: Callable[[], Awaitable[StoreSession]] | None = None,
     ) -> None:
         self.partition_id = partition_id
@@ -107,6 +111,7 @@ class Partition:
         self.session = session
         self.max_batch_records = max_batch_records
         self.max_batch_bytes = max_batch_bytes
+        self.max_transaction_bytes = max_transaction_bytes
         self.high_water_mark = session.high_water_mark
         self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
         self._session_start = session.high_water_mark
@@ -123,6 +128,8 @@ class Partition:
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
         self._committed = asyncio.Condition()
+        self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
+        """Client id → its appends queued or in flight (for `settled`)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.stats = collections.Counter[str]()
@@ -162,11 +169,36 @@ class Partition:
             raise failed
         if self._closed:
             raise self._closed_error()
+        if len(request.data) > self.max_transaction_bytes:
+            raise errors.InvalidArgumentError(
+                f"transaction data of {len(request.data)} bytes exceeds the partition's max_transaction_bytes {self.max_transaction_bytes}"
+            )
         q = _Queued(request, asyncio.get_running_loop().create_future())
+        # Registered before waiting for room, so that `settled` also waits for appends that a
+        # full queue still holds back.
+        client = request.req_id.client_id
+        unresolved = self._unresolved[client]
+        unresolved.add(q.future)
+        q.future.add_done_callback(lambda f: self._resolved(client, f))
         await self._queue.put(q)
         if self._closed and not q.future.done():  # woken by close()'s draining: nobody reads the queue now
             q.future.set_exception(self._closed_error())
         return q.future
+
+    def _resolved(self, client: int, f: asyncio.Future[AppendResult]) -> None:
+        unresolved = self._unresolved.get(client)
+        if unresolved is not None:
+            unresolved.discard(f)
+            if not unresolved:
+                del self._unresolved[client]
+
+    async def settled(self, client_id: int) -> None:
+        """Returns once every append of this client queued until now is resolved (committed,
+        refused, or failed with the session). A mount waits for this before it answers READY:
+        after READY nothing the client sent earlier can still commit."""
+        waiting = list(self._unresolved.get(client_id, ()))
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
 
     def request_new_session(self, why: str) -> None:
         """The next batch goes to a new store session (the replica assignment changed)."""

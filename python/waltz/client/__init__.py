@@ -1,0 +1,35 @@
+"""The Waltz client: applications submit transactions through `TransactionContext`s and apply
+the committed log in order through `WaltzClientCallbacks`.
+
+- `WaltzClient` (threads, blocking `submit`) and `AsyncWaltzClient` (asyncio)
+- `ClientConfig`, `TransactionContext`, `TransactionBuilder`, `PartitionLocalLock`, `Transaction`
+- serializers `BYTES` (default), `JSON`, `TEXT`
+- `waltz.client.sql`: exactly-once application into a SQL database (SQLAlchemy)
+
+See docs/client.md."""
+
+from waltz.client.aio import AsyncWaltzClient
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.config import ClientConfig
+from waltz.client.context import PartitionLocalLock, TransactionBuilder, TransactionContext
+from waltz.client.serializers import BYTES, JSON, TEXT, BytesSerializer, JsonSerializer, Serializer, TextSerializer
+from waltz.client.sync import WaltzClient
+from waltz.client.transaction import Transaction
+
+__all__ = [
+    "BYTES",
+    "JSON",
+    "TEXT",
+    "AsyncWaltzClient",
+    "BytesSerializer",
+    "ClientConfig",
+    "JsonSerializer",
+    "PartitionLocalLock",
+    "Serializer",
+    "TextSerializer",
+    "Transaction",
+    "TransactionBuilder",
+    "TransactionContext",
+    "WaltzClient",
+    "WaltzClientCallbacks",
+]

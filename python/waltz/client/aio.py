@@ -1,0 +1,436 @@
+"""`AsyncWaltzClient`: the client on asyncio. `WaltzClient` (waltz.client.sync) runs one of these
+on a background event loop.
+
+    async with AsyncWaltzClient(callbacks, ClientConfig(metadata="embedded:/var/waltz/meta.db")) as client:
+        done = await client.submit(MyContext(...))   # returns once the attempt is built and queued
+        committed = await done                       # True: committed; False: execute declined
+
+The client finds each partition's server in the cluster metadata (and follows reassignments by a
+watch), mounts every partition, applies every committed transaction to the application in order
+(`WaltzClientCallbacks.apply_transaction`), and re-executes contexts whose appends failed.
+Application code may be `async def` (awaited on this loop) or plain (run in `callback_threads`
+worker threads, so a blocking database call never stalls the feed)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.config import ClientConfig
+from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.network import Link
+from waltz.client.partition import ClientPartition, Unavailable, Work
+from waltz.client.transaction import Transaction
+from waltz.cluster import open_store
+from waltz.cluster.layout import cluster_root
+from waltz.cluster.metadata import Assignment, ClusterMetadata
+from waltz.cluster.store import DataWatch, MetadataStore
+
+log = logging.getLogger("waltz.client")
+
+T = TypeVar("T")
+
+_callback_thread = threading.local()
+FRAME_OVERHEAD = 4096
+"""Room for an Append's fields and locks besides the data within one frame."""
+
+
+def in_callback_thread() -> bool:
+    return getattr(_callback_thread, "active", False)
+
+
+def _mark_callback_thread() -> None:
+    _callback_thread.active = True
+
+
+def _overridden(obj: object, name: str, base: type) -> bool:
+    return getattr(type(obj), name, None) is not getattr(base, name)
+
+
+def _apply_all(fn: Callable[[Transaction], Any], txns: list[Transaction]) -> tuple[int, BaseException | None]:
+    """In a callback thread: applies in order, stops at the first failure."""
+    for i, t in enumerate(txns):
+        try:
+            fn(t)
+        except Exception as e:
+            return i, e
+    return len(txns), None
+
+
+class AsyncWaltzClient:
+    def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
+        if not isinstance(config, ClientConfig):
+            raise TypeError(f"config must be a waltz.client.ClientConfig, not {type(config).__name__}")
+        self.callbacks, self.config = callbacks, config
+        self.client_id = -1
+        self.num_partitions = 0
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self.metadata: ClusterMetadata | None = None
+        self._store: MetadataStore | None = None
+        self._watch: DataWatch | None = None
+        self._parts: dict[int, ClientPartition] = {}
+        self._links: dict[tuple[str, str], Link] = {}
+        self._link_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._connection_seq = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncWaltzClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Connects to the cluster and mounts every partition; raises `MountTimeoutError` (or
+        `ClientAheadError`) if a partition cannot be mounted."""
+        if self._started:
+            raise errors.ClientError("the client is already started")
+        self._started = True
+        self.loop = asyncio.get_running_loop()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.config.callback_threads, thread_name_prefix="waltz-callback", initializer=_mark_callback_thread
+        )
+        try:
+            self._store = open_store(self.config.metadata, session_timeout=self.config.metadata_session_timeout)
+            await asyncio.to_thread(self._store.start, self.config.mount_timeout)
+            self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
+            info = await asyncio.to_thread(metadata.info)
+            self.num_partitions = info.partitions
+            self.client_id = self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
+            self._parts = {p: ClientPartition(self, p) for p in range(info.partitions)}
+            loop = self.loop
+
+            def on_assignment(a: Assignment) -> None:  # a store thread
+                loop.call_soon_threadsafe(self._on_assignment, a)
+
+            self._watch = await asyncio.to_thread(metadata.watch_assignment, on_assignment)
+            for part in self._parts.values():
+                part.start()
+            self.spawn(self._settle_loop())
+            await self._first_mounts()
+            log.info("client %d: mounted %d partition(s) of cluster %s", self.client_id, info.partitions, self.config.cluster)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _first_mounts(self) -> None:
+        while True:
+            for part in self._parts.values():
+                if part.error is not None:
+                    raise part.error
+                if part.unavailable is not None:
+                    raise part.unavailable
+            if all(p.mounted.is_set() for p in self._parts.values()):
+                return
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Stops the client. Contexts not completed fail with `ClientClosedError` (an append
+        already sent may still commit: call `flush()` first to wait for them)."""
+        if self._closed:
+            return
+        self._closed = True
+        why = errors.ClientClosedError("the client was closed before this transaction completed (if it was sent, it may still commit)")
+        for part in self._parts.values():
+            part.close(why)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *(t for p in self._parts.values() for t in p.tasks), return_exceptions=True)
+        for link in list(self._links.values()):
+            link.close()
+        if self._watch is not None:
+            await asyncio.to_thread(self._watch.stop)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.close)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClientClosedError("the client is closed")
+        if not self._parts:
+            raise errors.ClientError("the client is not started: use `async with AsyncWaltzClient(...)` or `await client.start()`")
+
+    # -- the API ---------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        """The cluster's number of partitions."""
+        return self.num_partitions
+
+    async def submit(self, context: TransactionContext) -> asyncio.Future[bool]:
+        """Waits for room among the partition's pending transactions (`max_pending`), executes
+        the context once and queues its append; returns the future of its completion: True
+        committed, False declined; `on_exception`'s error, `TransactionExpiredError`,
+        `MountTimeoutError`, `ClientAheadError` otherwise."""
+        part, work = await self.admit(context)
+        await self.execute(part, work)
+        return work.future
+
+    async def admit(self, context: TransactionContext) -> tuple[ClientPartition, Work]:
+        self._check_open()
+        if not isinstance(context, TransactionContext):
+            raise TypeError(f"submit takes a TransactionContext, not {type(context).__name__}")
+        pid = context.partition_id(self.num_partitions)
+        if not isinstance(pid, int) or not 0 <= pid < self.num_partitions:
+            raise ValueError(f"{type(context).__name__}.partition_id({self.num_partitions}) returned {pid!r}, not a partition id")
+        part = self._parts[pid]
+        refused = part.error or part.unavailable
+        if refused is not None:
+            raise refused
+        await part.slots.acquire()
+        if self._closed:
+            part.slots.release()
+            raise errors.ClientClosedError("the client is closed")
+        timeout = context.timeout if context.timeout is not None else self.config.transaction_timeout
+        work = Work(context, self.loop.create_future(), time.monotonic() + timeout)
+        part.admit()
+        return part, work
+
+    async def flush(self) -> None:
+        """Waits until every context submitted so far has completed and this client has applied
+        its own committed transactions."""
+        self._check_open()
+        await asyncio.gather(*(p.idle() for p in self._parts.values()))
+
+    async def high_water_mark(self, partition: int) -> int:
+        """The partition's high-water mark on its server now (RPC)."""
+        self._check_partition(partition)
+        resp = await self._rpc(partition, lambda seq: cp.HighWaterMarkRequest(seq, partition))
+        assert isinstance(resp, cp.HighWaterMarkResponse)
+        return resp.high_water_mark
+
+    async def transaction_data(self, partition: int, transaction_id: int) -> bytes:
+        """A committed transaction's data (RPC; `Transaction.data` caches it)."""
+        self._check_partition(partition)
+        resp = await self._rpc(partition, lambda seq: cp.TransactionDataRequest(seq, partition, transaction_id))
+        assert isinstance(resp, cp.TransactionDataResponse)
+        return resp.data
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per partition: mounted, feed position, applied, pending and queued appends, last error."""
+        return [p.describe() for p in self._parts.values()]
+
+    def _check_partition(self, partition: int) -> None:
+        self._check_open()
+        if partition not in self._parts:
+            raise ValueError(f"no partition {partition}: the cluster has {self.num_partitions}")
+
+    # -- executing contexts ----------------------------------------------------------------
+    async def call(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
+        """Runs application code: `async def` on this loop, plain functions in a callback thread."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)  # type: ignore[no-any-return]
+        assert self._pool is not None
+        result = await self.loop.run_in_executor(self._pool, fn, *args)
+        if inspect.isawaitable(result):  # a plain function that returned a coroutine
+            return await result
+        return result
+
+    @staticmethod
+    def has_hook(context: TransactionContext, name: str) -> bool:
+        return _overridden(context, name, TransactionContext)
+
+    async def hook(self, context: TransactionContext, name: str, *args: Any) -> None:
+        """Calls a context's hook if it overrides the default; an exception is logged, never
+        allowed to break the client."""
+        if not _overridden(context, name, TransactionContext):
+            return
+        try:
+            await self.call(getattr(context, name), *args)
+        except Exception:
+            log.exception("%s.%s raised", type(context).__name__, name)
+
+    async def apply(self, txns: list[Transaction]) -> tuple[int, BaseException | None]:
+        fn = self.callbacks.apply_transaction
+        if inspect.iscoroutinefunction(fn):
+            for i, t in enumerate(txns):
+                try:
+                    await fn(t)
+                except Exception as e:
+                    return i, e
+            return len(txns), None
+        assert self._pool is not None
+        return await self.loop.run_in_executor(self._pool, _apply_all, fn, txns)
+
+    async def execute(self, part: ClientPartition, work: Work) -> None:
+        """(Re-)executes a context and queues its append."""
+        if work.finished:
+            return
+        if time.monotonic() > work.deadline:
+            await self.expire(part, work)
+            return
+        try:
+            mark = await self.call(self.callbacks.get_client_high_water_mark, part.pid)
+            builder = TransactionBuilder(part.pid, mark)
+            work.executions += 1
+            ok = await self.call(work.context.execute, builder)
+        except Exception as e:
+            await self.execution_failed(part, work, e)
+            return
+        self.built(part, work, builder, ok)
+
+    async def execution_failed(self, part: ClientPartition, work: Work, exc: BaseException) -> None:
+        await self.hook(work.context, "on_exception", exc)
+        part.finish(work, exc)
+
+    def built(self, part: ClientPartition, work: Work, builder: TransactionBuilder, ok: object) -> None:
+        if not isinstance(ok, bool):
+            self.spawn(self.execution_failed(part, work, TypeError(
+                f"{type(work.context).__name__}.execute must return True (submit) or False (drop), not {ok!r}"
+            )))
+        elif not ok:
+            self.spawn(self._declined(part, work))
+        elif len(builder.data) > self.config.max_frame - FRAME_OVERHEAD:
+            self.spawn(self.execution_failed(part, work, ValueError(
+                f"transaction data of {len(builder.data)} bytes does not fit in a frame (max_frame {self.config.max_frame})"
+            )))
+        else:
+            part.enqueue(work, builder)
+
+    async def _declined(self, part: ClientPartition, work: Work) -> None:
+        await self.hook(work.context, "on_completion", False)
+        part.finish(work, False)
+
+    async def completed(self, part: ClientPartition, work: Work) -> None:
+        await self.hook(work.context, "on_completion", True)
+        part.finish(work, True)
+
+    async def expire(self, part: ClientPartition, work: Work) -> None:
+        await self.hook(work.context, "on_expiration")
+        part.finish(work, errors.TransactionExpiredError(
+            f"{type(work.context).__name__} expired after {work.executions} execution(s) without committing"
+        ))
+
+    async def after_lock_failure(self, part: ClientPartition, work: Work, transaction_id: int) -> None:
+        """Lost a lock race to `transaction_id`: re-execute once the application has seen it."""
+        await self.hook(work.context, "on_lock_failure", transaction_id)
+        # The winner's id can be one that never commits (its batch died with a store session and
+        # nothing has taken the id since): the wait is bounded, a retry then simply tries again.
+        wait = min(work.deadline - time.monotonic(), max(5.0, 4 * self.config.settle_after))
+        try:
+            await asyncio.wait_for(part.applied_through(transaction_id), max(0.0, wait))
+        except asyncio.TimeoutError:
+            pass
+        await self.execute(part, work)  # expires it if the deadline passed
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
+        if self._closed:
+            coro.close()
+            return None
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("client task failed", exc_info=task.exception())
+
+    # -- servers and links -----------------------------------------------------------------
+    async def locate(self, partition: int) -> tuple[str, int, int]:
+        """(endpoint, server id, generation) of the server assigned the partition."""
+        metadata = self.metadata
+        assert metadata is not None
+
+        def read() -> tuple[str, int, int]:
+            assignment, _ = metadata.assignment()
+            a = assignment.get(partition)
+            if a is None or a.server is None:
+                raise Unavailable(f"partition {partition} is not assigned to a server")
+            for s in metadata.servers():
+                if s.server_id == a.server:
+                    return s.endpoint, s.server_id, a.generation
+            raise Unavailable(f"partition {partition}'s server {a.server} is not registered")
+
+        return await asyncio.to_thread(read)
+
+    async def link(self, endpoint: str, kind: str) -> Link:
+        key = (endpoint, kind)
+        async with self._link_locks.setdefault(key, asyncio.Lock()):
+            existing = self._links.get(key)
+            if existing is not None and not existing.closed:
+                return existing
+            if self._closed:
+                raise errors.ClientClosedError("the client is closed")
+            self._connection_seq += 1
+            link = Link(endpoint, kind, self._on_push, self._on_closed, connection_seq=self._connection_seq,
+                        max_frame=self.config.max_frame)
+            await link.open(self.config.request_timeout)
+            self._links[key] = link
+            return link
+
+    def _on_push(self, link: Link, msg: cp.Message) -> None:
+        if isinstance(msg, cp.FeedData):
+            part = self._parts.get(msg.partition)
+            if part is not None:
+                part.on_feed(link, msg.entries)
+        elif isinstance(msg, cp.LockFailure):
+            part = self._parts.get(msg.req_id[2])
+            if part is not None and msg.req_id[0] == self.client_id:
+                part.on_lock_failure(link, msg)
+        elif isinstance(msg, cp.Failure):
+            part = self._parts.get(msg.partition)
+            if part is not None:
+                part.on_failure(link, msg)
+            else:
+                log.warning("%s: %s", link, msg.message)
+        # Late answers (a mount or flush whose caller gave up) need nothing.
+
+    def _on_closed(self, link: Link, why: BaseException | None) -> None:
+        if self._links.get((link.endpoint, link.kind)) is link:
+            del self._links[(link.endpoint, link.kind)]
+        if not self._closed:
+            log.info("%s closed: %s", link, why)
+            for part in self._parts.values():
+                part.on_link_closed(link)
+
+    def _on_assignment(self, assignment: Assignment) -> None:
+        for pid, part in self._parts.items():
+            a = assignment.get(pid)
+            if part.server is not None and (a is None or (a.server, a.generation) != part.server):
+                part.request_remount("the partition was reassigned")
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.settle_after / 2)
+            for part in self._parts.values():
+                if len(part.monitor):
+                    self.spawn(part.settle_stale())
+
+    async def _rpc(self, partition: int, make: Callable[[int], cp.Message]) -> cp.Message:
+        """A request to the partition's server, retried on other links and servers until
+        `request_timeout`."""
+        deadline = time.monotonic() + self.config.request_timeout
+        delay, last = self.config.reconnect_backoff, "no attempt"
+        part = self._parts[partition]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.RequestTimeoutError(f"partition {partition}: no answer within {self.config.request_timeout} s ({last})")
+            try:
+                endpoint = part.link.endpoint if part.link is not None and part.mounted.is_set() else (await self.locate(partition))[0]
+                link = await self.link(endpoint, "rpc")
+                return await link.request(make, remaining)
+            except errors.RequestFailedError as e:
+                if e.kind not in ("partition_not_here", "store_unavailable"):
+                    raise
+                last = str(e)
+            except (Unavailable, errors.MetadataError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                last = str(e) or type(e).__name__
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, self.config.reconnect_backoff_max)

@@ -1,0 +1,65 @@
+"""The client's configuration: a dataclass to build in code, or the `[client]` section of a TOML
+file (`ClientConfig.from_file`). Every key and its default is in docs/configuration.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from waltz.config import ConfigError, _read_toml, _requirer, _section
+
+
+_WHERE = "client config"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    metadata: str
+    """The cluster's metadata store: `zk://host:port[/chroot]` or `embedded:/path/metadata.db`."""
+    cluster: str = "default"
+    client_id: int = -1
+    """-1: a new id from the cluster for every client instance (ids must never be reused while
+    a transaction of the old owner may still be pending)."""
+    max_pending: int = 256
+    """Transactions per partition submitted and not yet completed; `submit` waits beyond it."""
+    mount_timeout: float = 30.0
+    """How long mounting a partition may take (find its server, replay the feed) before the
+    waiting transactions fail with `MountTimeoutError`; mounting goes on in the background."""
+    request_timeout: float = 30.0
+    """How long a transaction data or high-water mark request may take, retries included."""
+    transaction_timeout: float = 60.0
+    """A context not completed this long after its submit expires instead of being retried."""
+    settle_after: float = 1.0
+    """An append neither committed nor refused after this long is settled with a Flush (the
+    server may have dropped it: a stale generation)."""
+    reconnect_backoff: float = 0.05
+    reconnect_backoff_max: float = 2.0
+    callback_threads: int = 4
+    """Threads running the application's plain (non-async) callbacks and contexts."""
+    metadata_session_timeout: float = 10.0
+    max_frame: int = 64 << 20
+    """The largest frame accepted from a server."""
+
+    def __post_init__(self) -> None:
+        need = _requirer(pathlib.Path(_WHERE))
+        need(bool(self.metadata), "metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
+        need(self.client_id == -1 or 0 <= self.client_id < 2**31, "client_id must be -1 (a new id) or a non-negative 32-bit id")
+        for name in ("max_pending", "callback_threads", "max_frame"):
+            need(getattr(self, name) > 0, f"{name} must be positive")
+        for name in ("mount_timeout", "request_timeout", "transaction_timeout", "settle_after", "reconnect_backoff",
+                     "reconnect_backoff_max", "metadata_session_timeout"):
+            need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+
+    @staticmethod
+    def from_file(path: str | pathlib.Path) -> ClientConfig:
+        path = pathlib.Path(path)
+        raw = _read_toml(path, {"client"})
+        if "metadata" not in raw.get("client", {}):
+            raise ConfigError(f"{path}: [client] metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
+        try:
+            return _section(ClientConfig, raw["client"], f"{path} [client]")
+        except ConfigError as e:
+            if str(e).startswith(str(path)):
+                raise
+            # __post_init__'s checks name the key; the file is added here
+            raise ConfigError(f"{path} [client]: {str(e).removeprefix(_WHERE + ': ')}") from None

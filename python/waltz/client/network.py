@@ -1,0 +1,139 @@
+"""One connection from the client to one server (`Link`): the handshake, frames out, and
+messages in. Replies to a request come back to its awaiting caller by sequence number;
+everything else (feed data, lock failures, failures of appends) goes to `on_push`.
+
+A client keeps two links per server: the stream link (mounts, appends, feeds, flushes) and the
+RPC link (transaction data, high-water marks), so a large data reply never holds up the feed.
+A link is never reused after an error: it closes, tells its owner, and a new one is opened."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from waltz import client_protocol as cp
+from waltz import errors
+
+log = logging.getLogger("waltz.client")
+
+_FAILURE_KINDS = {k: k.name.lower() for k in cp.FailureKind}
+
+
+class Link:
+    def __init__(
+        self,
+        endpoint: str,
+        kind: str,
+        on_push: Callable[[Link, cp.Message], None],
+        on_closed: Callable[[Link, BaseException | None], None],
+        *,
+        connection_seq: int = 0,
+        max_frame: int = 64 << 20,
+    ) -> None:
+        self.endpoint, self.kind, self.connection_seq = endpoint, kind, connection_seq
+        self._on_push, self._on_closed = on_push, on_closed
+        self._messages = cp.MessageReader(max_frame)
+        self._writer: asyncio.StreamWriter | None = None
+        self._waiting: dict[int, asyncio.Future[cp.Message]] = {}
+        self._next_seq = 0
+        self._reader_task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"Link({self.kind} {self.endpoint} #{self.connection_seq})"
+
+    async def open(self, timeout: float) -> None:
+        host, _, port = self.endpoint.rpartition(":")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+        self._writer = writer
+        writer.write(cp.Hello().frame())
+        try:
+            hello = await asyncio.wait_for(self._next(reader), timeout)
+        except BaseException:
+            writer.close()
+            raise
+        if not isinstance(hello, cp.HelloOk) or hello.version != cp.VERSION:
+            writer.close()
+            raise errors.ProtocolError(f"server {self.endpoint} answered the handshake with {hello!r}")
+        self._reader_task = asyncio.create_task(self._read(reader), name=f"waltz-client-{self.kind}-{self.endpoint}")
+
+    async def _next(self, reader: asyncio.StreamReader) -> cp.Message:
+        while (m := self._messages.next_message()) is None:
+            data = await reader.read(1 << 20)
+            if not data:
+                raise ConnectionError(f"server {self.endpoint} closed the connection")
+            self._messages.feed(data)
+        return m
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why: BaseException | None = None
+        try:
+            while True:
+                msg = self._messages.next_message()
+                if msg is None:
+                    data = await reader.read(1 << 20)
+                    if not data:
+                        why = ConnectionError(f"server {self.endpoint} closed the connection")
+                        break
+                    self._messages.feed(data)
+                    continue
+                self._dispatch(msg)
+        except asyncio.CancelledError:
+            why = errors.ClientClosedError("the client is closing")
+        except errors.ProtocolError as e:
+            log.warning("%s: protocol error, closing: %s", self, e)
+            why = e
+        except (ConnectionError, OSError) as e:
+            why = e
+        except Exception as e:  # a bug in a push handler must not leave the link half alive
+            log.exception("%s: handling a message failed", self)
+            why = e
+        self._close(why)
+
+    def _dispatch(self, msg: cp.Message) -> None:
+        seq = getattr(msg, "seq", -1)
+        waiter = self._waiting.pop(seq, None) if seq >= 0 else None
+        if waiter is None:
+            self._on_push(self, msg)
+        elif not waiter.done():
+            if isinstance(msg, cp.Failure):
+                waiter.set_exception(errors.RequestFailedError(msg.message, _FAILURE_KINDS.get(msg.kind, "internal")))
+            else:
+                waiter.set_result(msg)
+
+    def send(self, msg: cp.Message) -> None:
+        if self.closed or self._writer is None or self._writer.is_closing():
+            raise ConnectionError(f"{self} is closed")
+        self._writer.write(msg.frame())
+
+    async def request(self, make: Callable[[int], cp.Message], timeout: float) -> cp.Message:
+        """Sends `make(seq)` and waits for the reply carrying that seq (a Failure raises
+        `RequestFailedError`)."""
+        self._next_seq += 1
+        seq = self._next_seq
+        fut: asyncio.Future[cp.Message] = asyncio.get_running_loop().create_future()
+        self._waiting[seq] = fut
+        try:
+            self.send(make(seq))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._waiting.pop(seq, None)
+
+    def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        self._close(errors.ClientClosedError("the client is closing"))
+
+    def _close(self, why: BaseException | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        lost = ConnectionError(f"{self} closed: {why}")
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(lost)
+        self._waiting.clear()
+        self._on_closed(self, why)

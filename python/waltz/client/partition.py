@@ -1,0 +1,411 @@
+"""The client's side of one partition: mounting it on the server that serves it, sending the
+appends of submitted contexts, the transaction monitor that settles them from the feed, retries,
+and the ordered application of the feed to the application.
+
+Mounting (spec: "Detection of Failed Append Requests"): appends stop, the partition is located
+in the cluster metadata, a Mount goes out on the server's stream link with the feed position
+(`received`), the feed replays, and once READY arrives every append still pending has failed
+(the server guarantees none of them can commit any more) and is executed again; then appends
+flow. A mount that makes no progress for `mount_timeout` fails what waits on the partition with
+`MountTimeoutError` and goes on trying in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.monitor import TransactionMonitor
+from waltz.client.network import Link
+from waltz.client.transaction import Transaction
+
+if TYPE_CHECKING:
+    from waltz.client.aio import AsyncWaltzClient
+
+log = logging.getLogger("waltz.client")
+
+APPLY_BATCH = 1000
+
+
+@dataclasses.dataclass(eq=False)
+class Work:
+    """One submitted context, from submit to completion."""
+
+    context: TransactionContext
+    future: asyncio.Future[bool]
+    deadline: float
+    executions: int = 0
+    transaction_id: int = -1
+    """Its committed transaction, once the feed delivered it."""
+    finished: bool = False
+    completing: asyncio.Task[None] | None = None
+    """`on_completion` running: `on_application` comes after it."""
+
+
+class Unavailable(Exception):
+    """The partition cannot be located or mounted right now (retried)."""
+
+
+class ClientPartition:
+    def __init__(self, client: AsyncWaltzClient, partition: int) -> None:
+        self.client, self.pid = client, partition
+        cfg = client.config
+        self.monitor: TransactionMonitor[Work] = TransactionMonitor()
+        self.slots = asyncio.Semaphore(cfg.max_pending)
+        self.outbox: collections.deque[tuple[Work, cp.Append]] = collections.deque()
+        self.in_progress = 0
+        self.mounted = asyncio.Event()
+        self.link: Link | None = None
+        self.server: tuple[int, int] | None = None
+        """(server id, generation) of the current mount."""
+        self.generation = -1
+        self.seq = 0
+        self.received = -2
+        """The feed position (-2 until the first mount reads the application's mark)."""
+        self.applied = -2
+        self.newest_own = -1
+        """The newest transaction of ours the feed delivered."""
+        self.error: BaseException | None = None
+        """ClientAheadError: the partition is refused for good."""
+        self.unavailable: errors.MountTimeoutError | None = None
+        self._remount = asyncio.Event()
+        self._remount_why = "first mount"
+        self._apply_queue: collections.deque[cp.FeedEntry] = collections.deque()
+        self._apply_wakeup = asyncio.Event()
+        self._to_apply: dict[int, Work] = {}
+        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._flush: tuple[Link, int, int] | None = None
+        """An answered Flush: (its link, the newest sequence sent before it, the high-water mark
+        the server reported): pending appends up to that sequence failed once the feed passes it."""
+        self._flushing = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.last_error = "not mounted yet"
+
+    def start(self) -> None:
+        self.request_remount("first mount")
+        self.tasks = [
+            asyncio.create_task(self._mount_loop(), name=f"waltz-client-mount-{self.pid}"),
+            asyncio.create_task(self._apply_loop(), name=f"waltz-client-apply-{self.pid}"),
+        ]
+
+    def request_remount(self, why: str) -> None:
+        if not self._remount.is_set():
+            self._remount_why = why
+            self._remount.set()
+
+    # -- mounting --------------------------------------------------------------------------
+    async def _mount_loop(self) -> None:
+        cfg = self.client.config
+        while True:
+            await self._remount.wait()
+            why = self._remount_why
+            self.mounted.clear()
+            self.link, self.server, self._flush = None, None, None
+            log.debug("partition %d: mounting (%s)", self.pid, why)
+            started = progress_at = time.monotonic()
+            progress = self.received
+            delay = cfg.reconnect_backoff
+            while True:
+                self._remount.clear()
+                now = time.monotonic()
+                if self.received != progress:
+                    progress, progress_at = self.received, now
+                if self.unavailable is None and now - max(started, progress_at) > cfg.mount_timeout:
+                    self._timed_out()
+                try:
+                    if await self._mount_once():
+                        break
+                except errors.ClientAheadError as e:
+                    self._refuse(e)
+                    return
+                except (Unavailable, errors.WaltzError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    self.last_error = str(e) or type(e).__name__
+                    log.debug("partition %d: mount failed (retrying): %s", self.pid, self.last_error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, cfg.reconnect_backoff_max)
+            self.unavailable = None
+            self.last_error = ""
+            self.mounted.set()
+            self._send_outbox()
+
+    async def _mount_once(self) -> bool:
+        cfg = self.client.config
+        if self.received == -2:
+            mark = await self.client.call(self.client.callbacks.get_client_high_water_mark, self.pid)
+            if not isinstance(mark, int) or mark < -1:
+                raise errors.ApplicationStateError(f"get_client_high_water_mark({self.pid}) returned {mark!r}, not an id >= -1")
+            self.received = self.applied = mark
+        endpoint, server_id, _ = await self.client.locate(self.pid)
+        link = await self.client.link(endpoint, "stream")
+        self.link = link  # the feed of this mount is accepted from here on
+        while True:
+            before = self.received
+            try:
+                resp = await link.request(
+                    lambda seq: cp.Mount(seq, self.pid, self.client.client_id, self.received, link.connection_seq), cfg.mount_timeout
+                )
+                break
+            except asyncio.TimeoutError:
+                if self.received == before or self.link is not link:
+                    raise Unavailable(f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s") from None
+                # The feed is replaying a long way: the mount is making progress, ask again.
+        assert isinstance(resp, cp.MountResponse)
+        if self.link is not link or self._remount.is_set():
+            return False  # the link died or the partition moved while we waited
+        if resp.status == cp.MountStatus.CLIENT_AHEAD:
+            raise errors.ClientAheadError(
+                f"partition {self.pid}: the application's high-water mark {self.received} is above the cluster's "
+                f"{resp.high_water_mark} (a different cluster, or a database restored from a newer backup)"
+            )
+        if resp.status != cp.MountStatus.READY:
+            raise Unavailable(f"server {endpoint} does not serve partition {self.pid} yet")
+        self.generation = resp.generation
+        self.server = (server_id, resp.generation)
+        # READY: the server holds none of our earlier appends, and the feed delivered
+        # everything committed; whatever is still pending failed.
+        for attempt in self.monitor.fail_all():
+            self.retry(attempt.work)
+        log.debug("partition %d: mounted on %s, generation %d, from %d", self.pid, endpoint, resp.generation, self.received)
+        return True
+
+    def _timed_out(self) -> None:
+        self.unavailable = errors.MountTimeoutError(
+            f"partition {self.pid} could not be mounted within {self.client.config.mount_timeout} s: {self.last_error}"
+        )
+        for attempt in self.monitor.fail_all():
+            self.finish(attempt.work, errors.MountTimeoutError(
+                f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the feed)"
+            ))
+        while self.outbox:
+            work, _ = self.outbox.popleft()
+            self.finish(work, errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent"))
+
+    def _refuse(self, e: BaseException) -> None:
+        log.error("%s", e)
+        self.error = e
+        for attempt in self.monitor.fail_all():
+            self.finish(attempt.work, e)
+        while self.outbox:
+            self.finish(self.outbox.popleft()[0], e)
+        self.mounted.set()  # wake start() and whoever waits: they find `error`
+
+    # -- sending ---------------------------------------------------------------------------
+    def enqueue(self, work: Work, builder: TransactionBuilder) -> None:
+        """A built attempt: sent now if the partition is mounted, else when it is."""
+        if work.finished:
+            return
+        refused = self.error or self.unavailable
+        if refused is not None:
+            self.finish(work, refused)
+            return
+        self.outbox.append((work, cp.Append(
+            (self.client.client_id, 0, self.pid, 0), builder.client_high_water_mark, builder.header, builder.data,
+            tuple(lk.hash for lk in builder.write_locks), tuple(lk.hash for lk in builder.read_locks),
+            tuple(lk.hash for lk in builder.append_locks),
+        )))
+        self._send_outbox()
+
+    def _send_outbox(self) -> None:
+        link = self.link
+        if not self.mounted.is_set() or link is None or self.error is not None:
+            return
+        now = time.monotonic()
+        while self.outbox:
+            work, append = self.outbox.popleft()
+            self.seq += 1
+            self.monitor.sent(self.seq, work, now)
+            try:
+                link.send(dataclasses.replace(append, req_id=(self.client.client_id, self.generation, self.pid, self.seq)))
+            except ConnectionError:
+                return  # the link is closing: the remount settles what the monitor holds
+
+    def retry(self, work: Work) -> None:
+        """An attempt failed (not committed): execute the context again."""
+        self.client.spawn(self.client.execute(self, work))
+
+    def finish(self, work: Work, result: bool | BaseException) -> None:
+        """The context is complete: its future is resolved and its slot freed."""
+        if work.finished:
+            return
+        work.finished = True
+        if not work.future.done():  # the caller may have cancelled its future: the slot is freed all the same
+            if isinstance(result, BaseException):
+                work.future.set_exception(result)
+            else:
+                work.future.set_result(result)
+        self.slots.release()
+        self.in_progress -= 1
+        if self.in_progress == 0:
+            self._idle.set()
+
+    # -- from the stream link --------------------------------------------------------------
+    def on_feed(self, link: Link, entries: tuple[cp.FeedEntry, ...]) -> None:
+        if link is not self.link:
+            return  # an older connection's feed
+        me = self.client.client_id
+        for e in entries:
+            txid = e.transaction_id
+            if txid <= self.received:
+                continue
+            if txid != self.received + 1:
+                log.error("partition %d: the feed jumped from %d to %d; mounting again", self.pid, self.received, txid)
+                self.request_remount("a gap in the feed")
+                break
+            self.received = txid
+            if e.req_id[0] == me and e.req_id[2] == self.pid:
+                attempt, failed = self.monitor.committed(e.req_id[3])
+                for f in failed:
+                    self.retry(f.work)
+                if attempt is not None:
+                    self.newest_own = txid
+                    attempt.work.transaction_id = txid
+                    self._to_apply[txid] = attempt.work
+                    if self.client.has_hook(attempt.work.context, "on_completion"):
+                        attempt.work.completing = self.client.spawn(self.client.completed(self, attempt.work))
+                    else:
+                        self.finish(attempt.work, True)
+            self._apply_queue.append(e)
+        self._apply_wakeup.set()
+        self._settle_flushed()
+
+    def on_lock_failure(self, link: Link, msg: cp.LockFailure) -> None:
+        if link is not self.link:
+            return
+        attempt = self.monitor.refused(msg.req_id[3])
+        if attempt is not None:
+            self.client.spawn(self.client.after_lock_failure(self, attempt.work, msg.transaction_id))
+
+    def on_failure(self, link: Link, msg: cp.Failure) -> None:
+        if link is not self.link:
+            return
+        if msg.kind == cp.FailureKind.APPEND_REJECTED:
+            attempt = self.monitor.refused(msg.seq)
+            if attempt is not None:
+                self.finish(attempt.work, errors.RequestFailedError(msg.message, "append_rejected"))
+            return
+        # The store session ended (appends in flight have an unknown outcome) or the partition
+        # left the server: a new mount settles both.
+        log.info("partition %d: %s; mounting again", self.pid, msg.message)
+        self.request_remount(msg.message)
+
+    def on_link_closed(self, link: Link) -> None:
+        if link is self.link:
+            self.request_remount(f"{link} closed")
+
+    # -- settling dropped appends ----------------------------------------------------------
+    async def settle_stale(self) -> None:
+        """Sends a Flush when an append has waited `settle_after` without an answer: once the
+        feed passes the mark the Flush reports, everything sent before it is settled."""
+        oldest = self.monitor.oldest()
+        link, newest = self.link, self.monitor.newest_seq()
+        if (self._flushing or self._flush is not None or oldest is None or newest is None or link is None
+                or not self.mounted.is_set() or time.monotonic() - oldest.sent_at < self.client.config.settle_after):
+            return
+        self._flushing = True
+        try:
+            resp = await link.request(lambda seq: cp.Flush(seq, self.pid), self.client.config.request_timeout)
+        except (errors.WaltzError, ConnectionError, asyncio.TimeoutError) as e:
+            log.debug("partition %d: flush failed: %s", self.pid, e)
+            return
+        finally:
+            self._flushing = False
+        assert isinstance(resp, cp.FlushResponse)
+        if link is self.link:
+            self._flush = (link, newest, resp.high_water_mark)
+            self._settle_flushed()
+
+    def _settle_flushed(self) -> None:
+        if self._flush is None:
+            return
+        link, newest, mark = self._flush
+        if link is not self.link:
+            self._flush = None
+        elif self.received >= mark:
+            self._flush = None
+            for attempt in self.monitor.failed_through(newest):
+                log.debug("partition %d: append %d was dropped by the server; executing again", self.pid, attempt.seq)
+                self.retry(attempt.work)
+
+    # -- applying --------------------------------------------------------------------------
+    async def _apply_loop(self) -> None:
+        delay = self.client.config.reconnect_backoff
+        while True:
+            await self._apply_wakeup.wait()
+            self._apply_wakeup.clear()
+            while self._apply_queue:
+                batch = [self._apply_queue.popleft() for _ in range(min(APPLY_BATCH, len(self._apply_queue)))]
+                txns = [Transaction(self.pid, e.transaction_id, e.header, e.req_id, self.client.transaction_data, self.client.loop)
+                        for e in batch]
+                i = 0
+                while i < len(txns):
+                    done, exc = await self.client.apply(txns[i:])
+                    if done:
+                        await self._on_application(txns[i : i + done])
+                        self._applied_through(txns[i + done - 1].transaction_id)
+                        i += done
+                        delay = self.client.config.reconnect_backoff
+                    if exc is not None:
+                        await self.client.call(self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self.client.config.reconnect_backoff_max)
+
+    async def _on_application(self, txns: list[Transaction]) -> None:
+        """Our own contexts' `on_application` hooks, each after its `on_completion`, before the
+        transactions count as applied (so `flush` returns after them)."""
+        works = [w for t in txns if (w := self._to_apply.pop(t.transaction_id, None)) is not None]
+        hooked = [w for w in works if self.client.has_hook(w.context, "on_application")]
+        if hooked:
+            await asyncio.gather(*(w.completing for w in hooked if w.completing is not None), return_exceptions=True)
+            await asyncio.gather(*(self.client.hook(w.context, "on_application") for w in hooked))
+
+    def _applied_through(self, txid: int) -> None:
+        self.applied = txid
+        if self._applied_waiters:
+            still = []
+            for mark, fut in self._applied_waiters:
+                if mark <= txid:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    still.append((mark, fut))
+            self._applied_waiters = still
+
+    async def applied_through(self, txid: int) -> None:
+        """Returns once the application has applied `txid` (or the partition is refused)."""
+        if self.applied >= txid or self.error is not None:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((txid, fut))
+        await fut
+
+    async def idle(self) -> None:
+        """Every context submitted so far completed, and our own commits are applied."""
+        await self._idle.wait()
+        await self.applied_through(self.newest_own)
+
+    def admit(self) -> None:
+        self.in_progress += 1
+        self._idle.clear()
+
+    def close(self, why: BaseException) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for attempt in self.monitor.fail_all():
+            self.finish(attempt.work, why)
+        while self.outbox:
+            self.finish(self.outbox.popleft()[0], why)
+        for _, fut in self._applied_waiters:
+            if not fut.done():
+                fut.set_exception(why)
+
+    def describe(self) -> dict[str, Any]:
+        return {"partition": self.pid, "mounted": self.mounted.is_set() and self.error is None, "received": self.received,
+                "applied": self.applied, "pending": len(self.monitor), "queued": len(self.outbox), "error": self.last_error}

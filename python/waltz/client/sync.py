@@ -1,0 +1,132 @@
+"""`WaltzClient`: the thread-based client. It runs an `AsyncWaltzClient` on its own event loop
+in a background thread; `submit` blocks the calling thread while the partition has
+`max_pending` transactions in flight, runs the context's first `execute` in the calling thread,
+and returns a `concurrent.futures.Future` of the completion.
+
+    with WaltzClient(callbacks, ClientConfig(metadata="zk://zk1:2181/waltz")) as client:
+        ok = client.submit(MyContext(...)).result()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from waltz import errors
+from waltz.client.aio import AsyncWaltzClient, in_callback_thread
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.config import ClientConfig
+from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.partition import ClientPartition, Work
+
+T = TypeVar("T")
+
+
+class WaltzClient:
+    def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
+        self._core = AsyncWaltzClient(callbacks, config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client", daemon=True)
+        self._thread.start()
+        try:
+            self._run(self._core.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def __enter__(self) -> WaltzClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking WaltzClient call from the client's own event loop would deadlock")
+        if not self._thread.is_alive():
+            coro.close()
+            raise errors.ClientClosedError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _call_here(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Application code from the calling thread (an `async def` goes to the client's loop)."""
+        if inspect.iscoroutinefunction(fn):
+            return self._run(fn(*args))
+        return fn(*args)
+
+    @property
+    def client_id(self) -> int:
+        return self._core.client_id
+
+    @property
+    def partitions(self) -> int:
+        return self._core.partitions
+
+    def submit(self, context: TransactionContext) -> concurrent.futures.Future[bool]:
+        """Blocks while the partition is full, executes the context here, queues its append and
+        returns the future of its completion (see `AsyncWaltzClient.submit`)."""
+        part, work, result = self._run(self._admit(context))
+        if time.monotonic() > work.deadline:
+            self._loop.call_soon_threadsafe(self._core.spawn, self._core.expire(part, work))
+            return result
+        try:
+            builder = TransactionBuilder(part.pid, self._call_here(self._core.callbacks.get_client_high_water_mark, part.pid))
+            work.executions += 1
+            ok = self._call_here(context.execute, builder)
+        except Exception as e:
+            self._loop.call_soon_threadsafe(self._core.spawn, self._core.execution_failed(part, work, e))
+        else:
+            self._loop.call_soon_threadsafe(self._core.built, part, work, builder, ok)
+        return result
+
+    async def _admit(self, context: TransactionContext) -> tuple[ClientPartition, Work, concurrent.futures.Future[bool]]:
+        part, work = await self._core.admit(context)
+        result: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def copy(f: asyncio.Future[bool]) -> None:
+            if f.cancelled():
+                result.cancel()
+            elif f.exception() is not None:
+                result.set_exception(f.exception())
+            else:
+                result.set_result(f.result())
+
+        work.future.add_done_callback(copy)
+        return part, work, result
+
+    def flush(self) -> None:
+        """Blocks until every context submitted so far has completed and this client has applied
+        its own committed transactions. Not from `apply_transaction` (it would wait for itself)."""
+        if in_callback_thread():
+            raise RuntimeError("flush() from a callback would wait for that callback: call it from application threads")
+        self._run(self._core.flush())
+
+    def high_water_mark(self, partition: int) -> int:
+        return self._run(self._core.high_water_mark(partition))
+
+    def status(self) -> list[dict[str, Any]]:
+        return self._run(self._status())
+
+    async def _status(self) -> list[dict[str, Any]]:
+        return self._core.status()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            try:
+                self._run(self._core.close())
+            finally:
+                self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._thread.is_alive():
+            if not self._core._closed:
+                asyncio.run_coroutine_threadsafe(self._core.close(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()

@@ -1,0 +1,46 @@
+"""A committed transaction as the feed delivers it: id, header and ReqId, its data fetched on
+first use over the RPC connection and kept."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from waltz.client.serializers import BYTES, Serializer
+from waltz.client_protocol import ReqIdTuple
+
+
+class Transaction:
+    __slots__ = ("partition", "transaction_id", "header", "req_id", "_fetch", "_loop", "_data")
+
+    def __init__(self, partition: int, transaction_id: int, header: int, req_id: ReqIdTuple,
+                 fetch: Callable[[int, int], Coroutine[Any, Any, bytes]], loop: asyncio.AbstractEventLoop) -> None:
+        self.partition = partition
+        self.transaction_id = transaction_id
+        self.header = header
+        self.req_id = req_id
+        """(client id, generation, partition, sequence) of the append that wrote it."""
+        self._fetch, self._loop = fetch, loop
+        self._data: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction(partition={self.partition}, id={self.transaction_id}, header={self.header}, req_id={self.req_id})"
+
+    def data(self, serializer: Serializer[Any] = BYTES) -> Any:
+        """The data, deserialized; blocks the calling thread while it is fetched. In `async`
+        code use `await transaction.data_async()`."""
+        if self._data is None:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self._loop:
+                raise RuntimeError("Transaction.data() would block the client's event loop: use `await transaction.data_async()`")
+            self._data = asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop).result()
+        return serializer.deserialize(self._data)
+
+    async def data_async(self, serializer: Serializer[Any] = BYTES) -> Any:
+        if self._data is None:
+            self._data = await self._fetch(self.partition, self.transaction_id)
+        return serializer.deserialize(self._data)

@@ -1,0 +1,349 @@
+"""The client library against real processes: 3 storage nodes and a server (`waltz-node`),
+embedded metadata (one test on ZooKeeper). Sync and async APIs, lock retries, the transaction
+monitor settling appends the server dropped, 1,000 transactions through a proxy that keeps
+cutting the client's connections, catching up from -1, mount errors."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client import JSON, AsyncWaltzClient, ClientConfig, PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClient
+from waltz.cluster.metadata import ClusterMetadata
+
+from client_app import AsyncMemoryApp, Increment, MemoryApp, Write
+from processes import free_port
+from tcp_proxy import Proxy
+from test_cli import PARTITIONS, Node
+from test_server_daemon import setup, wait_served  # noqa: F401  (fixture)
+
+
+class Servers:
+    """`waltz-node server` processes of the test cluster, optionally behind a proxy each."""
+
+    def __init__(self, tmp_path: pathlib.Path, url: str, meta: ClusterMetadata) -> None:
+        self.tmp_path, self.url, self.meta = tmp_path, url, meta
+        self.procs: list[subprocess.Popen[str]] = []
+        self.proxies: list[Proxy] = []
+
+    def start(self, name: str, *, proxied: bool = False, extra: str = "") -> subprocess.Popen[str]:
+        port = free_port()
+        advertised = ""
+        if proxied:
+            proxy = Proxy(port)
+            self.proxies.append(proxy)
+            advertised = f'advertised_address = "127.0.0.1:{proxy.port}"\n'
+        config = self.tmp_path / f"{name}.toml"
+        config.write_text(
+            f'[server]\nmetadata = "{self.url}"\ncluster = "e2e"\nport = {port}\nhttp_port = 0\nsession_timeout = 2.0\n'
+            f"{advertised}{extra}\n[logging]\nlevel = \"info\"\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+                                stderr=open(self.tmp_path / f"{name}.log", "a"), text=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait_all_served(self) -> None:
+        for p in range(PARTITIONS):
+            wait_served(self.meta, p)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        for proxy in self.proxies:
+            proxy.close()
+
+
+@pytest.fixture
+def servers(setup, tmp_path: pathlib.Path) -> Iterator[tuple[Servers, ClusterMetadata, list[Node], str]]:  # noqa: F811
+    meta, nodes, url = setup
+    s = Servers(tmp_path, url, meta)
+    yield s, meta, nodes, url
+    s.stop()
+
+
+def config(url: str, **kw: Any) -> ClientConfig:
+    return ClientConfig(metadata=url, cluster="e2e", **kw)
+
+
+def read_log(url: str) -> dict[int, list[tuple[int, Any]]]:
+    """Every partition's committed transactions, read by a new client from -1."""
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as c:
+        for p in range(c.partitions):
+            top = c.high_water_mark(p)
+            deadline = time.monotonic() + 60
+            while app.marks[p] < top:
+                assert time.monotonic() < deadline, f"partition {p} applied {app.marks[p]} of {top}"
+                time.sleep(0.02)
+    assert not app.errors, app.errors
+    return app.applied
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded", "zookeeper"], indirect=True)
+def test_sync_client_commits_applies_in_order_and_fetches_data(servers) -> None:
+    s, meta, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as client:
+        assert client.partitions == PARTITIONS
+        contexts = [Write(f"tx{i}", partition=i, header=i) for i in range(40)]
+        futures = [client.submit(ctx) for ctx in contexts]
+        assert [f.result(30) for f in futures] == [True] * 40
+        client.flush()
+        for ctx in contexts:
+            assert ctx.events == ["completion:True", "application"], ctx.events
+            assert ctx.executions == 1
+        for p in range(PARTITIONS):
+            ids = [t for t, _ in app.applied[p]]
+            assert ids == list(range(10)), ids  # dense, in order, from 0
+            assert sorted(d["id"] for _, d in app.applied[p]) == sorted(f"tx{i}" for i in range(40) if i % PARTITIONS == p)
+            assert client.high_water_mark(p) == 9
+    assert not app.errors, app.errors
+    # A new client catches up from -1 and sees the same log; one resuming from 5 sees the rest.
+    assert read_log(url) == app.applied
+    later = MemoryApp(start={p: 5 for p in range(PARTITIONS)})
+    with WaltzClient(later, config(url)) as client:
+        deadline = time.monotonic() + 30
+        while any(later.marks[p] < 9 for p in range(PARTITIONS)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert {p: later.applied[p] for p in range(PARTITIONS)} == {p: app.applied[p][6:] for p in range(PARTITIONS)}
+
+
+class AsyncWrite(TransactionContext):
+    def __init__(self, n: int, decline: bool = False) -> None:
+        super().__init__()
+        self.n, self.decline = n, decline
+        self.completed: list[bool] = []
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        await asyncio.sleep(0)
+        builder.set_data({"id": f"a{self.n}"}, JSON)
+        return not self.decline
+
+    async def on_completion(self, result: bool) -> None:
+        self.completed.append(result)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_async_client(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+
+    async def go() -> None:
+        app = AsyncMemoryApp()
+        async with AsyncWaltzClient(app, config(url)) as client:
+            contexts = [AsyncWrite(i, decline=(i == 3)) for i in range(20)]
+            done = [await client.submit(ctx) for ctx in contexts]
+            results = await asyncio.gather(*done)
+            assert results == [i != 3 for i in range(20)]
+            await client.flush()
+            assert [c.completed for c in contexts] == [[i != 3] for i in range(20)]
+            assert [d["id"] for _, d in app.applied[0]] == [f"a{i}" for i in range(20) if i != 3]  # one by one, in order
+            assert await client.high_water_mark(0) == 18
+            assert await client.transaction_data(0, 2) == JSON.serialize({"id": "a2"})
+            with pytest.raises(errors.RequestFailedError, match="no committed transaction") as e:
+                await client.transaction_data(0, 1000)
+            assert e.value.kind == "not_committed"
+        assert not app.errors
+        with pytest.raises(errors.ClientClosedError):
+            await client.submit(AsyncWrite(99))
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as client:
+        contexts = [Increment(app, partition=1) for _ in range(60)]
+        futures: list[Any] = []
+
+        def submit(chunk: list[Increment]) -> None:
+            futures.extend(client.submit(c) for c in chunk)
+
+        threads = [threading.Thread(target=submit, args=(contexts[i::4],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(f.result(60) for f in futures)
+        client.flush()
+    assert not app.errors, app.errors  # every applied increment saw the state before it
+    assert app.counters[1] == 60
+    assert sum(c.executions for c in contexts) > 60  # some lost the race and ran again
+    assert sum(c.lock_failures for c in contexts) == sum(c.executions for c in contexts) - 60
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_appends_the_server_drops_are_detected_and_retried(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    app = MemoryApp()
+    with WaltzClient(app, config(url, settle_after=0.3)) as client:
+        # 1. The only append in flight vanishes: a Flush settles it, and it is sent again.
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[3] == 1)
+        lone = Write("lone", partition=2)
+        assert client.submit(lone).result(30)
+        assert lone.executions == 2 and len(proxy.dropped) == 1
+        # 2. An append vanishes and a later one commits first: the feed shows the first failed.
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[2] == 3 and m.req_id[3] == 1)
+        first, second = Write("first", partition=3), Write("second", partition=3)
+        f1, f2 = client.submit(first), client.submit(second)
+        assert f1.result(30) and f2.result(30)
+        assert first.executions == 2 and second.executions == 1 and len(proxy.dropped) == 2
+        client.flush()
+    assert [d["id"] for _, d in app.applied[2]] == ["lone"]
+    assert [d["id"] for _, d in app.applied[3]] == ["second", "first"]
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    app = MemoryApp()
+    stop = threading.Event()
+
+    def cutter() -> None:
+        while not stop.wait(0.1):
+            proxy.cut()
+
+    contexts = [Write(f"p{i}", partition=i, locks=(PartitionLocalLock("k", i % 7),) if i % 3 == 0 else ()) for i in range(1000)]
+    with WaltzClient(app, config(url, settle_after=0.5, mount_timeout=60)) as client:
+        cutting = threading.Thread(target=cutter)
+        cutting.start()
+        try:
+            futures: list[Any] = []
+
+            def submit(chunk: list[Write]) -> None:
+                for c in chunk:
+                    futures.append(client.submit(c))
+                    time.sleep(0.01)  # spread over a few seconds: many cuts land mid-stream
+
+            threads = [threading.Thread(target=submit, args=(contexts[i::4],)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(f.result(120) for f in futures)
+            client.flush()
+        finally:
+            stop.set()
+            cutting.join()
+    assert proxy.cuts >= 10
+    assert not app.errors, app.errors
+    log = read_log(url)
+    assert log == {p: app.applied[p] for p in range(PARTITIONS)}  # the applier saw exactly the log
+    committed = collections.Counter(d["id"] for p in log for _, d in log[p])
+    assert committed == collections.Counter(c.payload for c in contexts)  # each exactly once
+    for p in log:
+        assert [t for t, _ in log[p]] == list(range(len(log[p])))
+    print(f"\n{proxy.cuts} cuts, {sum(c.executions for c in contexts)} executions for 1000 transactions")
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_client_ahead_is_an_error_not_a_hang(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    with pytest.raises(errors.ClientAheadError, match="above the cluster's"):
+        WaltzClient(MemoryApp(start={2: 1000}), config(url, mount_timeout=10))
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_mount_timeout_without_a_server(servers) -> None:
+    _, _, _, url = servers
+    t = time.monotonic()
+    with pytest.raises(errors.MountTimeoutError, match="not assigned|not registered|could not be mounted"):
+        WaltzClient(MemoryApp(), config(url, mount_timeout=1.0))
+    assert time.monotonic() - t < 30
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_oversized_and_failing_contexts(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", extra="\n[partition]\nmax_transaction_bytes = 1000\n")
+    s.wait_all_served()
+
+    class Big(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            self.executions += 1
+            builder.set_data(b"x" * 5000)
+            return True
+
+    class Broken(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise KeyError("no such account")
+
+    class Nowhere(Write):
+        def partition_id(self, num_partitions: int) -> int:
+            return num_partitions
+
+    app = MemoryApp(fetch_data=False)
+    with WaltzClient(app, config(url)) as client:
+        with pytest.raises(errors.RequestFailedError, match="max_transaction_bytes") as e:
+            client.submit(Big("big")).result(30)
+        assert e.value.kind == "append_rejected"
+        with pytest.raises(KeyError, match="no such account"):
+            client.submit(Broken("broken")).result(30)
+        with pytest.raises(ValueError, match="not a partition id"):
+            client.submit(Nowhere("w"))
+        assert client.submit(Write("fine")).result(30)
+        client.flush()
+        assert client.high_water_mark(0) == 0  # only the fine one
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_the_server_is_killed_under_load_and_another_takes_over(servers) -> None:
+    s, meta, _, url = servers
+    first = s.start("s1")
+    s.wait_all_served()
+    s.start("s2")
+    app = MemoryApp()
+    contexts = [Write(f"f{i}", partition=i) for i in range(300)]
+    with WaltzClient(app, config(url, settle_after=0.5)) as client:
+        futures: list[Any] = []
+
+        def submit() -> None:
+            for c in contexts:
+                futures.append(client.submit(c))
+                time.sleep(0.01)
+
+        t = threading.Thread(target=submit)
+        t.start()
+        time.sleep(1.0)
+        first.kill()  # SIGKILL: its partitions move to s2 after its metadata session expires
+        first.wait()
+        t.join()
+        assert all(f.result(120) for f in futures)
+        client.flush()
+    assert not app.errors, app.errors
+    log = read_log(url)
+    assert log == {p: app.applied[p] for p in range(PARTITIONS)}
+    assert collections.Counter(d["id"] for p in log for _, d in log[p]) == collections.Counter(c.payload for c in contexts)

@@ -1,0 +1,76 @@
+"""Pure client logic: the transaction monitor's settlement rules, the builder's checks, the
+serializers, and the client configuration file."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from waltz.client import JSON, TEXT, ClientConfig, PartitionLocalLock, TransactionBuilder
+from waltz.client.monitor import TransactionMonitor
+from waltz.client_protocol import lock_hash
+from waltz.config import ConfigError
+
+
+def test_a_commit_settles_it_and_fails_everything_sent_before() -> None:
+    m: TransactionMonitor[str] = TransactionMonitor()
+    for seq in (1, 2, 3, 4):
+        m.sent(seq, f"w{seq}", 0.0)
+    attempt, failed = m.committed(3)
+    assert attempt is not None and attempt.work == "w3"
+    assert [a.work for a in failed] == ["w1", "w2"]
+    assert len(m) == 1 and m.oldest() is not None and m.oldest().seq == 4  # type: ignore[union-attr]
+    assert m.committed(2) == (None, [])  # already settled (failed): a late duplicate is ignored
+    assert m.refused(4) is not None and len(m) == 0
+
+
+def test_a_flush_settles_up_to_its_mark_and_a_mount_settles_all() -> None:
+    m: TransactionMonitor[int] = TransactionMonitor()
+    for seq in range(1, 6):
+        m.sent(seq, seq, float(seq))
+    assert [a.seq for a in m.failed_through(3)] == [1, 2, 3]
+    assert m.newest_seq() == 5
+    assert [a.seq for a in m.fail_all()] == [4, 5]
+    assert m.oldest() is None and m.newest_seq() is None
+
+
+def test_sequences_must_rise() -> None:
+    m: TransactionMonitor[int] = TransactionMonitor()
+    m.sent(5, 0, 0.0)
+    with pytest.raises(AssertionError):
+        m.sent(5, 0, 0.0)
+
+
+def test_builder_checks_its_inputs() -> None:
+    b = TransactionBuilder(0, 7)
+    assert b.client_high_water_mark == 7
+    with pytest.raises(ValueError, match="32-bit"):
+        b.set_header(2**31)
+    with pytest.raises(TypeError, match="must be bytes"):
+        b.set_data("text without a serializer")
+    with pytest.raises(TypeError, match="PartitionLocalLock"):
+        b.add_write_locks(("account", 1))  # type: ignore[arg-type]
+    b.set_data({"b": 1, "a": [1, 2]}, JSON)
+    assert b.data == b'{"a":[1,2],"b":1}'
+    b.add_read_locks(PartitionLocalLock("account", 1))
+    assert b.read_locks[0].hash == lock_hash("account", 1) != PartitionLocalLock("account", 2).hash
+    assert TEXT.deserialize(TEXT.serialize("é")) == "é"
+
+
+def test_config_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "client.toml"
+    path.write_text('[client]\nmetadata = "embedded:/tmp/m.db"\ncluster = "prod"\nmax_pending = 8\nmount_timeout = 5\n')
+    c = ClientConfig.from_file(path)
+    assert (c.cluster, c.max_pending, c.mount_timeout, c.client_id) == ("prod", 8, 5.0, -1)
+    path.write_text('[client]\nmetadata = "embedded:/tmp/m.db"\nmax_pending = 0\n')
+    with pytest.raises(ConfigError, match=r"client.toml \[client\]: max_pending must be positive"):
+        ClientConfig.from_file(path)
+    path.write_text('[client]\nmetadata = "embedded:/tmp/m.db"\nmax_pendin = 3\n')
+    with pytest.raises(ConfigError, match="unknown key"):
+        ClientConfig.from_file(path)
+    path.write_text("[client]\ncluster = \"x\"\n")
+    with pytest.raises(ConfigError, match="metadata is required"):
+        ClientConfig.from_file(path)
+    with pytest.raises(ConfigError, match="client_id"):
+        ClientConfig(metadata="embedded:/tmp/m.db", client_id=-5)
