@@ -82,6 +82,23 @@ def config(url: str, **kw: Any) -> ClientConfig:
     return ClientConfig(metadata=url, cluster="e2e", **kw)
 
 
+def submit_from_threads(client: WaltzClient, contexts: list[Any], threads: int = 4, pause: float = 0.0) -> list[Any]:
+    """Submits the contexts from `threads` threads at once (each a slice); their futures."""
+    futures: list[Any] = []
+
+    def submit(chunk: list[Any]) -> None:
+        for c in chunk:
+            futures.append(client.submit(c))
+            time.sleep(pause)
+
+    workers = [threading.Thread(target=submit, args=(contexts[i::threads],)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return futures
+
+
 def read_log(url: str) -> dict[int, list[tuple[int, Any]]]:
     """Every partition's committed transactions, read by a new client from -1."""
     app = MemoryApp()
@@ -179,16 +196,7 @@ def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     app = MemoryApp()
     with WaltzClient(app, config(url)) as client:
         contexts = [Increment(app, partition=1) for _ in range(60)]
-        futures: list[Any] = []
-
-        def submit(chunk: list[Increment]) -> None:
-            futures.extend(client.submit(c) for c in chunk)
-
-        threads = [threading.Thread(target=submit, args=(contexts[i::4],)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        futures = submit_from_threads(client, contexts)
         assert all(f.result(60) for f in futures)
         client.flush()
     assert not app.errors, app.errors  # every applied increment saw the state before it
@@ -239,18 +247,7 @@ def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> 
         cutting = threading.Thread(target=cutter)
         cutting.start()
         try:
-            futures: list[Any] = []
-
-            def submit(chunk: list[Write]) -> None:
-                for c in chunk:
-                    futures.append(client.submit(c))
-                    time.sleep(0.01)  # spread over a few seconds: many cuts land mid-stream
-
-            threads = [threading.Thread(target=submit, args=(contexts[i::4],)) for i in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            futures = submit_from_threads(client, contexts, pause=0.01)  # spread over seconds: many cuts land mid-stream
             assert all(f.result(120) for f in futures)
             client.flush()
         finally:

@@ -64,7 +64,6 @@ class ClientPartition:
         self.link: Link | None = None
         self.server: tuple[int, int] | None = None
         """(server id, generation) of the current mount."""
-        self.generation = -1
         self.seq = 0
         self.received = -2
         """The feed position (-2 until the first mount reads the application's mark)."""
@@ -167,7 +166,6 @@ class ClientPartition:
             )
         if resp.status != cp.MountStatus.READY:
             raise Unavailable(f"server {endpoint} does not serve partition {self.pid} yet")
-        self.generation = resp.generation
         self.server = (server_id, resp.generation)
         # READY: the server holds none of our earlier appends, and the feed delivered
         # everything committed; whatever is still pending failed.
@@ -214,16 +212,17 @@ class ClientPartition:
         self._send_outbox()
 
     def _send_outbox(self) -> None:
-        link = self.link
-        if not self.mounted.is_set() or link is None or self.error is not None:
+        link, server = self.link, self.server
+        if not self.mounted.is_set() or link is None or server is None or self.error is not None:
             return
+        generation = server[1]
         now = time.monotonic()
         while self.outbox:
             work, append = self.outbox.popleft()
             self.seq += 1
             self.monitor.sent(self.seq, work, now)
             try:
-                link.send(dataclasses.replace(append, req_id=(self.client.client_id, self.generation, self.pid, self.seq)))
+                link.send(dataclasses.replace(append, req_id=(self.client.client_id, generation, self.pid, self.seq)))
             except ConnectionError:
                 return  # the link is closing: the remount settles what the monitor holds
 
