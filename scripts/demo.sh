@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up and runs the main job. Until the cluster demo exists (issue 8), the main
-# job is the storage engine benchmark in quick mode, on this machine's disk.
+# Sets everything up and runs the main job: `waltz demo`, a bank ledger on a local cluster of
+# real processes (embedded metadata, no ZooKeeper) with a storage node and a server killed
+# midway, ending with its verification table. Arguments go to `waltz demo` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python benches/engine.py --quick "$@"
+exec .venv/bin/waltz demo "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -13,6 +14,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 
 def free_port() -> int:
@@ -21,7 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(tmp_path: pathlib.Path, key: uuid.UUID, partition_count: int = 2, **extra: str) -> tuple[pathlib.Path, dict[str, int]]:
+def toml_sections(sections: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """TOML text of whole sections, e.g. {"tls": {"ca": path, ...}}; strings and paths quoted."""
+    out = []
+    for name, values in (sections or {}).items():
+        out.append(f"\n[{name}]\n")
+        for k, v in values.items():
+            text = str(v).lower() if isinstance(v, bool) else v if isinstance(v, (int, float)) else json.dumps(str(v))
+            out.append(f"{k} = {text}\n")
+    return "".join(out)
+
+
+def write_config(
+    tmp_path: pathlib.Path, key: uuid.UUID, partition_count: int = 2, *, sections: Mapping[str, Mapping[str, Any]] | None = None,
+    **extra: str,
+) -> tuple[pathlib.Path, dict[str, int]]:
+    """A storage node's TOML file; `extra` are more [logging] keys, `sections` whole sections ([tls])."""
     ports = {"port": free_port(), "admin_port": free_port(), "http_port": free_port()}
     text = f"""
 [storage]
@@ -39,7 +57,7 @@ http_port = {ports['http_port']}
 [logging]
 level = "info"
 json = true
-""" + "".join(f"{k} = {v}\n" for k, v in extra.items())
+""" + "".join(f"{k} = {v}\n" for k, v in extra.items()) + toml_sections(sections)
     path = tmp_path / "node.toml"
     path.write_text(text)
     return path, ports

@@ -213,7 +213,12 @@ class StorageNode:
         max_list_bytes: int = 16 << 20,
         idle_timeout: float = 300.0,
         max_in_flight: int = 1024,
-    ) -> StorageNode: ...
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+    ) -> StorageNode:
+        """With all of tls_ca, tls_cert and tls_key (PEM files), both ports take only mutual TLS:
+        client certificates must chain to tls_ca."""
     @property
     def address(self) -> tuple[str, int]: ...
     @property

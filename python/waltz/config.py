@@ -12,11 +12,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from waltz.errors import WaltzError
-
-
-class ConfigError(WaltzError, ValueError):
-    """A configuration file is missing, unreadable, or has a bad key or value."""
+from waltz.errors import ConfigError as ConfigError
+from waltz.tls import TlsSection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +50,7 @@ class StorageNodeConfig:
     storage: StorageSection
     node: NodeSection = NodeSection()
     logging: LoggingSection = LoggingSection()
+    tls: TlsSection = TlsSection()
 
 
 T = TypeVar("T")
@@ -143,7 +141,14 @@ def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str
     section, key = required
     if section not in raw or key not in raw[section]:
         raise ConfigError(f"{path}: [{section}] {key} is required{hint}")
-    config = cls(**{name: _section(kind, raw.get(name, {}), f"{path} [{name}]") for name, kind in sections.items()})
+    values = {}
+    for name, kind in sections.items():
+        try:
+            values[name] = _section(kind, raw.get(name, {}), f"{path} [{name}]")
+        except ConfigError as e:
+            # A section's own checks (TlsSection's) name the key; the file is added here.
+            raise ConfigError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
+    config = cls(**values)
     level = config.logging.level  # type: ignore[attr-defined]
     _requirer(path)(level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
     return config
@@ -191,6 +196,7 @@ class ServerConfig:
     server: ServerSection
     partition: PartitionSection = PartitionSection()
     logging: LoggingSection = LoggingSection()
+    tls: TlsSection = TlsSection()
 
 
 def load_server_config(path: str | pathlib.Path) -> ServerConfig:

@@ -31,6 +31,16 @@ from waltz._native import (
 
 
 
+class ConfigError(WaltzError, ValueError):
+    """A configuration file is missing, unreadable, or has a bad key or value."""
+
+
+class TlsError(WaltzError, ConnectionError):
+    """A TLS handshake with a peer failed, or a peer speaks TLS where we do not (or the other way
+    round). The message names the peer and the cause: a CA that does not match, a missing or
+    refused client certificate, or a plaintext port."""
+
+
 class StorageRequestError(StorageError):
     """A storage node answered a request with a Failure; `kind` says which (docs/protocol.md)."""
 
@@ -155,6 +165,8 @@ class ApplicationStateError(ClientError):
 
 __all__ = [
     "ApplicationStateError",
+    "ConfigError",
+    "TlsError",
     "ClientAheadError",
     "ClientClosedError",
     "ClientError",

@@ -9,6 +9,10 @@ pub mod protocol;
 pub mod record;
 pub mod segment;
 pub mod storage;
+pub mod tls;
+
+#[cfg(feature = "python")]
+mod pylog;
 
 #[cfg(feature = "python")]
 mod python {
@@ -1257,7 +1261,7 @@ mod python {
     #[pymethods]
     impl PyStorageNode {
         #[staticmethod]
-        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024))]
+        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, tls_ca=None, tls_cert=None, tls_key=None))]
         #[allow(clippy::too_many_arguments)]
         fn start(
             py: Python<'_>,
@@ -1270,18 +1274,30 @@ mod python {
             max_list_bytes: usize,
             idle_timeout: f64,
             max_in_flight: usize,
+            tls_ca: Option<std::path::PathBuf>,
+            tls_cert: Option<std::path::PathBuf>,
+            tls_key: Option<std::path::PathBuf>,
         ) -> PyResult<Self> {
             if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0) || max_in_flight == 0 || max_frame < 64 {
                 return Err(InvalidArgumentError::new_err(
                     "idle_timeout must be finite, positive and at most a day; max_in_flight and max_frame positive",
                 ));
             }
+            let tls = match (tls_ca, tls_cert, tls_key) {
+                (None, None, None) => None,
+                (Some(ca), Some(cert), Some(key)) => Some(
+                    py.detach(|| crate::tls::server_config(&ca, &cert, &key))
+                        .map_err(|e| InvalidArgumentError::new_err(format!("TLS: {e}")))?,
+                ),
+                _ => return Err(InvalidArgumentError::new_err("TLS: give all of tls_ca, tls_cert and tls_key, or none")),
+            };
             let opts = crate::node::NodeOptions {
                 max_frame,
                 max_list_count,
                 max_list_bytes,
                 idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
                 max_in_flight,
+                tls,
             };
             let s = storage.0.clone();
             let bind = format!("{host}:{port}");
@@ -1314,6 +1330,7 @@ mod python {
                 d.set_item("appended_records", s.appended_records.load(Relaxed))?;
                 d.set_item("bytes_in", s.bytes_in.load(Relaxed))?;
                 d.set_item("bytes_out", s.bytes_out.load(Relaxed))?;
+                d.set_item("tls_handshake_failures", s.tls_handshake_failures.load(Relaxed))?;
                 let by_kind = PyDict::new(py);
                 for (code, c) in s.failures_by_kind.iter().enumerate() {
                     let n = c.load(Relaxed);
@@ -1345,6 +1362,7 @@ mod python {
     #[pymodule]
     fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
+        crate::pylog::install(py)?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("SYNC_MICROS_BOUNDS", crate::partition::SYNC_MICROS_BOUNDS.to_vec())?;
         m.add("BATCH_RECORDS_BOUNDS", crate::partition::BATCH_RECORDS_BOUNDS.to_vec())?;

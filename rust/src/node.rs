@@ -6,6 +6,10 @@
 //! awaited on blocking threads, so a server can keep many appends in flight on one connection and
 //! they share fsyncs. Truncate and Set Low-water Mark finish before the next request is read.
 //!
+//! With TLS configured, both ports accept only mutual TLS: a connection is served once its
+//! handshake (client certificate checked against the CA) succeeded; a failed one is logged and
+//! dropped on its own task, so it never holds up the accept loop or another connection.
+//!
 //! Fencing: each partition remembers the newest session id seen; a request with an older one
 //! fails as stale. The fence starts, after a restart, from the session recorded in the control
 //! file, which every store session writes first (Set Low-water Mark).
@@ -22,7 +26,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -37,6 +41,8 @@ pub struct NodeOptions {
     pub idle_timeout: Duration,
     /// Responses queued per connection before the node stops reading from it (back pressure).
     pub max_in_flight: usize,
+    /// Mutual TLS on both ports (`crate::tls::server_config`); None serves plaintext.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 impl Default for NodeOptions {
@@ -47,6 +53,7 @@ impl Default for NodeOptions {
             max_list_bytes: 16 << 20,
             idle_timeout: Duration::from_secs(300),
             max_in_flight: 1024,
+            tls: None,
         }
     }
 }
@@ -60,6 +67,7 @@ pub struct NodeStats {
     pub appended_records: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
     pub failures_by_kind: [AtomicU64; 17],
 }
@@ -126,6 +134,7 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
     });
     let shutdown = Arc::new(Notify::new());
     let (sh, stop) = (shared.clone(), shutdown.clone());
+    let acceptor = shared.opts.tls.clone().map(crate::tls::TlsAcceptor::from);
     let thread = std::thread::Builder::new().name("waltz-node-accept".into()).spawn(move || {
         rt.block_on(async move {
             let admin_accept = async {
@@ -133,7 +142,15 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                     Some(l) => loop {
                         match l.accept().await {
                             Ok((stream, peer)) => {
-                                tokio::spawn(serve_admin(stream, peer, sh.clone()));
+                                let sh = sh.clone();
+                                match acceptor.clone() {
+                                    None => tokio::spawn(serve_admin(stream, peer, sh)),
+                                    Some(a) => tokio::spawn(async move {
+                                        if let Some(s) = handshake(&a, stream, peer, "admin", &sh).await {
+                                            serve_admin(s, peer, sh).await;
+                                        }
+                                    }),
+                                };
                             }
                             Err(e) => {
                                 log::warn!("admin accept failed: {e}");
@@ -153,7 +170,20 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
                             let _ = stream.set_nodelay(true);
-                            tokio::spawn(serve(stream, peer, sh.clone()));
+                            let sh = sh.clone();
+                            match acceptor.clone() {
+                                None => tokio::spawn(async move {
+                                    // Owned halves: no lock between the reader and the writer task.
+                                    let (rd, wr) = stream.into_split();
+                                    serve(rd, wr, peer, sh).await
+                                }),
+                                Some(a) => tokio::spawn(async move {
+                                    if let Some(s) = handshake(&a, stream, peer, "storage", &sh).await {
+                                        let (rd, wr) = tokio::io::split(s);
+                                        serve(rd, wr, peer, sh).await;
+                                    }
+                                }),
+                            };
                         }
                         Err(e) => {
                             // Out of file descriptors, say: back off instead of spinning.
@@ -245,8 +275,39 @@ fn gated(storage: &Storage, h: MsgHeader, f: impl FnOnce() -> Response) -> Respo
 /// default 16 MiB lists a client that never reads its answers pins at most 256 MiB.
 const MAX_LISTS_IN_FLIGHT: usize = 16;
 
-async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
-    let (mut rd, mut wr) = stream.into_split();
+/// A slow or silent peer may hold a task this long, never more, before its handshake is given up.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TLS handshake of an accepted connection; a failure is one warning line and the
+/// connection is dropped.
+async fn handshake(
+    acceptor: &crate::tls::TlsAcceptor, stream: TcpStream, peer: SocketAddr, port: &str, shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => return Some(s),
+        Ok(Err(e)) => crate::tls::describe(&e),
+        Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
+    };
+    shared.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+    log::warn!("TLS handshake with {port} client {peer} failed: {why}");
+    None
+}
+
+/// Why the bytes in `buf` are not a frame: a TLS client on this plaintext port gets a reason
+/// that says so rather than a frame length.
+fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
+    if crate::tls::looks_like_client_hello(buf) {
+        format!("{what}: the client speaks TLS but this node has no [tls] configured")
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
+async fn serve<R, W>(mut rd: R, mut wr: W, peer: SocketAddr, shared: Arc<Shared>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, mut rx) = mpsc::channel::<(JoinHandle<Vec<u8>>, Option<OwnedSemaphorePermit>)>(shared.opts.max_in_flight);
     let lists = Arc::new(Semaphore::new(MAX_LISTS_IN_FLIGHT));
     let wshared = shared.clone();
@@ -255,8 +316,13 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             match h.await {
                 Ok(bytes) => {
                     count_response(&wshared.stats, &bytes);
-                    // A peer that takes nothing for the idle timeout is gone or hostile.
-                    match tokio::time::timeout(wshared.opts.idle_timeout, wr.write_all(&bytes)).await {
+                    // A peer that takes nothing for the idle timeout is gone or hostile. The flush
+                    // is free on TCP; TLS may hold encrypted bytes back until it.
+                    let sent = async {
+                        wr.write_all(&bytes).await?;
+                        wr.flush().await
+                    };
+                    match tokio::time::timeout(wshared.opts.idle_timeout, sent).await {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => break,
                         Err(_) => {
@@ -277,7 +343,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             let (size, req) = match split_frame(&buf, MAGIC_STORAGE, shared.opts.max_frame) {
                 Ok(Some(f)) => (f.size, Request::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn format!("bad frame: {e}"),
+                Err(e) => break 'conn bad_frame("bad frame", &buf, e),
             };
             buf.drain(..size);
             let req = match req {
@@ -544,7 +610,7 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
 
 
 /// The admin port: one request at a time, answered in order.
-async fn serve_admin(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
     let mut buf: Vec<u8> = Vec::new();
     let (mut greeted, mut opened) = (false, false);
     let reason: String = 'conn: loop {
@@ -552,7 +618,7 @@ async fn serve_admin(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared
             let (size, req) = match split_frame(&buf, MAGIC_ADMIN, shared.opts.max_frame) {
                 Ok(Some(f)) => (f.size, AdminRequest::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn format!("bad admin frame: {e}"),
+                Err(e) => break 'conn bad_frame("bad admin frame", &buf, e),
             };
             buf.drain(..size);
             let req = match req {
@@ -588,7 +654,7 @@ async fn serve_admin(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared
             };
             let mut out = Vec::new();
             resp.encode(&mut out);
-            if stream.write_all(&out).await.is_err() {
+            if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
                 break 'conn String::new();
             }
         }

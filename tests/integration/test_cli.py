@@ -49,10 +49,14 @@ class Cli:
 
 
 class Node:
-    def __init__(self, directory: pathlib.Path, key: uuid.UUID) -> None:
+    """A storage node daemon; `sections` adds TOML sections ([tls]), `ssl` is the client context
+    `run` and `admin` connect with."""
+
+    def __init__(self, directory: pathlib.Path, key: uuid.UUID, *, sections: dict[str, Any] | None = None, ssl: Any = None) -> None:
         directory.mkdir()
         self.key = key
-        self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS)
+        self.ssl = ssl
+        self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS, sections=sections)
         self.proc = start(self.config)
         wait_http(self.ports["http_port"], self.proc)
 
@@ -62,7 +66,9 @@ class Node:
 
     def run(self, coro_fn: Any) -> Any:
         async def go() -> Any:
-            async with await StorageClient.connect("127.0.0.1", self.ports["port"], cluster_key=self.key, partition_count=PARTITIONS) as c:
+            async with await StorageClient.connect(
+                "127.0.0.1", self.ports["port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
+            ) as c:
                 return await coro_fn(c)
 
         return asyncio.run(go())
@@ -70,7 +76,7 @@ class Node:
     def admin(self, coro_fn: Any) -> Any:
         async def go() -> Any:
             async with await StorageAdminClient.connect(
-                "127.0.0.1", self.ports["admin_port"], cluster_key=self.key, partition_count=PARTITIONS
+                "127.0.0.1", self.ports["admin_port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
             ) as c:
                 return await coro_fn(c)
 

@@ -20,7 +20,7 @@ from waltz import client_protocol as cp
 from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 
-from processes import free_port, get, stop
+from processes import free_port, get, stop, toml_sections
 from test_cli import PARTITIONS, Cli, Node
 from test_server_connection import RawClient, feed_ids
 
@@ -48,11 +48,14 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
     store.close()
 
 
-def start_server(tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0) -> subprocess.Popen[str]:
+def start_server(
+    tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None
+) -> subprocess.Popen[str]:
+    """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls])."""
     config = tmp_path / f"{name}.toml"
     config.write_text(
         f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n\n'
-        '[logging]\nlevel = "info"\n'
+        '[logging]\nlevel = "info"\n' + toml_sections(sections)
     )
     log = open(tmp_path / f"{name}.log", "a")
     return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True)

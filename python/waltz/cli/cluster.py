@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Any
 
 import click
 from rich.text import Text
 
 from waltz import errors
-from waltz.cli.context import admin_call, cluster_metadata, cluster_name
+from waltz.cli.context import admin_call, cluster_metadata, cluster_name, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
+from waltz.tls import handshake_error
 
 
 @click.group()
@@ -200,10 +202,12 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
     assignment, _ = meta.assignment()
     if not servers:
         add("servers", False, "no server is registered")
+    context = tls_context()
     for s in servers.values():
         try:
-            with socket.create_connection((s.host, s.port), timeout=timeout):
-                pass
+            with socket.create_connection((s.host, s.port), timeout=timeout) as sock:
+                if context is not None:
+                    _tls_handshake(sock, context, s.host, f"server {s.endpoint}")
             add(f"server {s.server_id}", True, f"{s.endpoint} reachable, serving {_ranges(sorted(s.serving))}")
         except OSError as e:
             add(f"server {s.server_id}", False, f"{s.endpoint} unreachable: {e}")
@@ -241,6 +245,15 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
     else:
         add("recovery", not pending, f"replicas not in the current session: {'; '.join(pending)}" if pending else "every replica is in its partition's current store session")
     return checks
+
+
+def _tls_handshake(sock: socket.socket, context: ssl.SSLContext, host: str, peer: str) -> None:
+    """A TLS handshake on a connected socket; its failure raises `TlsError` with the cause."""
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            pass
+    except (ssl.SSLError, ConnectionError) as e:
+        raise handshake_error(peer, e) from e
 
 
 def _ranges(values: Any) -> str:

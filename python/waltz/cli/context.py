@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pathlib
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import click
 
 from waltz import errors
+from waltz.tls import TlsSection, check
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo
@@ -25,6 +28,17 @@ def _root_params() -> dict[str, object]:
 
 def cluster_name() -> str:
     return str(_root_params().get("cluster") or "default")
+
+
+def tls_context() -> ssl.SSLContext | None:
+    """The client side of mutual TLS from --tls-ca/--tls-cert/--tls-key, or None (plaintext)."""
+    names = ("tls_ca", "tls_cert", "tls_key")
+    values = [_root_params().get(n) for n in names]
+    if all(v is None for v in values):
+        return None
+    paths = [None if v is None else pathlib.Path(str(v)) for v in values]
+    check(paths, [f"--{n.replace('_', '-')}" for n in names], "TLS options:")
+    return TlsSection(*paths).client_context()
 
 
 @contextlib.contextmanager
@@ -56,7 +70,7 @@ def admin_call(
 
     async def run() -> T:
         async with await StorageAdminClient.connect(
-            host, port, cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout
+            host, port, cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout, ssl=tls_context()
         ) as client:
             return await call(client)
 

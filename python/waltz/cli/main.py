@@ -9,9 +9,12 @@ from __future__ import annotations
 import click
 
 from waltz.cli.cluster import cluster
+from waltz.cli.demo import demo
+from waltz.cli.dev import dev
 from waltz.cli.disk import disk
 from waltz.cli.server import server
 from waltz.cli.storage import storage
+from waltz.cli.tls import tls
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -24,7 +27,13 @@ from waltz.cli.storage import storage
 )
 @click.option("--cluster", envvar="WALTZ_CLUSTER", default="default", show_default=True, help="Cluster name (env WALTZ_CLUSTER).")
 @click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the metadata store.")
-def main(as_json: bool, metadata: str | None, cluster: str, connect_timeout: float) -> None:
+@click.option("--tls-ca", envvar="WALTZ_TLS_CA", metavar="PEM", help="CA that storage nodes' and servers' certificates must chain to (env WALTZ_TLS_CA).")
+@click.option("--tls-cert", envvar="WALTZ_TLS_CERT", metavar="PEM", help="Client certificate for mutual TLS (env WALTZ_TLS_CERT).")
+@click.option("--tls-key", envvar="WALTZ_TLS_KEY", metavar="PEM", help="Private key of --tls-cert (env WALTZ_TLS_KEY).")
+def main(
+    as_json: bool, metadata: str | None, cluster: str, connect_timeout: float,
+    tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+) -> None:
     """Administer a Waltz cluster."""
 
 
@@ -32,6 +41,9 @@ main.add_command(cluster)
 main.add_command(storage)
 main.add_command(server)
 main.add_command(disk)
+main.add_command(tls)
+main.add_command(demo)
+main.add_command(dev)
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from waltz import errors
-from waltz.cli.context import admin_call, cluster_metadata
+from waltz.cli.context import admin_call, cluster_metadata, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo, parse_address
 from waltz.storage.client import StorageAdminClient
@@ -266,8 +266,9 @@ def recover_partition(out: Output, source: str, destination: str, partition: int
 async def _recover(
     out: Output, key: Any, count: int, src: StorageNodeInfo, dst: StorageNodeInfo, partition: int, batch_size: int
 ) -> dict[str, Any]:
-    async with await StorageAdminClient.connect(src.host, src.admin_port, cluster_key=key, partition_count=count) as s, \
-            await StorageAdminClient.connect(dst.host, dst.admin_port, cluster_key=key, partition_count=count) as d:
+    ssl = tls_context()
+    async with await StorageAdminClient.connect(src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl) as s, \
+            await StorageAdminClient.connect(dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl) as d:
         before = {x["partition"]: x for x in await d.status()}.get(partition)
         if before is None:
             raise Failed(f"destination {dst.address} does not hold partition {partition}; run `waltz storage add-partition` first")

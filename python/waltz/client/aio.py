@@ -85,6 +85,7 @@ class AsyncWaltzClient:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = False
         self._closed = False
+        self._ssl = config.tls.client_context() if config.tls.enabled else None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> AsyncWaltzClient:
@@ -369,8 +370,11 @@ class AsyncWaltzClient:
                 raise errors.ClientClosedError("the client is closed")
             self._connection_seq += 1
             link = Link(endpoint, kind, self._on_push, self._on_closed, connection_seq=self._connection_seq,
-                        max_frame=self.config.max_frame)
+                        max_frame=self.config.max_frame, ssl=self._ssl)
             await link.open(self.config.request_timeout)
+            if self._closed:  # closed during the (TLS) handshake: close() has not seen this link
+                link.close()
+                raise errors.ClientClosedError("the client is closed")
             self._links[key] = link
             return link
 

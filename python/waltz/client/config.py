@@ -7,6 +7,7 @@ import dataclasses
 import pathlib
 
 from waltz.config import ConfigError, _read_toml, _requirer, _section
+from waltz.tls import TlsSection, check
 
 
 _WHERE = "client config"
@@ -39,6 +40,13 @@ class ClientConfig:
     metadata_session_timeout: float = 10.0
     max_frame: int = 64 << 20
     """The largest frame accepted from a server."""
+    tls_ca: pathlib.Path | None = None
+    """With tls_cert and tls_key: connect to servers through mutual TLS; their certificates must
+    chain to this CA (PEM)."""
+    tls_cert: pathlib.Path | None = None
+    """The client's certificate (PEM), presented to servers."""
+    tls_key: pathlib.Path | None = None
+    """The private key of `tls_cert` (PEM, unencrypted)."""
 
     def __post_init__(self) -> None:
         need = _requirer(pathlib.Path(_WHERE))
@@ -49,6 +57,15 @@ class ClientConfig:
         for name in ("mount_timeout", "request_timeout", "transaction_timeout", "settle_after", "reconnect_backoff",
                      "reconnect_backoff_max", "metadata_session_timeout"):
             need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, pathlib.Path(getattr(self, name)))
+        check([self.tls_ca, self.tls_cert, self.tls_key], ("tls_ca", "tls_cert", "tls_key"), _WHERE + ":")
+
+    @property
+    def tls(self) -> TlsSection:
+        """The TLS settings as a `TlsSection` (not enabled when no tls_* key is set)."""
+        return TlsSection(self.tls_ca, self.tls_cert, self.tls_key)
 
     @staticmethod
     def from_file(path: str | pathlib.Path) -> ClientConfig:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as _ssl
 from collections.abc import Callable
 
 from waltz import client_protocol as cp
-from waltz import errors
+from waltz import errors, tls
 
 log = logging.getLogger("waltz.client")
 
@@ -30,8 +31,10 @@ class Link:
         *,
         connection_seq: int = 0,
         max_frame: int = 64 << 20,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self.endpoint, self.kind, self.connection_seq = endpoint, kind, connection_seq
+        self._ssl = ssl
         self._on_push, self._on_closed = on_push, on_closed
         self._messages = cp.MessageReader(max_frame)
         self._writer: asyncio.StreamWriter | None = None
@@ -44,8 +47,10 @@ class Link:
         return f"Link({self.kind} {self.endpoint} #{self.connection_seq})"
 
     async def open(self, timeout: float) -> None:
+        """Connects (through mutual TLS when the link has an SSL context) and shakes hands; a
+        failed TLS handshake, or a TLS peer of a plaintext link, raises `TlsError`."""
         host, _, port = self.endpoint.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+        reader, writer = await tls.open_connection(host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}")
         self._writer = writer
         writer.write(cp.Hello().frame())
         try:
@@ -59,10 +64,20 @@ class Link:
         self._reader_task = asyncio.create_task(self._read(reader), name=f"waltz-client-{self.kind}-{self.endpoint}")
 
     async def _next(self, reader: asyncio.StreamReader) -> cp.Message:
+        """The server's first message (the handshake's answer)."""
+        peer, with_tls = f"server {self.endpoint}", self._ssl is not None
         while (m := self._messages.next_message()) is None:
-            data = await reader.read(1 << 20)
+            try:
+                data = await reader.read(1 << 20)
+            except OSError as e:
+                raise tls.first_read_error(peer, e, with_tls) or e
             if not data:
-                raise ConnectionError(f"server {self.endpoint} closed the connection")
+                raise tls.first_read_error(peer, None, with_tls) or ConnectionError(
+                    f"{peer} closed the connection without answering Hello: if it requires mutual TLS (its log says "
+                    "so), configure tls_ca, tls_cert and tls_key"
+                )
+            if not with_tls and tls.looks_like_tls(data):
+                raise tls.plaintext_refused(peer)
             self._messages.feed(data)
         return m
 

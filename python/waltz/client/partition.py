@@ -126,6 +126,9 @@ class ClientPartition:
                     self._refuse(e)
                     return
                 except (Unavailable, errors.WaltzError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    # A TLS failure is a configuration to fix, not a passing outage: said once, loudly.
+                    if isinstance(e, errors.TlsError) and str(e) != self.last_error:
+                        log.warning("partition %d: %s (retrying)", self.pid, e)
                     self.last_error = str(e) or type(e).__name__
                     log.debug("partition %d: mount failed (retrying): %s", self.pid, self.last_error)
                 await asyncio.sleep(delay)

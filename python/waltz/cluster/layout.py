@@ -1,7 +1,7 @@
 """Where each piece of cluster state lives in the metadata tree, and how it is encoded.
 
 Every entry holds UTF-8 JSON with sorted keys (readable with `zkCli.sh get`); the spec's binary
-encodings are replaced by JSON because no hot path reads them. See docs/architecture.md for the
+encodings are replaced by JSON because no hot path reads them. See docs/internals.md for the
 whole tree.
 """
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable
 
 from waltz import client_protocol as cp
-from waltz import errors
+from waltz import errors, tls
 from waltz._native import ReqId, encode_frame
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, Partition
 
@@ -88,6 +88,8 @@ class ClientConnection:
             data = await self.reader.read(65536)
             if not data:
                 return False
+            if tls.looks_like_tls(data) and self.writer.get_extra_info("sslcontext") is None:
+                raise errors.ProtocolError("the client speaks TLS but this server has no [tls] configured")
             self._messages.feed(data)
         if not isinstance(msg, cp.Hello) or not msg.min_version <= cp.VERSION <= msg.max_version:
             raise errors.ProtocolError(f"the first frame must be a Hello this server speaks, not {msg}")

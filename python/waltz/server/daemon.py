@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 
 from prometheus_client import CollectorRegistry
 
-from waltz import errors
+from waltz import errors, tls
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.manager import ServerMembership
@@ -34,13 +35,22 @@ from waltz.server.store_session import StoreSession
 
 log = logging.getLogger("waltz.server")
 
+NO_TLS_WARNING = (
+    "TLS is not configured: every link of this server (clients, storage nodes) is plaintext and "
+    "unauthenticated: anyone who reaches its port can read and append ([tls] in docs/configuration.md)"
+)
+
 
 class PartitionHost:
     """Keeps the served partitions equal to what the membership delivers: one runner task per
     wanted partition opens it, serves it while its store session lives, and reopens it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, metadata: ClusterMetadata, partitions: Partitions, tuning: PartitionSection) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, metadata: ClusterMetadata, partitions: Partitions, tuning: PartitionSection,
+        storage_ssl: ssl.SSLContext | None = None,
+    ) -> None:
         self.loop, self.metadata, self.partitions, self.tuning = loop, metadata, partitions, tuning
+        self.storage_ssl = storage_ssl
         self.desired: dict[int, int] = {}
         self._runners: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -83,7 +93,9 @@ class PartitionHost:
         try:
             while self._wanted(pid, gen):
                 try:
-                    session = await StoreSession.open(self.metadata, pid, gen, timeout=self.tuning.storage_timeout)
+                    session = await StoreSession.open(
+                        self.metadata, pid, gen, timeout=self.tuning.storage_timeout, ssl=self.storage_ssl
+                    )
                 except errors.StaleGenerationError as e:
                     log.info("partition %d: %s", pid, e)
                     return
@@ -99,7 +111,7 @@ class PartitionHost:
                     max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
                     checkpoint_interval=t.checkpoint_interval, max_transaction_bytes=t.max_transaction_bytes,
-                    open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout),
+                    open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl),
                 )
                 await part.start()
                 if not self._wanted(pid, gen):
@@ -151,9 +163,19 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         metadata = ClusterMetadata(store, cluster_root(s.cluster))
         await asyncio.to_thread(metadata.info)  # a clear error when the cluster does not exist
         partitions = Partitions()
-        server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, partitions).run(), s.host, s.port)
+        server_ssl = config.tls.server_context() if config.tls.enabled else None
+
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # The handshake runs on the connection's own task (start_server's ssl= would too, but
+            # would drop a failed handshake without a word).
+            if server_ssl is not None and not await tls.accept(writer, server_ssl, what="client"):
+                return
+            await ClientConnection(reader, writer, partitions).run()
+
+        server = await asyncio.start_server(on_client, s.host, s.port)
         port = server.sockets[0].getsockname()[1]
-        host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition)
+        storage_ssl = config.tls.client_context() if config.tls.enabled else None
+        host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition, storage_ssl)
         public_host, public_port = s.host, port
         if s.advertised_address:
             public_host, _, advertised_port = s.advertised_address.rpartition(":")
@@ -167,10 +189,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         registry.register(ServerCollector(partitions))
         http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
         log.info(
-            "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s)",
+            "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s)%s",
             membership.server_id, s.cluster, s.host, port, s.host, http.server_address[1], store.description,
+            f"; clients and storage nodes through mutual TLS (CA {config.tls.ca}), HTTP is plaintext" if config.tls.enabled else "",
         )
-        log.warning("TLS is not configured: client traffic is plaintext")
+        if not config.tls.enabled:
+            log.warning(NO_TLS_WARNING)
         if ready is not None:
             ready.set_result(port)
         await stop.wait()

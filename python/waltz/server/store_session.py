@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl as _ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -124,10 +125,12 @@ def _upto(records: list[Any], last: int) -> list[Any]:
     return records[: max(0, last - records[0].txid + 1)]
 
 
-def _network_connect(info: Any, timeout: float) -> Connect:
+def _network_connect(info: Any, timeout: float, ssl: _ssl.SSLContext | None) -> Connect:
     async def connect(address: str) -> StorageClient:
         host, port = address.rsplit(":", 1)
-        return await StorageClient.connect(host, int(port), cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout)
+        return await StorageClient.connect(
+            host, int(port), cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout, ssl=ssl
+        )
 
     return connect
 
@@ -165,10 +168,11 @@ class StoreSession:
     async def open(
         cls, metadata: Metadata, partition: int, generation: int, *, timeout: float = 10.0, max_lag: int = 256,
         recovery_timeout: float | None = None, connect: Connect | None = None, offload: Offload = asyncio.to_thread,
-        pack: Pack = RecordBatch,
+        pack: Pack = RecordBatch, ssl: _ssl.SSLContext | None = None,
     ) -> StoreSession:
         """Opens the next session of `partition` and recovers it; waits up to `recovery_timeout`
-        (default: three times `timeout`) for the vote to become decidable."""
+        (default: three times `timeout`) for the vote to become decidable. Storage nodes are
+        reached through mutual TLS with `ssl` (unless `connect` says otherwise)."""
         info = await offload(metadata.info)
         assigned = [n.address for n in await offload(metadata.replicas_of, partition)]
         if not assigned:
@@ -179,7 +183,7 @@ class StoreSession:
         replicas = [_Replica(a, assigned=a in assigned) for a in sorted(set(assigned) | set(electors))]
         opened = cls(
             partition, session, replicas, max_lag=max_lag, metadata=metadata,
-            connect=connect or _network_connect(info, timeout), offload=offload, pack=pack,
+            connect=connect or _network_connect(info, timeout, ssl), offload=offload, pack=pack,
         )
         try:
             await opened._recover(meta, electors, timeout * 3 if recovery_timeout is None else recovery_timeout)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl as _ssl
 import uuid
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from waltz import errors
+from waltz import errors, tls
 from waltz._native import (
     Record,
     RecordBatch,
@@ -58,11 +59,14 @@ class _Connection:
 
     ADMIN = False
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout: float):
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout: float, tls: bool = False
+    ):
         self._reader = reader
         self._writer = writer
         self.address = address
         self.timeout = timeout
+        self.tls = tls
         self._decoder = ResponseReader(admin=self.ADMIN)
         self._pending: dict[int, asyncio.Future[tuple[str, Any]]] = {}
         self._seq = itertools.count(1)
@@ -78,14 +82,19 @@ class _Connection:
         cluster_key: uuid.UUID | str,
         partition_count: int,
         timeout: float = 10.0,
+        ssl: _ssl.SSLContext | None = None,
     ) -> C:
-        """Connects, agrees on a protocol version and sends Open (cluster key, partition count)."""
+        """Connects (through mutual TLS with `ssl`, a `TlsSection.client_context()`), agrees on a
+        protocol version and sends Open (cluster key, partition count). A failed TLS handshake
+        raises `TlsError`."""
         address = f"{host}:{port}"
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            reader, writer = await tls.open_connection(host, port, context=ssl, timeout=timeout, peer=f"storage node {address}")
+        except errors.TlsError:
+            raise
         except (OSError, asyncio.TimeoutError) as e:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
-        client = cls(reader, writer, address, timeout)
+        client = cls(reader, writer, address, timeout, tls=ssl is not None)
         try:
             writer.write(cls._hello())
             await client._read_hello()
@@ -111,12 +120,19 @@ class _Connection:
                 if resp[0] != "hello_ok":
                     raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
                 return
+            peer = f"storage node {self.address}"
             try:
                 data = await asyncio.wait_for(self._reader.read(65536), self.timeout)
             except asyncio.TimeoutError as e:
-                raise errors.StorageTimeoutError(f"storage node {self.address} did not answer Hello") from e
+                raise errors.StorageTimeoutError(f"{peer} did not answer Hello") from e
+            except OSError as e:
+                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(f"{peer}: {e}") from e
             if not data:
-                raise errors.StorageConnectionError(f"storage node {self.address} closed the connection during Hello")
+                raise tls.first_read_error(peer, None, self.tls) or errors.StorageConnectionError(
+                    f"{peer} closed the connection during Hello (if it requires mutual TLS, configure the CA, certificate and key)"
+                )
+            if not self.tls and tls.looks_like_tls(data):
+                raise tls.plaintext_refused(peer)
             self._decoder.feed(data)
 
     async def _read_loop(self) -> None:

@@ -14,6 +14,11 @@ from waltz.storage.http import serve_http
 
 log = logging.getLogger("waltz.storage")
 
+NO_TLS_WARNING = (
+    "TLS is not configured: every link of this node is plaintext and unauthenticated: anyone who reaches "
+    "its ports can read and write the log ([tls] in docs/configuration.md)"
+)
+
 
 def open_storage(config: StorageNodeConfig) -> Storage:
     """Opens the storage directory, creating it when the configuration names the cluster."""
@@ -46,7 +51,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
     http = None
     previous = {}
     try:
-        n = config.node
+        n, tls = config.node, config.tls
         node = StorageNode.start(
             storage,
             n.host,
@@ -57,16 +62,21 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             max_list_bytes=n.max_list_bytes,
             idle_timeout=n.idle_timeout,
             max_in_flight=n.max_in_flight,
+            tls_ca=tls.ca,
+            tls_cert=tls.cert,
+            tls_key=tls.key,
         )
         http = serve_http(storage, node, n.host, n.http_port)
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         host, port = node.address
         admin = node.admin_address
         log.info(
-            "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)",
+            "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)%s",
             storage.path, host, port, admin[0] if admin else "-", admin[1] if admin else 0, n.host, http.server_address[1],
+            f"; storage and admin ports take only mutual TLS (CA {tls.ca}), HTTP is plaintext" if tls.enabled else "",
         )
-        log.warning("TLS is not configured: storage, admin and HTTP traffic is plaintext")
+        if not tls.enabled:
+            log.warning(NO_TLS_WARNING)
         if ready is not None:
             ready.set()
         stop.wait()

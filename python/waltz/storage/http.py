@@ -65,6 +65,7 @@ class NodeCollector(Collector):
             ("appended_records", "Records appended through the storage protocol"),
             ("bytes_in", "Bytes received"),
             ("bytes_out", "Bytes sent"),
+            ("tls_handshake_failures", "TLS handshakes refused on the storage and admin ports"),
         ):
             value = s.get(name, 0)
             yield CounterMetricFamily(f"waltz_storage_{name}", help_text, value=value if isinstance(value, int) else 0)

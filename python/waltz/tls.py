@@ -1,0 +1,318 @@
+"""Mutual TLS on every Waltz link (client ↔ server, server ↔ storage node, admin ↔ storage node).
+
+`TlsSection` is the `[tls]` section of a node's or server's TOML file (and the client's
+`tls_ca`/`tls_cert`/`tls_key`): one CA that every peer's certificate must chain to, and this
+process's own certificate and key, presented both when it accepts and when it connects, since
+servers are also clients of the storage nodes. Handshake failures become `TlsError` naming the
+peer and the cause; `generate_dev_certificates` makes a CA and certificates for a development
+cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import ipaddress
+import logging
+import os
+import ssl
+from collections.abc import Sequence
+from pathlib import Path
+
+from waltz.errors import ConfigError, TlsError
+
+log = logging.getLogger("waltz.tls")
+
+_KEYS = ("ca", "cert", "key")
+
+
+def check(values: Sequence[Path | None], names: Sequence[str] = _KEYS, where: str = "[tls]") -> None:
+    """All of the three paths (CA, certificate, key) or none; given ones must be readable PEM
+    files, the key that of the certificate. `names` are the keys as the user wrote them and
+    `where` the section, for the message."""
+    missing = [n for n, v in zip(names, values) if v is None]
+    if 0 < len(missing) < len(names):
+        given = [n for n, v in zip(names, values) if v is not None]
+        raise ConfigError(
+            f"{where} sets {', '.join(given)} but not {', '.join(missing)}: mutual TLS needs all of "
+            f"{', '.join(names)} (or none of them for plaintext)"
+        )
+    for name, value in zip(names, values):
+        if value is None:
+            continue
+        try:
+            with open(value, "rb") as f:
+                f.read(1)
+        except FileNotFoundError:
+            raise ConfigError(f"{where} {name} = {str(value)!r}: no such file") from None
+        except OSError as e:
+            raise ConfigError(f"{where} {name} = {str(value)!r}: cannot read it: {e.strerror or e}") from None
+    if not missing:
+        ca, cert, key = (Path(v) for v in values if v is not None)
+        _load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), (ca, cert, key), names, where)
+
+
+def _load(context: ssl.SSLContext, files: tuple[Path, Path, Path], names: Sequence[str] = _KEYS,
+          where: str = "[tls]") -> ssl.SSLContext:
+    (ca, cert, key), (ca_name, cert_name, key_name) = files, names
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(f"{where} {ca_name} = {str(ca)!r}: not a PEM certificate file ({e})") from None
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(
+            f"{where} {cert_name} = {str(cert)!r}, {key_name} = {str(key)!r}: not a PEM certificate and its private key ({e})"
+        ) from None
+    return context
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsSection:
+    """`[tls]`: PEM files. All three set: every port of the process takes only mutual TLS and
+    every connection it opens uses it; none set: plaintext (and a warning at start)."""
+
+    ca: Path | None = None
+    """The certificate authority (one or more PEM certificates) that peers' certificates must chain to."""
+    cert: Path | None = None
+    """This process's certificate (PEM, leaf first, then any intermediates)."""
+    key: Path | None = None
+    """The private key of `cert` (PEM, unencrypted)."""
+
+    def __post_init__(self) -> None:
+        for name in _KEYS:  # code may pass strings, as the TOML file does
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
+        # At load, not at the first connection: a missing file, one that is not PEM, a key of
+        # another certificate.
+        check([self.ca, self.cert, self.key])
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca is not None and self.cert is not None and self.key is not None
+
+    def _files(self) -> tuple[Path, Path, Path]:
+        if self.ca is None or self.cert is None or self.key is None:
+            raise ConfigError("[tls] is not configured: set ca, cert and key")
+        return self.ca, self.cert, self.key
+
+    def server_context(self) -> ssl.SSLContext:
+        """For a listening port: our certificate, and a client certificate signed by `ca` required."""
+        context = _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), self._files())
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        """For connecting: the peer's certificate must chain to `ca` and name the host we dial;
+        ours is presented for the peer to check."""
+        context = _load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), self._files())
+        context.check_hostname = True
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+
+# -- why a handshake failed ------------------------------------------------------------------
+
+_NOT_TLS = {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL",
+            "HTTP_REQUEST", "UNEXPECTED_RECORD", "RECORD_TOO_LARGE"}
+_CERT_REFUSED = {"TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+                 "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_EXPIRED", "TLSV1_ALERT_DECRYPT_ERROR"}
+
+
+def describe(exc: BaseException, *, client: bool) -> str:
+    """The cause of a failed handshake in words, from our side (`client`: we connected)."""
+    reason = getattr(exc, "reason", None) or ""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        detail = str(exc.verify_message or exc)
+        if "mismatch" in detail:
+            return f"certificate verify failed ({detail}): the peer's certificate does not name the address we dialled"
+        if client:
+            return f"certificate verify failed ({detail}): the peer's certificate is not signed by our CA"
+        return f"certificate verify failed ({detail}): the client's certificate is not signed by our CA"
+    if isinstance(exc, TimeoutError) or (isinstance(exc, ConnectionAbortedError) and "longer than" in str(exc)):
+        return "no TLS handshake in time"
+    if reason in _NOT_TLS:
+        return f"the {'peer' if client else 'client'} does not speak TLS: a plaintext {'port' if client else 'client on this TLS port'} [{reason}]"
+    if client:
+        if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+            return f"the peer requires a client certificate and we presented none [{reason}]"
+        if reason == "SSLV3_ALERT_HANDSHAKE_FAILURE":
+            return f"the peer refused the handshake: it requires a client certificate (did we present one?) [{reason}]"
+        if reason in _CERT_REFUSED:
+            return f"the peer refused our certificate: it is not signed by a CA the peer trusts [{reason}]"
+        if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError)) or "EOF" in reason:
+            return ("the peer closed the connection during the handshake: a plaintext port, or it refused our "
+                    "certificate (its log says which)")
+    else:
+        if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+            return f"the client presented no certificate (mutual TLS requires one) [{reason}]"
+        if reason in _CERT_REFUSED:
+            return f"the client does not trust our certificate: it is not signed by the client's CA [{reason}]"
+        if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError)) or "EOF" in reason:
+            return "the client closed the connection during the handshake (it may not trust our certificate)"
+    return str(exc) or type(exc).__name__
+
+
+def handshake_error(peer: str, exc: BaseException) -> TlsError:
+    """A `TlsError` for a connection of ours to `peer` ("storage node host:port", "server ...")."""
+    error = TlsError(f"TLS with {peer} failed: {describe(exc, client=True)}")
+    error.__cause__ = exc
+    return error
+
+
+def looks_like_tls(data: bytes) -> bool:
+    """True when a peer's first bytes are a TLS record (handshake or alert) rather than one of our
+    frames: a frame would need a length of over 350 MB to start this way."""
+    return len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 0x03
+
+
+def plaintext_refused(peer: str) -> TlsError:
+    """For a plaintext connection of ours whose peer answered with TLS (an alert)."""
+    return TlsError(f"{peer} answered with TLS: it requires mutual TLS, and this connection is plaintext "
+                    "(configure the CA, certificate and key: [tls], tls_ca/tls_cert/tls_key or --tls-*)")
+
+
+# -- connecting and accepting ------------------------------------------------------------------
+
+_HANDSHAKE_FAILURES = (ssl.SSLError, ConnectionResetError, ConnectionAbortedError, EOFError)
+
+
+async def open_connection(
+    host: str, port: int, *, context: ssl.SSLContext | None, timeout: float, peer: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """`asyncio.open_connection`, through TLS when `context` is given; a failed handshake raises
+    `TlsError`, other failures (refused, unreachable, timeout) what asyncio raises."""
+    if context is None:
+        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context, ssl_handshake_timeout=timeout), timeout
+        )
+    except _HANDSHAKE_FAILURES as e:
+        raise handshake_error(peer, e) from e
+
+
+def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseException | None:
+    """What to raise when the first read of a new connection failed (`exc`) or hit EOF (None).
+    With TLS 1.3 a peer refuses our certificate only after our side of the handshake is done,
+    so its refusal arrives here rather than at connect."""
+    if not tls:
+        return None
+    if exc is None or isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, ConnectionAbortedError, EOFError)):
+        # Our side of the handshake succeeded, so the peer speaks TLS and we trust it: a close
+        # without an alert (Python peers send none) is its refusal of our certificate.
+        error = TlsError(f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
+                         "refused our certificate (none, or one not signed by a CA it trusts; its log says which)")
+        error.__cause__ = exc
+        return error
+    if isinstance(exc, ssl.SSLError):
+        return handshake_error(peer, exc)
+    return None
+
+
+async def accept(writer: asyncio.StreamWriter, context: ssl.SSLContext, *, what: str, timeout: float = 10.0) -> bool:
+    """Upgrades an accepted connection to TLS. A failed handshake is one warning line naming the
+    peer and why, and the connection is closed; False then."""
+    peer = writer.get_extra_info("peername")
+    try:
+        await writer.start_tls(context, ssl_handshake_timeout=timeout)
+        return True
+    except (*_HANDSHAKE_FAILURES, OSError, asyncio.TimeoutError) as e:
+        log.warning("TLS handshake with %s %s failed: %s", what, _address(peer), describe(e, client=False))
+        writer.close()
+        return False
+
+
+def _address(peer: object) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+# -- development certificates --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DevCertificates:
+    """PEM files of a development CA and the certificates it signed."""
+
+    ca: Path
+    ca_key: Path
+    node_cert: Path
+    """For storage nodes and servers (serverAuth and clientAuth: servers also connect to nodes)."""
+    node_key: Path
+    client_cert: Path
+    """For clients and the `waltz` CLI (clientAuth)."""
+    client_key: Path
+
+    @classmethod
+    def at(cls, directory: str | os.PathLike[str]) -> DevCertificates:
+        """The file names `generate_dev_certificates` writes in `directory` (nothing is read)."""
+        d = Path(directory)
+        return cls(d / "ca.pem", d / "ca-key.pem", d / "node.pem", d / "node-key.pem", d / "client.pem", d / "client-key.pem")
+
+    def node_tls(self) -> TlsSection:
+        return TlsSection(self.ca, self.node_cert, self.node_key)
+
+    def client_tls(self) -> TlsSection:
+        return TlsSection(self.ca, self.client_cert, self.client_key)
+
+
+def generate_dev_certificates(
+    directory: str | os.PathLike[str], hosts: Sequence[str] = ("127.0.0.1", "localhost"), *, overwrite: bool = False,
+    days: int = 825,
+) -> DevCertificates:
+    """Writes a new CA and a node and a client certificate signed by it into `directory` (created
+    if missing; key files mode 0600). `hosts` become the node certificate's subject alternative
+    names (IP addresses or DNS names): clients check that the address they dial is among them.
+    Existing files are an error unless `overwrite`. For development: a production CA keeps its
+    key offline and gives each node its own certificate."""
+    from waltz import dev_certs  # cryptography is only needed here
+
+    if not hosts:
+        raise ConfigError("generate_dev_certificates: give at least one host for the node certificate")
+    files = DevCertificates.at(directory)
+    existing = [str(p) for p in dataclasses.astuple(files) if Path(p).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"certificate files already exist: {', '.join(existing)} (overwrite them explicitly)")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, ca_cert = dev_certs.certificate_authority(now, days)
+    sans = [_san(h) for h in hosts]
+    node_key, node_cert = dev_certs.leaf(ca_key, ca_cert, "waltz node", sans, server=True, now=now, days=days)
+    client_key, client_cert = dev_certs.leaf(ca_key, ca_cert, "waltz client", [], server=False, now=now, days=days)
+    for path, data, secret in (
+        (files.ca, ca_cert, False), (files.ca_key, ca_key, True), (files.node_cert, node_cert, False),
+        (files.node_key, node_key, True), (files.client_cert, client_cert, False), (files.client_key, client_key, True),
+    ):
+        _write(path, data, 0o600 if secret else 0o644)
+    return files
+
+
+def _san(host: str) -> tuple[str, str]:
+    try:
+        return ("ip", str(ipaddress.ip_address(host)))
+    except ValueError:
+        return ("dns", host)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), mode)  # an existing file keeps its mode through O_CREAT
+        f.write(data)
+
+
+__all__ = [
+    "DevCertificates",
+    "TlsSection",
+    "check",
+    "generate_dev_certificates",
+    "handshake_error",
+    "looks_like_tls",
+    "open_connection",
+]
