@@ -186,14 +186,15 @@ async def open_connection(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """`asyncio.open_connection`, through TLS when `context` is given; a failed handshake raises
     `TlsError`, other failures (refused, unreachable, timeout) what asyncio raises."""
-    if context is None:
-        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    try:
-        return await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context, ssl_handshake_timeout=timeout), timeout
-        )
-    except _HANDSHAKE_FAILURES as e:
-        raise handshake_error(peer, e) from e
+    # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that arrives as
+    # the connect ends, and a closing client would then never see it.
+    async with asyncio.timeout(timeout):
+        if context is None:
+            return await asyncio.open_connection(host, port)
+        try:
+            return await asyncio.open_connection(host, port, ssl=context, ssl_handshake_timeout=timeout)
+        except _HANDSHAKE_FAILURES as e:
+            raise handshake_error(peer, e) from e
 
 
 def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseException | None:

@@ -54,7 +54,8 @@ class Link:
         self._writer = writer
         writer.write(cp.Hello().frame())
         try:
-            hello = await asyncio.wait_for(self._next(reader), timeout)
+            async with asyncio.timeout(timeout):
+                hello = await self._next(reader)
         except BaseException:
             writer.close()
             raise

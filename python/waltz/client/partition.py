@@ -125,6 +125,10 @@ class ClientPartition:
                 except errors.ClientAheadError as e:
                     self._refuse(e)
                     return
+                except errors.ClientClosedError:
+                    # Closing: also when close()'s cancellation was lost (asyncio.wait_for in 3.11
+                    # drops it when the awaited call ends at the same moment).
+                    return
                 except (Unavailable, errors.WaltzError, ConnectionError, OSError, asyncio.TimeoutError) as e:
                     # A TLS failure is a configuration to fix, not a passing outage: said once, loudly.
                     if isinstance(e, errors.TlsError) and str(e) != self.last_error:

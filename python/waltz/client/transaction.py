@@ -4,9 +4,11 @@ first use over the RPC connection and kept."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from waltz import errors
 from waltz.client.serializers import BYTES, Serializer
 from waltz.client_protocol import ReqIdTuple
 
@@ -37,8 +39,21 @@ class Transaction:
                 running = None
             if running is self._loop:
                 raise RuntimeError("Transaction.data() would block the client's event loop: use `await transaction.data_async()`")
-            self._data = asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop).result()
+            self._data = self._wait(asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop))
         return serializer.deserialize(self._data)
+
+    def _wait(self, future: concurrent.futures.Future[bytes]) -> bytes:
+        # A client closed meanwhile stops its loop without finishing the fetch: the caller (an
+        # apply callback thread, which interpreter exit joins) must not wait for it forever.
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except concurrent.futures.TimeoutError:
+                if self._loop.is_closed() or not self._loop.is_running():
+                    future.cancel()
+                    raise errors.ClientClosedError("the client closed before the transaction's data arrived") from None
+            except concurrent.futures.CancelledError:
+                raise errors.ClientClosedError("the client closed before the transaction's data arrived") from None
 
     async def data_async(self, serializer: Serializer[Any] = BYTES) -> Any:
         if self._data is None:
