@@ -33,7 +33,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-extras=${WALTZ_EXTRAS:-test,arrow,bench,sql}
+extras=${WALTZ_EXTRAS:-test,arrow,bench,sql,spark}
 echo "setup: building the native engine and installing waltz[$extras] (first build takes a minute or two)"
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 .venv/bin/python -c "import waltz; print('setup: waltz', waltz.__version__, 'ready in .venv')"

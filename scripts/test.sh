@@ -10,6 +10,8 @@ echo "== cargo test (engine units)"
 cargo test --quiet --no-default-features
 
 echo "== pytest"
+# The Spark tests (marked `spark`) are part of the suite here: a missing PySpark fails the run.
+export WALTZ_REQUIRE_SPARK=1
 markers=${WALTZ_SLOW:+"slow or not slow"}
 set +e
 .venv/bin/python -m pytest -m "${markers:-not slow}" "$@"  # a later -m overrides pyproject's

@@ -1077,7 +1077,9 @@ impl Partition {
                 c.offsets.push(c.payload.len() as i32);
                 true
             },
-            READ_CHUNK_MAX,
+            // Read about what the caller takes: a fixed READ_CHUNK_MAX per call read up to 8 MiB
+            // from disk for a 1 MiB scan and threw the rest away.
+            max_bytes.saturating_add(READ_CHUNK_MIN),
         )?;
         Ok(c)
     }

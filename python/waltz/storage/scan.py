@@ -1,14 +1,16 @@
 """Bulk reads: whole ranges of a partition as column buffers or Arrow record batches.
 
-The native scan hands over one buffer per column; nothing here touches a record one at a time.
+The native scan hands over one buffer per column, so files become Arrow without a Python object
+per record; only records read over the network (which arrive as objects) are converted one by one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import struct
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from waltz._native import Partition, ScanChunk
+from waltz._native import Partition, Record, ScanChunk
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -53,7 +55,24 @@ def scan_to_arrow(chunk: ScanChunk, partition_id: int | None = None) -> pa.Recor
         pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(b["offsets"]), pa.py_buffer(b["payload"])]),
     ]
     names = list(COLUMNS)
-    if partition_id is not None:
-        arrays.insert(0, pa.array([partition_id] * n, pa.int32()))
+    if partition_id is not None:  # one constant column, made without a Python object per row
+        arrays.insert(0, fixed(pa.int32(), struct.pack("=i", partition_id) * n))
         names.insert(0, "partition")
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def records_to_arrow(records: Sequence[Record], partition_id: int) -> pa.RecordBatch:
+    """Records read over the network as the same record batch `scan_to_arrow` makes of files."""
+    import pyarrow as pa
+
+    ids = [r.req_id for r in records]
+    arrays = [
+        pa.array([partition_id] * len(records), pa.int32()),
+        pa.array([r.txid for r in records], pa.int64()),
+        pa.array([r.header for r in records], pa.int32()),
+        pa.array([i.client_id for i in ids], pa.int32()),
+        pa.array([i.generation for i in ids], pa.int32()),
+        pa.array([i.sequence for i in ids], pa.int32()),
+        pa.array([r.data for r in records], pa.binary()),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, names=["partition", *COLUMNS])

@@ -1,0 +1,258 @@
+"""One closed-loop load generator for every system `benches/cluster.py` measures, the references
+measured in the same run (raw fdatasync, a loopback round trip), and process helpers.
+
+A system plugs in a `Session` factory: `open_session(i)` connects client i, `op(payload)`
+performs one write and returns once it is committed (durable on a majority, as the system
+defines it), with the number of retries it needed. `closed_loop` runs N sessions on one asyncio
+loop, each with exactly one operation in flight, for a warm-up and then a measured window:
+
+- latency: submit → commit of every operation that started inside the window (clients finish
+  the one they have in flight at the end, so slow tail operations are not dropped);
+- throughput: operations that completed inside the window, divided by its length; MB/s counts
+  payload bytes only;
+- CPU: utime + stime from `/proc/PID/stat` of every process of the system under test plus this
+  one (which runs the clients) at the start and end of the window, per committed operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer cannot be installed or started here; the harness reports it and goes on."""
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads), 0 once it is gone."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_SPAWNED: list[subprocess.Popen[Any]] = []
+
+
+def track(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+    """Remembers a process this run started, for `kill_leftovers`."""
+    _SPAWNED.append(proc)
+    return proc
+
+
+def kill_leftovers() -> int:
+    """SIGKILL to every tracked process still running (the last line of cleanup after an error
+    or an interrupt); returns how many there were."""
+    n = 0
+    for p in _SPAWNED:
+        if p.poll() is None:
+            n += 1
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+    _SPAWNED.clear()
+    return n
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout`."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def ensure_installed(what: str, present: Callable[[], bool], apt_packages: list[str]) -> None:
+    """Installs Debian packages when `present()` says the peer is missing: as root with apt-get
+    (services the packages would start are held back by a temporary policy-rc.d), else a clear
+    error."""
+    if present():
+        return
+    hint = f"apt-get install -y {' '.join(apt_packages)}"
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise PeerUnavailable(f"{what} is not installed and this is not root with apt-get: run `{hint}` as root")
+    log(f"{what} is missing: {hint}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = pathlib.Path("/usr/sbin/policy-rc.d")
+    own_policy = not policy.exists()
+    if own_policy:  # keep the package from starting a system-wide daemon on the default ports
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        cmd = ["apt-get", "install", "-y", "--no-install-recommends", *apt_packages]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True)
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    finally:
+        if own_policy:
+            policy.unlink(missing_ok=True)
+    if r.returncode != 0 or not present():
+        raise PeerUnavailable(f"`{hint}` failed: {(r.stderr or r.stdout)[-800:]}")
+
+
+# ---- the load generator ---------------------------------------------------------------------
+
+class Session(Protocol):
+    async def op(self, payload: bytes) -> int:
+        """One write, returning once it is committed; the number of retries it took."""
+
+    async def close(self) -> None: ...
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def closed_loop(
+    open_session: Callable[[int], Awaitable[Session]],
+    clients: int,
+    seconds: float,
+    processes: dict[str, int],
+    *,
+    warmup: float = 0.5,
+    payload_size: int = 1024,
+) -> dict[str, Any]:
+    """`clients` sessions, each with one operation in flight, for `warmup` + `seconds`.
+
+    `processes` names the system's processes (name → pid); this process is added as "clients"."""
+    procs = {"clients": os.getpid(), **processes}
+    sessions = await asyncio.gather(*(open_session(i) for i in range(clients)))
+    payload = os.urandom(payload_size)
+    spans: list[tuple[float, float, int]] = []
+    start = time.perf_counter()
+    t_start, t_end = start + warmup, start + warmup + seconds
+    marks: dict[str, tuple[float, dict[str, float]]] = {}
+
+    async def mark(name: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        marks[name] = (time.perf_counter(), {k: cpu_seconds(p) for k, p in procs.items()})
+
+    async def client(s: Session) -> None:
+        while (t0 := time.perf_counter()) < t_end:
+            retries = await s.op(payload)
+            spans.append((t0, time.perf_counter(), retries))
+
+    try:
+        await asyncio.gather(mark("start", t_start), mark("end", t_end), *(client(s) for s in sessions))
+    finally:
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+    (w0, cpu0), (w1, cpu1) = marks["start"], marks["end"]
+    window = w1 - w0
+    committed = sum(1 for _, t1, _ in spans if w0 <= t1 < w1)
+    measured = [(t1 - t0, r) for t0, t1, r in spans if w0 <= t0 < w1]
+    lat = sorted(x for x, _ in measured)
+    cpu = {k: cpu1[k] - cpu0[k] for k in procs}
+    per = max(committed, 1)
+    return {
+        "clients": clients,
+        "seconds": round(window, 3),
+        "committed": committed,
+        "tx_per_s": committed / window,
+        "mb_per_s": committed * payload_size / window / 1e6,
+        "p50_ms": percentile(lat, 0.50) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3,
+        "p999_ms": percentile(lat, 0.999) * 1e3,
+        "mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan"),
+        "retries": sum(r for _, r in measured),
+        "cpu_us_per_tx": sum(cpu.values()) / per * 1e6,
+        "cpu_us_per_tx_by_process": {k: round(v / per * 1e6) for k, v in cpu.items()},
+    }
+
+
+# ---- references measured in the same run ----------------------------------------------------
+
+def fdatasync_p50_us(directory: pathlib.Path, calls: int) -> dict[str, float]:
+    """write + fdatasync of one 1 KiB record (its encoded size: 40 + 1024 bytes) in a native loop."""
+    from waltz._native import raw_append_loop
+
+    directory.mkdir(parents=True, exist_ok=True)
+    raw_append_loop(str(directory / "warm"), os.urandom(1064), 50)
+    ns = sorted(raw_append_loop(str(directory / "raw"), os.urandom(1064), calls))
+    return {"p50_us": percentile(ns, 0.5) / 1e3, "p99_us": percentile(ns, 0.99) / 1e3, "calls": calls}
+
+
+_ECHO = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    c.sendall(b)
+"""
+
+
+def loopback_rtt_p50_us(round_trips: int, size: int = 1024) -> dict[str, float]:
+    """A TCP round trip of `size` bytes between this process and another (blocking sockets)."""
+    proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            msg = os.urandom(size)
+            out = []
+            for i in range(round_trips + 100):
+                t0 = time.perf_counter()
+                c.sendall(msg)
+                got = 0
+                while got < size:
+                    got += len(c.recv(1 << 16))
+                if i >= 100:
+                    out.append(time.perf_counter() - t0)
+        out.sort()
+        return {"p50_us": percentile(out, 0.5) * 1e6, "p99_us": percentile(out, 0.99) * 1e6, "round_trips": round_trips}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[pathlib.Path]:
+    """A temp dir on a real disk (/var/tmp: tmpfs would ignore fsync), removed afterwards."""
+    base = next((d for d in ("/var/tmp", "/work") if os.path.isdir(d) and os.access(d, os.W_OK)), None)
+    d = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,214 @@
+"""Reading a live cluster's committed log without mounting anything: the partitions' high-water
+marks from their servers, and committed ranges straight from the storage replicas.
+
+Bulk readers (the Spark source, drains after a torture run) need whole ranges, which the client
+feed hands out one transaction at a time. A replica serves them in lists instead, but only some
+replicas are safe to read: one recorded clean in the partition's current store session holds a
+prefix of the committed log followed by that session's stream, so every id up to the server's
+high-water mark it holds is committed (docs/internals.md, "Recovery"). A replica of an older
+session may hold a dirty tail at the same ids, so it is never read above its own low-water mark;
+this module does not read it at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as _ssl
+import time
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz._native import Record
+from waltz.client.network import Link
+from waltz.cluster import open_store
+from waltz.cluster.layout import cluster_root
+from waltz.cluster.metadata import UNRESOLVED, ClusterInfo, ClusterMetadata, ReplicaState
+from waltz.storage.client import StorageAdminClient
+
+log = logging.getLogger("waltz.client.log_reader")
+
+
+class LogReader:
+    """Use `async with LogReader(metadata_url, cluster) as r:`; every call retries on other
+    servers and replicas until `timeout`."""
+
+    def __init__(
+        self,
+        metadata: str,
+        cluster: str = "default",
+        *,
+        ssl: _ssl.SSLContext | None = None,
+        timeout: float = 30.0,
+        session_timeout: float = 10.0,
+    ) -> None:
+        self.metadata_url, self.cluster_name = metadata, cluster
+        self._ssl, self.timeout = ssl, timeout
+        self._store = open_store(metadata, session_timeout=session_timeout)
+        self._meta: ClusterMetadata | None = None
+        self._info: ClusterInfo | None = None
+        self._links: dict[str, Link] = {}
+        self._admins: dict[str, StorageAdminClient] = {}
+
+    async def __aenter__(self) -> LogReader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._store.start, self.timeout)
+        self._meta = ClusterMetadata(self._store, cluster_root(self.cluster_name))
+        self._info = await asyncio.to_thread(self._meta.info)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        for admin in self._admins.values():
+            with contextlib.suppress(Exception):
+                await admin.close()
+        self._links.clear()
+        self._admins.clear()
+        await asyncio.to_thread(self._store.close)
+
+    @property
+    def info(self) -> ClusterInfo:
+        assert self._info is not None, "LogReader.start() first"
+        return self._info
+
+    @property
+    def metadata(self) -> ClusterMetadata:
+        assert self._meta is not None, "LogReader.start() first"
+        return self._meta
+
+    # -- high-water marks ----------------------------------------------------------------------
+    async def high_water_marks(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """Partition → the highest committed id now (-1: empty), asked of each partition's server."""
+        wanted = list(range(self.info.partitions) if partitions is None else partitions)
+        marks = await asyncio.gather(*(self.high_water_mark(p) for p in wanted))
+        return dict(zip(wanted, marks, strict=True))
+
+    async def high_water_mark(self, partition: int) -> int:
+        self._check(partition)
+        deadline, last = time.monotonic() + self.timeout, "no attempt"
+        while time.monotonic() < deadline:
+            try:
+                link = await self._server_link(partition)
+                resp = await link.request(lambda seq: cp.HighWaterMarkRequest(seq, partition), self.timeout)
+                assert isinstance(resp, cp.HighWaterMarkResponse)
+                return resp.high_water_mark
+            except (OSError, errors.RequestFailedError, errors.ClusterError, errors.ProtocolError, TimeoutError) as e:
+                last = str(e)
+                await asyncio.sleep(0.1)
+        raise errors.RequestTimeoutError(f"partition {partition}: no high-water mark within {self.timeout} s ({last})")
+
+    async def _server_link(self, partition: int) -> Link:
+        def locate() -> str:
+            assignment, _ = self.metadata.assignment()
+            a = assignment.get(partition)
+            if a is None or a.server is None:
+                raise errors.ClusterError(f"partition {partition} is not assigned to a server")
+            for s in self.metadata.servers():
+                if s.server_id == a.server:
+                    return s.endpoint
+            raise errors.ClusterError(f"partition {partition}'s server {a.server} is not registered")
+
+        endpoint = await asyncio.to_thread(locate)
+        link = self._links.get(endpoint)
+        if link is None or link.closed:
+            link = Link(endpoint, "rpc", lambda _l, _m: None, lambda _l, _w: None, ssl=self._ssl)
+            await link.open(self.timeout)
+            self._links[endpoint] = link
+        return link
+
+    # -- committed ranges ------------------------------------------------------------------------
+    async def read(self, partition: int, start: int, end: int, *, max_count: int = 1000) -> AsyncIterator[list[Record]]:
+        """Records `start..=end` of the partition in order, in lists of up to `max_count`. `end`
+        must be committed (at most a high-water mark read before); a replica that falls over or
+        lags hands over to the next one."""
+        self._check(partition)
+        nxt, deadline, last = start, time.monotonic() + self.timeout, "no replica tried"
+        while nxt <= end:
+            progressed = False
+            for address in await asyncio.to_thread(self._readable_replicas, partition):
+                try:
+                    admin = await self._admin(address)
+                    while nxt <= end:
+                        records = await admin.records(partition, nxt, min(max_count, end - nxt + 1))
+                        records = [r for r in records if r.txid <= end]
+                        if not records:
+                            last = f"{address} holds nothing at {nxt}"
+                            break
+                        if records[0].txid != nxt:
+                            raise errors.ProtocolError(f"{address} answered a read at {nxt} with transaction {records[0].txid}")
+                        nxt = records[-1].txid + 1
+                        progressed = True
+                        deadline = time.monotonic() + self.timeout
+                        yield records
+                except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
+                    last = f"{address}: {e}"
+                    await self._drop_admin(address)
+                if nxt > end:
+                    return
+            if time.monotonic() > deadline:
+                raise errors.RequestTimeoutError(f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})")
+            if not progressed:
+                await asyncio.sleep(0.1)
+
+    async def first_transaction_id(self, partition: int) -> int:
+        """The lowest id the partition's readable replicas still hold (retention moves it up)."""
+        self._check(partition)
+        deadline, last = time.monotonic() + self.timeout, "no readable replica"
+        while time.monotonic() < deadline:
+            for address in await asyncio.to_thread(self._readable_replicas, partition):
+                try:
+                    admin = await self._admin(address)
+                    for row in await admin.status():
+                        if row["partition"] == partition:
+                            return max(0, int(row["first_transaction_id"]))
+                    last = f"{address} does not hold partition {partition}"
+                except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
+                    last = f"{address}: {e}"
+                    await self._drop_admin(address)
+            await asyncio.sleep(0.1)
+        raise errors.RequestTimeoutError(f"partition {partition}: no replica answered within {self.timeout} s ({last})")
+
+    def _readable_replicas(self, partition: int) -> list[str]:
+        """Addresses of the replicas recorded clean in the current store session."""
+        meta, _ = self.metadata.partition_metadata(partition)
+        current = ReplicaState(meta.session_id, UNRESOLVED)
+        return sorted(a for a, state in meta.replicas.items() if state == current)
+
+    async def _admin(self, address: str) -> StorageAdminClient:
+        admin = self._admins.get(address)
+        if admin is None:
+            node = await asyncio.to_thread(self.metadata.storage_node, address)
+            if not node.admin_port:
+                raise errors.StorageConnectionError(f"storage node {address} has no admin port in the metadata")
+            admin = await StorageAdminClient.connect(
+                node.host, node.admin_port, cluster_key=self.info.cluster_key, partition_count=self.info.partitions,
+                timeout=self.timeout, ssl=self._ssl,
+            )
+            self._admins[address] = admin
+        return admin
+
+    async def _drop_admin(self, address: str) -> None:
+        admin = self._admins.pop(address, None)
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    def _check(self, partition: int) -> None:
+        if not 0 <= partition < self.info.partitions:
+            raise ValueError(f"no partition {partition}: the cluster has {self.info.partitions}")
+
+    async def sessions(self) -> dict[int, int]:
+        """Partition → its current store session id (-1 before its first)."""
+        def read() -> dict[int, int]:
+            return {p: self.metadata.partition_metadata(p)[0].session_id for p in range(self.info.partitions)}
+
+        return await asyncio.to_thread(read)

@@ -1,0 +1,169 @@
+"""The `waltz` source's options, parsed once on the driver into plain values (they travel to
+executors pickled). Offsets follow Spark's Kafka source: an offset is the next transaction id to
+read, so a range is `[start, end)`; in JSON, -2 means earliest and -1 latest."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Union
+
+EARLIEST, LATEST = -2, -1
+
+OffsetSpec = Union[str, dict[int, int]]
+""""earliest", "latest", or partition → offset (which may be EARLIEST or LATEST)."""
+
+
+class OptionError(ValueError):
+    """An option of the `waltz` data source is missing or malformed."""
+
+
+def _bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}={value!r}: expected true or false")
+
+
+def _positive(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise OptionError(f"option {name}={value!r}: expected a positive integer") from None
+    if n <= 0:
+        raise OptionError(f"option {name}={value!r}: expected a positive integer")
+    return n
+
+
+def parse_offsets(name: str, value: str) -> OffsetSpec:
+    v = value.strip()
+    if v in ("earliest", "latest"):
+        return v
+    try:
+        d = json.loads(v)
+    except json.JSONDecodeError:
+        raise OptionError(f'option {name}={value!r}: expected earliest, latest or JSON such as {{"0": 42, "1": -2}}') from None
+    if not isinstance(d, dict):
+        raise OptionError(f"option {name}={value!r}: the JSON must be an object of partition → transaction id")
+    out: dict[int, int] = {}
+    for k, off in d.items():
+        try:
+            p = int(k)
+        except ValueError:
+            raise OptionError(f"option {name}: partition {k!r} is not a number") from None
+        if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
+            raise OptionError(f"option {name}: partition {p}: offset {off!r} must be a transaction id, -2 (earliest) or -1 (latest)")
+        out[p] = off
+    return out
+
+
+def parse_partitions(value: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
+    except ValueError:
+        raise OptionError(f"option partitions={value!r}: expected comma-separated partition ids") from None
+    if not ids or ids[0] < 0:
+        raise OptionError(f"option partitions={value!r}: expected comma-separated non-negative partition ids")
+    return ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    paths: tuple[str, ...] = ()
+    """Storage directories (a node's whole directory, or copies holding some partitions)."""
+    metadata: str | None = None
+    """The cluster's metadata URL, when the cluster is to be asked (bounds, streaming)."""
+    cluster: str = "default"
+    partitions: tuple[int, ...] | None = None
+    starting: OffsetSpec = "earliest"
+    ending: OffsetSpec = "latest"
+    committed_only: bool = True
+    min_partitions: int = 1
+    """At least this many input partitions: large partitions are split by id ranges."""
+    max_per_split: int = 1_000_000
+    max_per_trigger: int | None = None
+    tls: tuple[str, str, str] | None = None
+    timeout: float = 30.0
+
+    @staticmethod
+    def parse(options: Mapping[str, str], *, streaming: bool = False) -> Options:
+        o = {k.lower(): v for k, v in options.items()}
+        known = {"path", "paths", "cluster", "metadata", "zookeeper", "clustername", "partitions", "startingoffsets",
+                 "endingoffsets", "committedonly", "minpartitions", "maxtransactionspersplit",
+                 "maxtransactionspertrigger", "tlsca", "tlscert", "tlskey", "timeout"}
+        unknown = sorted(set(o) - known)
+        if unknown:
+            raise OptionError(f"unknown option(s) of the waltz source: {', '.join(unknown)}")
+        raw_paths = o.get("paths") or o.get("path") or ""
+        paths = _paths(raw_paths)
+        sources = [n for n in ("cluster", "metadata", "zookeeper") if o.get(n)]
+        if len(sources) > 1:
+            raise OptionError(f"give only one of cluster, metadata and zookeeper (got {', '.join(sources)})")
+        metadata = o.get("cluster") or o.get("metadata")
+        if o.get("zookeeper"):
+            metadata = "zk://" + o["zookeeper"].removeprefix("zk://")
+        if metadata is not None and not metadata.startswith(("zk://", "embedded:")):
+            raise OptionError(f"option cluster={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or embedded:/path/metadata.db")
+        if streaming and metadata is None:
+            raise OptionError("streams and writes need a live cluster: set option cluster (a metadata URL) or zookeeper (host:port)")
+        if not streaming and not paths and metadata is None:
+            raise OptionError("set path (storage directories, comma-separated) or cluster (a metadata URL) to read from")
+        tls_values = [o.get(n) for n in ("tlsca", "tlscert", "tlskey")]
+        if any(tls_values) and not all(tls_values):
+            raise OptionError("mutual TLS needs all of tlsCa, tlsCert and tlsKey")
+        ending = parse_offsets("endingOffsets", o.get("endingoffsets", "latest"))
+        if streaming and "endingoffsets" in o:
+            raise OptionError("endingOffsets applies to batch reads only")
+        try:
+            timeout = float(o.get("timeout", "30"))
+        except ValueError:
+            raise OptionError(f"option timeout={o['timeout']!r}: expected seconds") from None
+        return Options(
+            paths=paths,
+            metadata=metadata,
+            cluster=o.get("clustername", "default"),
+            partitions=parse_partitions(o["partitions"]) if o.get("partitions") else None,
+            starting=parse_offsets("startingOffsets", o.get("startingoffsets", "latest" if streaming else "earliest")),
+            ending=ending,
+            committed_only=_bool("committedOnly", o.get("committedonly", "true")),
+            min_partitions=_positive("minPartitions", o["minpartitions"]) if "minpartitions" in o else (os.cpu_count() or 1),
+            max_per_split=_positive("maxTransactionsPerSplit", o.get("maxtransactionspersplit", "1000000")),
+            max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"]) if "maxtransactionspertrigger" in o else None,
+            tls=(str(tls_values[0]), str(tls_values[1]), str(tls_values[2])) if all(tls_values) else None,
+            timeout=timeout,
+        )
+
+    def wants(self, partition: int) -> bool:
+        return self.partitions is None or partition in self.partitions
+
+
+def _paths(value: str) -> tuple[str, ...]:
+    v = value.strip()
+    if v.startswith("["):
+        try:
+            items = json.loads(v)
+        except json.JSONDecodeError:
+            raise OptionError(f"option path={value!r}: malformed JSON list") from None
+        return tuple(str(i) for i in items)
+    return tuple(p.strip() for p in v.split(",") if p.strip())
+
+
+def resolve(spec: OffsetSpec, partition: int, earliest: int, latest: int, *, missing: int) -> int:
+    """The offset `spec` gives `partition` within `[earliest, latest]`: explicit ids outside it
+    are clamped (committed data never extends past `latest`); a partition the JSON leaves out
+    gets `missing` (EARLIEST or LATEST)."""
+    if spec == "earliest":
+        return earliest
+    if spec == "latest":
+        return latest
+    assert isinstance(spec, dict)
+    off = spec.get(partition, missing)
+    if off == EARLIEST:
+        return earliest
+    if off == LATEST:
+        return latest
+    return min(max(off, earliest), latest)

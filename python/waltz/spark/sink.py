@@ -1,0 +1,124 @@
+"""`df.write.format("waltz")`: every row appended as one transaction through the client.
+
+Delivery: at least once. Within one task attempt no row is appended twice (the client retries
+a lost append under the same request id, which the server recognises), and the task succeeds
+only once every row of it is committed. But a task that fails midway, or a job that is
+aborted, leaves the rows it already committed in the log (a log is never rolled back), and
+Spark's retry of the task appends them again. Readers that need exactly once put an id in the
+data and drop duplicates downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, IntegerType, StructType
+
+from waltz.client import ClientConfig, Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
+from waltz.spark.options import OptionError, Options
+
+log = logging.getLogger("waltz.spark")
+
+
+@dataclasses.dataclass
+class Appended(WriterCommitMessage):
+    rows: int
+
+
+class _Append(TransactionContext):
+    def __init__(self, partition: int, header: int, data: bytes) -> None:
+        super().__init__()
+        self._partition, self._header, self._data = partition, header, data
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self._partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self._header)
+        builder.set_data(self._data)
+        return True
+
+
+class _WriteOnly(WaltzClientCallbacks):
+    """Starts the feed at the high-water marks read before, so nothing old is replayed."""
+
+    def __init__(self, marks: Mapping[int, int]) -> None:
+        self._marks = dict(marks)
+
+    def get_client_high_water_mark(self, partition: int) -> int:
+        return self._marks.get(partition, -1)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        self._marks[transaction.partition] = transaction.transaction_id
+
+
+def check_schema(schema: StructType) -> None:
+    fields = {f.name: f.dataType for f in schema.fields}
+    if not isinstance(fields.get("data"), BinaryType):
+        raise OptionError(f"writing to waltz needs a binary column `data` (and optionally int `partition` and `header`); got {schema.simpleString()}")
+    for name in ("partition", "header"):
+        if name in fields and not isinstance(fields[name], IntegerType):
+            raise OptionError(f"column `{name}` must be int, not {fields[name].simpleString()}")
+    extra = sorted(set(fields) - {"data", "partition", "header"})
+    if extra:
+        raise OptionError(f"writing to waltz takes columns data, partition and header only; drop {', '.join(extra)}")
+
+
+class WaltzWriter(DataSourceWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.opts = Options.parse({k: v for k, v in options.items() if k.lower() != "path"}, streaming=True)
+        check_schema(schema)
+        self.has_partition = "partition" in schema.fieldNames()
+        self.has_header = "header" in schema.fieldNames()
+
+    def write(self, iterator: Iterator[Row]) -> Appended:
+        from pyspark import TaskContext
+
+        from waltz.spark.source import _log_reader
+
+        opts = self.opts
+        assert opts.metadata is not None
+
+        async def marks() -> dict[int, int]:
+            async with _log_reader(opts) as r:
+                return await r.high_water_marks()
+
+        config = ClientConfig(
+            metadata=opts.metadata, cluster=opts.cluster, request_timeout=opts.timeout,
+            **({"tls_ca": opts.tls[0], "tls_cert": opts.tls[1], "tls_key": opts.tls[2]} if opts.tls else {}),  # type: ignore[arg-type]
+        )
+        task = TaskContext.get()
+        spread = itertools.count(task.partitionId() if task is not None else 0)
+        futures: list[concurrent.futures.Future[bool]] = []
+        with WaltzClient(_WriteOnly(asyncio.run(marks())), config) as client:
+            n = client.partitions
+            for row in iterator:
+                data = row["data"]
+                if data is None:
+                    raise OptionError("column `data` is null in a row: every transaction needs data")
+                partition = row["partition"] if self.has_partition else next(spread) % n
+                if partition is None or not 0 <= partition < n:
+                    raise OptionError(f"column `partition` is {partition!r}: the cluster has partitions 0..{n - 1}")
+                header = (row["header"] or 0) if self.has_header else 0
+                futures.append(client.submit(_Append(partition, header, bytes(data))))
+            for f in futures:
+                if f.result() is not True:
+                    raise RuntimeError("an append was declined")  # _Append never declines: a client bug
+            client.flush()
+        return Appended(len(futures))
+
+    def commit(self, messages: list[Any]) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, Appended))
+        log.info("waltz: appended %d rows as transactions", rows)
+
+    def abort(self, messages: list[Any]) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, Appended))
+        log.warning("waltz: write aborted; %d rows of the tasks that finished are committed and stay in the log", rows)

@@ -1,0 +1,224 @@
+"""The `waltz` data source: batch scans of storage directories through the native reader,
+streaming reads of a live cluster, and an append-only sink (`waltz.spark.sink`).
+
+Planning runs in a Python worker on the driver and reading in executors' workers: everything an
+input partition carries is plain (paths, ids), and native handles are opened inside `read`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from waltz._native import Storage
+from waltz.client.log_reader import LogReader
+from waltz.spark import SCHEMA, plan
+from waltz.spark.options import EARLIEST, OptionError, Options, resolve
+from waltz.storage.scan import iter_scan, records_to_arrow, scan_to_arrow
+
+log = logging.getLogger("waltz.spark")
+
+
+class RangePartition(InputPartition):
+    """Transactions `start..end-1` of one partition, from a directory or (path None) the cluster."""
+
+    def __init__(self, partition: int, start: int, end: int, path: str | None) -> None:
+        super().__init__((partition, start, end, path))
+        self.partition, self.start, self.end, self.path = partition, start, end, path
+
+    def __repr__(self) -> str:
+        return f"RangePartition(partition={self.partition}, [{self.start}, {self.end}), {self.path or 'cluster'})"
+
+
+def _ssl(opts: Options) -> Any:
+    if opts.tls is None:
+        return None
+    from pathlib import Path
+
+    from waltz.tls import TlsSection
+
+    return TlsSection(*(Path(p) for p in opts.tls)).client_context()
+
+
+def _log_reader(opts: Options) -> LogReader:
+    assert opts.metadata is not None
+    return LogReader(opts.metadata, opts.cluster, ssl=_ssl(opts), timeout=opts.timeout)
+
+
+class _ClusterView:
+    """What the driver asks the cluster once per plan: key, high-water marks, sessions, and
+    (for reads without files) where each partition's log starts."""
+
+    def __init__(self, opts: Options, *, firsts: bool) -> None:
+        async def ask() -> None:
+            async with _log_reader(opts) as r:
+                self.cluster_key = str(r.info.cluster_key)
+                wanted = [p for p in range(r.info.partitions) if opts.wants(p)]
+                missing = sorted(set(opts.partitions or ()) - set(wanted))
+                if missing:
+                    raise OptionError(f"option partitions: the cluster has no partition {missing[0]} (it has {r.info.partitions})")
+                self.high_water_marks = await r.high_water_marks(wanted)
+                self.sessions = await r.sessions()
+                self.firsts = {p: await r.first_transaction_id(p) for p in wanted} if firsts else {}
+
+        asyncio.run(ask())
+
+
+def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
+    if p.start >= p.end:
+        return
+    if p.path is not None:
+        # The driver already compared cluster keys; a corrupt record raises CorruptionError
+        # naming the segment file and offset, which fails the task with that message.
+        with Storage.open(p.path, read_only=True) as storage:
+            part = storage.partition(p.partition)
+            for chunk in iter_scan(part, p.start, p.end - 1):
+                yield scan_to_arrow(chunk, p.partition)
+        return
+    yield from _read_cluster(opts, p.partition, p.start, p.end - 1)
+
+
+def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Iterator[pa.RecordBatch]:
+    """Batches from a live cluster, one event loop per task driven from this generator."""
+    loop = asyncio.new_event_loop()
+    reader = _log_reader(opts)
+    try:
+        loop.run_until_complete(reader.start())
+        it = reader.read(partition, first, last, max_count=2000).__aiter__()
+        while True:
+            try:
+                records = loop.run_until_complete(it.__anext__())
+            except StopAsyncIteration:
+                break
+            yield records_to_arrow(records, partition)
+    finally:
+        loop.run_until_complete(reader.close())
+        loop.close()
+
+
+class WaltzReader(DataSourceReader):
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        view = _ClusterView(opts, firsts=not opts.paths) if opts.metadata else None
+        firsts: dict[int, int] = {}
+        lasts: dict[int, int] = {}
+        paths: dict[int, str | None] = {}
+        if opts.paths:
+            found = plan.survey(opts.paths, view.cluster_key if view else None)
+            missing = sorted(set(opts.partitions or ()) - set(found))
+            if missing:
+                raise OptionError(f"option partitions: no directory in path holds partition {missing[0]}")
+            for pid, replicas in sorted(found.items()):
+                if not opts.wants(pid):
+                    continue
+                b = plan.bound(
+                    replicas, committed_only=opts.committed_only,
+                    high_water_mark=view.high_water_marks.get(pid) if view else None,
+                    session=view.sessions.get(pid) if view else None,
+                )
+                log.info("waltz: partition %d: reading %s up to transaction %d: %s", pid, b.replica.path, b.last, b.why)
+                firsts[pid], lasts[pid], paths[pid] = b.replica.first, b.last, b.replica.path
+        else:
+            assert view is not None
+            for pid, hwm in view.high_water_marks.items():
+                log.info("waltz: partition %d: reading the cluster up to its high-water mark %d", pid, hwm)
+                firsts[pid], lasts[pid], paths[pid] = view.firsts[pid], hwm, None
+        ranges = plan.ranges(firsts, lasts, opts.starting, opts.ending, paths)
+        splits = plan.split(ranges, min_splits=opts.min_partitions, max_per_split=opts.max_per_split)
+        return [RangePartition(r.partition, r.start, r.end, r.path) for r in splits]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):  # Spark's stand-in when the plan is empty
+            return iter(())
+        return _read_range(self.opts, partition)
+
+
+class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are `{"partition": next transaction id}`; a micro-batch reads `[start, end)` of
+    each partition, which is committed (end - 1 is at most a high-water mark), so a restart from
+    the checkpoint reads exactly the same transactions again."""
+
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self._target: dict[str, int] | None = None
+
+    def _latest(self) -> dict[str, int]:
+        view = _ClusterView(self.opts, firsts=False)
+        return {str(p): hwm + 1 for p, hwm in view.high_water_marks.items()}
+
+    def initialOffset(self) -> dict[str, int]:
+        view = _ClusterView(self.opts, firsts=True)
+        return {
+            str(p): resolve(self.opts.starting, p, view.firsts[p], hwm + 1, missing=EARLIEST)
+            for p, hwm in view.high_water_marks.items()
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.opts.max_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        latest = self._target if self._target is not None else self._latest()
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return plan.capped(start, latest, budget)
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return self._latest()
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        ranges = [plan.Range(int(p), int(start.get(p, end[p])), int(end[p])) for p in sorted(end, key=int)]
+        splits = plan.split(ranges, min_splits=1, max_per_split=self.opts.max_per_split)
+        return [RangePartition(r.partition, r.start, r.end, None) for r in splits]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):  # Spark's stand-in when the plan is empty
+            return iter(())
+        return _read_range(self.opts, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        pass  # nothing to release: the log keeps every committed transaction
+
+
+class WaltzDataSource(DataSource):
+    """`spark.read.format("waltz")`, `spark.readStream.format("waltz")`, `df.write.format("waltz")`;
+    options in docs/spark.md."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "waltz"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return WaltzReader(Options.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return WaltzStreamReader(Options.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from waltz.spark.sink import WaltzWriter
+
+        if overwrite:
+            raise OptionError("a waltz log is append-only: use mode('append')")
+        return WaltzWriter(self.options, schema)

@@ -1,0 +1,202 @@
+"""Batch scans: `spark.read.format("waltz")` over storage directories (native reader, Arrow)
+and over a live cluster, committed-only bounds, offsets, splits, corrupt files, bad options."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from conftest import Live
+
+from waltz._native import Storage
+from waltz.storage.scan import iter_scan
+
+pytestmark = pytest.mark.spark
+
+COLUMNS = ["partition", "transaction_id", "header", "client_id", "generation", "sequence", "data"]
+
+
+def by_partition(df: Any) -> dict[int, list[tuple[int, Any]]]:
+    out: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+    for r in df.orderBy("partition", "transaction_id").collect():
+        out[r.partition].append((r.transaction_id, json.loads(bytes(r.data))))
+    return dict(out)
+
+
+def full_rows(df: Any) -> list[tuple[Any, ...]]:
+    return [(*r[:-1], bytes(r[-1])) for r in df.orderBy("partition", "transaction_id").collect()]
+
+
+def native_rows(path: pathlib.Path, lasts: dict[int, int]) -> list[tuple[Any, ...]]:
+    rows = []
+    with Storage.open(path, read_only=True) as storage:
+        for p in sorted(lasts):
+            for chunk in iter_scan(storage.partition(p), 0, lasts[p]):
+                b = chunk.buffers()
+                n = len(chunk)
+                cols = [memoryview(b[k]).cast(f) for k, f in
+                        (("txid", "q"), ("header", "i"), ("client_id", "i"), ("generation", "i"), ("sequence", "i"))]
+                offs = memoryview(b["offsets"]).cast("i")
+                for i in range(n):
+                    rows.append((p, *(c[i] for c in cols), b["payload"][offs[i]:offs[i + 1]]))
+    return rows
+
+
+def settled(live: Live, i: int) -> None:
+    """Until storage-i holds every committed transaction (a replica outside the majority of an
+    append may lag a moment)."""
+    marks = {p: rows[-1][0] for p, rows in live.written().items()}
+    deadline = time.monotonic() + 30
+    while True:
+        with Storage.open(live.storage_dir(i), read_only=True) as s:
+            if all(s.partition(p).max_transaction_id >= m for p, m in marks.items()):
+                return
+        assert time.monotonic() < deadline, f"storage-{i} did not catch up"
+        time.sleep(0.1)
+
+
+def planted(tmp_path: pathlib.Path, n: int = 100, low_water_mark: int = 79) -> pathlib.Path:
+    """A storage directory of 2 partitions holding `n` transactions each, of which only
+    `0..low_water_mark` are known committed (the rest is an uncommitted tail)."""
+    d = tmp_path / "replica"
+    with Storage.create(d, uuid.uuid4(), 2) as s:
+        for p in (0, 1):
+            s.add_partition(p)
+            s.partition(p).append(0, [((7, 1, p, i), i, b'{"n":%d}' % i) for i in range(n)])
+            s.set_low_water_mark(p, 1, low_water_mark)
+    return d
+
+
+def test_scan_of_a_live_replica_equals_the_feed_and_the_native_reader(spark: Any, live: Live) -> None:
+    live.write("batch", 400)
+    settled(live, 0)
+    df = (spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster)
+          .load(str(live.storage_dir(0))))
+    assert df.columns == COLUMNS
+    assert [f.dataType.simpleString() for f in df.schema.fields] == ["int", "bigint", "int", "int", "int", "int", "binary"]
+    written = live.written()
+    assert by_partition(df) == written
+    lasts = {p: rows[-1][0] for p, rows in written.items()}
+    assert full_rows(df) == native_rows(live.storage_dir(0), lasts)
+    # The header, the request ids: what the client sent, nothing hidden.
+    first = df.where("partition = 0 AND transaction_id = 0").collect()[0]
+    assert first.header == 0 and first.client_id == live.client.client_id and first.sequence >= 0
+
+
+def test_all_replicas_at_once_read_each_partition_once(spark: Any, live: Live) -> None:
+    dirs = ",".join(str(live.storage_dir(i)) for i in range(3))
+    df = spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).load(dirs)
+    assert by_partition(df) == live.written()
+
+
+def test_reading_the_cluster_without_files(spark: Any, live: Live) -> None:
+    df = spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).load()
+    assert by_partition(df) == live.written()
+    sliced = (spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster)
+              .option("startingOffsets", '{"0": 5, "1": 190}').option("endingOffsets", '{"0": 7}').load())
+    assert [(r.partition, r.transaction_id) for r in sliced.orderBy("partition", "transaction_id").collect()] == [
+        (0, 5), (0, 6), *((1, t) for t in range(190, 200))]
+
+
+def test_without_the_cluster_a_live_replica_is_read_up_to_its_low_water_mark(spark: Any, live: Live) -> None:
+    # A new store session (the server restarts) sets every replica's low-water mark to the
+    # high-water mark at its start; what is written after is beyond it.
+    live.cluster.kill("server-0")
+    live.cluster.start_member("server-0")
+    live.cluster.wait_served()
+    live.cluster.wait_replicas()
+    before = live.written()
+    live.write("after-restart", 20)
+    with Storage.open(live.storage_dir(1), read_only=True) as s:
+        lwm = {p: s.partition_info(p).low_water_mark for p in (0, 1)}
+    assert lwm == {p: rows[-1][0] for p, rows in before.items()}
+    got = by_partition(spark.read.format("waltz").load(str(live.storage_dir(1))))
+    assert got == before
+
+
+def test_committed_only_excludes_an_uncommitted_tail(spark: Any, tmp_path: pathlib.Path) -> None:
+    d = str(planted(tmp_path))
+    assert spark.read.format("waltz").load(d).groupBy("partition").count().orderBy("partition").collect() == [(0, 80), (1, 80)]
+    everything = spark.read.format("waltz").option("committedOnly", "false").load(d)
+    assert everything.groupBy("partition").count().orderBy("partition").collect() == [(0, 100), (1, 100)]
+
+
+def test_offsets_partitions_and_splits(spark: Any, tmp_path: pathlib.Path) -> None:
+    d = str(planted(tmp_path, 100, 99))
+
+    def ids(**options: str) -> list[tuple[int, int]]:
+        df = spark.read.format("waltz").options(**options).load(d)
+        return [(r.partition, r.transaction_id) for r in df.select("partition", "transaction_id").orderBy("partition", "transaction_id").collect()]
+
+    assert ids(startingOffsets='{"0": 10}', endingOffsets='{"0": 20, "1": -1}') == [
+        *((0, t) for t in range(10, 20)), *((1, t) for t in range(100))]
+    assert ids(startingOffsets='{"0": -2, "1": 98}', endingOffsets="latest") == [*((0, t) for t in range(100)), (1, 98), (1, 99)]
+    assert ids(startingOffsets="latest") == []
+    assert ids(startingOffsets='{"1": 500}') == [(0, t) for t in range(100)]  # past the end: nothing, not an error
+    assert ids(partitions="1", endingOffsets='{"1": 3}') == [(1, 0), (1, 1), (1, 2)]
+    split = spark.read.format("waltz").option("minPartitions", "8").load(d)
+    assert split.rdd.getNumPartitions() == 8
+    assert split.count() == 200 and split.select("partition", "transaction_id").distinct().count() == 200
+
+
+def test_a_corrupt_record_fails_the_task_naming_file_and_offset(spark: Any, tmp_path: pathlib.Path) -> None:
+    d = planted(tmp_path, 100, 99)
+    segment = d / "0" / "0000000000000000000.seg"
+    raw = bytearray(segment.read_bytes())
+    at = len(raw) // 2
+    raw[at] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    with pytest.raises(Exception) as e:
+        spark.read.format("waltz").load(str(d)).collect()
+    assert str(segment) in str(e.value) and "offset" in str(e.value), str(e.value)[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": "{oops"}, "expected earliest, latest or JSON"),
+        ({"endingOffsets": '{"0": "x"}'}, "must be a transaction id"),
+        ({"colour": "blue"}, "unknown option(s) of the waltz source: colour"),
+        ({"partitions": "7"}, "no directory in path holds partition 7"),
+        ({"committedOnly": "maybe"}, "expected true or false"),
+        ({"cluster": "http://x"}, "expected a metadata URL"),
+    ],
+)
+def test_bad_options_are_clear_errors(spark: Any, tmp_path: pathlib.Path, options: dict[str, str], message: str) -> None:
+    d = str(planted(tmp_path))
+    with pytest.raises(Exception) as e:
+        spark.read.format("waltz").options(**options).load(d).collect()
+    assert message in str(e.value), str(e.value)[-2000:]
+
+
+def test_a_directory_that_is_not_storage_is_a_clear_error(spark: Any, tmp_path: pathlib.Path) -> None:
+    with pytest.raises(Exception) as e:
+        spark.read.format("waltz").load(str(tmp_path)).collect()
+    assert "is not a readable Waltz storage directory" in str(e.value), str(e.value)[-2000:]
+
+
+def test_committed_only_with_the_cluster_excludes_a_tail_planted_in_a_stopped_replica(spark: Any, live: Live) -> None:
+    """Last in this module: it leaves storage-2 stopped with a dirty tail."""
+    settled(live, 2)
+    live.cluster.kill("storage-2", signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while live.cluster.pid("storage-2") is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    written = live.written()
+    with Storage.open(live.storage_dir(2)) as s:
+        for p in (0, 1):
+            part = s.partition(p)
+            nxt = part.max_transaction_id + 1
+            part.append(nxt, [((9, 9, p, i), 0, b'{"id":"planted"}') for i in range(5)])
+    reader = spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster)
+    assert by_partition(reader.load(str(live.storage_dir(2)))) == written
+    everything = by_partition(reader.option("committedOnly", "false").load(str(live.storage_dir(2))))
+    assert {p: rows[-5:] for p, rows in everything.items()} == {
+        p: [(written[p][-1][0] + i, {"id": "planted"}) for i in range(1, 6)] for p in (0, 1)}

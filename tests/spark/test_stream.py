@@ -1,0 +1,128 @@
+"""Streaming reads of a live cluster (`spark.readStream.format("waltz")`) and the sink
+(`df.write.format("waltz")`)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import Live
+from test_batch import by_partition
+
+pytestmark = pytest.mark.spark
+
+LIMIT = 30
+
+
+def stream(spark: Any, live: Live, out: pathlib.Path, checkpoint: pathlib.Path, **trigger: Any) -> Any:
+    return (
+        spark.readStream.format("waltz")
+        .option("cluster", live.url)
+        .option("clusterName", live.cluster.cluster)
+        .option("startingOffsets", "earliest")
+        .option("maxTransactionsPerTrigger", str(LIMIT))
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def batches_with_rows(query: Any) -> list[int]:
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+def test_a_stopped_query_resumes_from_its_checkpoint_without_gap_or_duplicate(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
+    live.write("s0", 100)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    first = stream(spark, live, out, checkpoint, processingTime="100 milliseconds")
+    writer = threading.Thread(target=live.write, args=("s1", 200))
+    writer.start()
+    deadline = time.monotonic() + 120
+    while len(batches_with_rows(first)) < 3:  # mid-stream: some batches done, more to come
+        assert first.exception() is None, first.exception()
+        assert time.monotonic() < deadline, first.recentProgress
+        time.sleep(0.05)
+    first.stop()
+    writer.join()
+    sizes = batches_with_rows(first)
+    live.write("s2", 50)
+
+    second = stream(spark, live, out, checkpoint, availableNow=True)
+    assert second.awaitTermination(180)
+    assert second.exception() is None
+    sizes += batches_with_rows(second)
+
+    got = by_partition(spark.read.parquet(str(out)))
+    assert got == live.written()  # every committed transaction, once, in id order per partition
+    assert sum(len(v) for v in got.values()) == 350
+    assert max(sizes) <= LIMIT and len(sizes) >= 350 // LIMIT
+
+
+def test_a_stream_started_at_latest_sees_only_new_transactions(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
+    before = {p: rows[-1][0] for p, rows in live.written().items()}
+    query = (
+        spark.readStream.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).load()
+        .writeStream.format("memory").queryName("latest_only").trigger(processingTime="100 milliseconds").start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not query.recentProgress:  # the first batch fixes the start
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        live.write("new", 10)
+        while spark.table("latest_only").count() < 10:
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        rows = spark.table("latest_only").collect()
+        assert sorted(json.loads(bytes(r.data))["id"] for r in rows) == sorted(f"new-{i}" for i in range(10))
+        assert all(r.transaction_id > before[r.partition] for r in rows)
+    finally:
+        query.stop()
+
+
+def test_the_sink_appends_every_row_as_a_transaction(spark: Any, live: Live) -> None:
+    before = {p: rows[-1][0] for p, rows in live.written().items()}
+    rows = [(i % 2, i, json.dumps({"id": f"sink-{i}"}).encode()) for i in range(60)]
+    df = spark.createDataFrame(rows, "partition int, header int, data binary").repartition(3)
+    df.write.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).mode("append").save()
+    # Round robin over partitions when the rows name none.
+    spark.createDataFrame([(json.dumps({"id": f"rr-{i}"}).encode(),) for i in range(10)], "data binary").write.format(
+        "waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).mode("append").save()
+
+    after = (spark.read.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster)
+             .option("startingOffsets", json.dumps({str(p): m + 1 for p, m in before.items()})).load().collect())
+    got = {json.loads(bytes(r.data))["id"]: (r.partition, r.header) for r in after}
+    assert {k: v for k, v in got.items() if k.startswith("sink-")} == {f"sink-{i}": (i % 2, i) for i in range(60)}
+    assert sorted(k for k in got if k.startswith("rr-")) == sorted(f"rr-{i}" for i in range(10))
+    assert {v[0] for k, v in got.items() if k.startswith("rr-")} == {0, 1}
+    assert len(after) == 70
+
+
+@pytest.mark.parametrize(
+    ("schema", "rows", "mode", "message"),
+    [
+        ("data binary", [(b"{}",)], "overwrite", "append-only"),
+        ("data string", [("x",)], "append", "needs a binary column `data`"),
+        ("data binary, partition int", [(b"{}", 9)], "append", "column `partition` is 9"),
+        ("data binary, extra int", [(b"{}", 1)], "append", "drop extra"),
+    ],
+)
+def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, rows: list[Any], mode: str, message: str) -> None:
+    df = spark.createDataFrame(rows, schema)
+    with pytest.raises(Exception) as e:
+        df.write.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).mode(mode).save()
+    assert message in str(e.value), str(e.value)[-2000:]
+
+
+def test_a_stream_needs_a_cluster(spark: Any, tmp_path: pathlib.Path) -> None:
+    with pytest.raises(Exception) as e:
+        spark.readStream.format("waltz").load(str(tmp_path)).writeStream.format("memory").queryName("x").start().awaitTermination(30)
+    assert "streams and writes need a live cluster" in str(e.value), str(e.value)[-2000:]
