@@ -200,3 +200,16 @@ def test_committed_only_with_the_cluster_excludes_a_tail_planted_in_a_stopped_re
     everything = by_partition(reader.option("committedOnly", "false").load(str(live.storage_dir(2))))
     assert {p: rows[-5:] for p, rows in everything.items()} == {
         p: [(written[p][-1][0] + i, {"id": "planted"}) for i in range(1, 6)] for p in (0, 1)}
+
+
+def test_a_range_the_files_no_longer_hold_fails_instead_of_coming_back_short(tmp_path: pathlib.Path) -> None:
+    """Planned up to id 149 (say, before a directory was replaced), but the files end at 99."""
+    from waltz import errors
+    from waltz.spark.options import Options
+    from waltz.spark.source import RangePartition, _read_range
+
+    d = planted(tmp_path, 100, 99)
+    opts = Options.parse({"path": str(d)})
+    assert sum(b.num_rows for b in _read_range(opts, RangePartition(0, 20, 100, str(d)))) == 80
+    with pytest.raises(errors.CorruptionError, match="ends at transaction 99, but the plan covers up to 149"):
+        list(_read_range(opts, RangePartition(0, 20, 150, str(d))))

@@ -11,6 +11,7 @@ data and drop duplicates downstream.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import itertools
@@ -26,6 +27,10 @@ from waltz.client import ClientConfig, Transaction, TransactionBuilder, Transact
 from waltz.spark.options import OptionError, Options
 
 log = logging.getLogger("waltz.spark")
+
+_IN_FLIGHT = 10_000
+"""Rows of a task submitted and not yet known committed (the client's `max_pending` per
+partition paces the submits themselves)."""
 
 
 @dataclasses.dataclass
@@ -97,7 +102,16 @@ class WaltzWriter(DataSourceWriter):
         )
         task = TaskContext.get()
         spread = itertools.count(task.partitionId() if task is not None else 0)
-        futures: list[concurrent.futures.Future[bool]] = []
+        futures: collections.deque[concurrent.futures.Future[bool]] = collections.deque()
+        appended = 0
+
+        def settle(keep: int) -> None:
+            nonlocal appended
+            while len(futures) > keep:
+                if futures.popleft().result() is not True:
+                    raise RuntimeError("an append was declined")  # _Append never declines: a client bug
+                appended += 1
+
         with WaltzClient(_WriteOnly(asyncio.run(marks())), config) as client:
             n = client.partitions
             for row in iterator:
@@ -109,11 +123,10 @@ class WaltzWriter(DataSourceWriter):
                     raise OptionError(f"column `partition` is {partition!r}: the cluster has partitions 0..{n - 1}")
                 header = (row["header"] or 0) if self.has_header else 0
                 futures.append(client.submit(_Append(partition, header, bytes(data))))
-            for f in futures:
-                if f.result() is not True:
-                    raise RuntimeError("an append was declined")  # _Append never declines: a client bug
+                settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
+            settle(keep=0)
             client.flush()
-        return Appended(len(futures))
+        return Appended(appended)
 
     def commit(self, messages: list[Any]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, Appended))

@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from waltz import errors
 from waltz._native import Storage
 from waltz.client.log_reader import LogReader
 from waltz.spark import SCHEMA, plan
@@ -83,10 +84,17 @@ def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
     if p.path is not None:
         # The driver already compared cluster keys; a corrupt record raises CorruptionError
         # naming the segment file and offset, which fails the task with that message.
+        nxt = p.start
         with Storage.open(p.path, read_only=True) as storage:
             part = storage.partition(p.partition)
             for chunk in iter_scan(part, p.start, p.end - 1):
+                assert chunk.first_txid == nxt and chunk.last_txid is not None, (chunk.first_txid, nxt)
+                nxt = chunk.last_txid + 1
                 yield scan_to_arrow(chunk, p.partition)
+        if nxt < p.end:  # the files lost ids since planning (retention, a replaced directory)
+            raise errors.CorruptionError(
+                f"{p.path}: partition {p.partition} ends at transaction {nxt - 1}, but the plan covers up to {p.end - 1}"
+            )
         return
     yield from _read_cluster(opts, p.partition, p.start, p.end - 1)
 
