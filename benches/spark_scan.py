@@ -97,9 +97,9 @@ def row_source() -> Any:
                     b = chunk.buffers()
                     cols = [memoryview(b[k]).cast(f) for k, f in
                             (("txid", "q"), ("header", "i"), ("client_id", "i"), ("generation", "i"), ("sequence", "i"))]
-                    offs, data, p = memoryview(b["offsets"]).cast("i"), b["payload"], partition.partition
+                    offs, data, p = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"]), partition.partition
                     for i in range(len(chunk)):
-                        yield (p, cols[0][i], cols[1][i], cols[2][i], cols[3][i], cols[4][i], data[offs[i] : offs[i + 1]])
+                        yield (p, cols[0][i], cols[1][i], cols[2][i], cols[3][i], cols[4][i], bytes(data[offs[i] : offs[i + 1]]))
 
     class RowSource(WaltzDataSource):
         @classmethod

@@ -68,7 +68,14 @@ class _ScanBuffers(TypedDict):
     partition: bytes
     sequence: bytes
     offsets: bytes
-    payload: bytes
+    payload: ScanPayload
+
+@final
+class ScanPayload:
+    """A chunk's packed data, lent through the buffer protocol (`memoryview`, `pyarrow.py_buffer`)
+    without a copy; read-only. `bytes(p)` copies it."""
+    def __len__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
 
 @final
 class ScanChunk:

@@ -340,7 +340,54 @@ mod python {
     /// A scanned range as columns: little-endian arrays plus packed data and i32 offsets, the
     /// buffers of an Arrow binary column.
     #[pyclass(name = "ScanChunk", module = "waltz._native", frozen)]
-    pub struct PyScanChunk(Columns);
+    pub struct PyScanChunk(Columns, Arc<Vec<u8>>);
+
+    impl PyScanChunk {
+        fn new(mut columns: Columns) -> Self {
+            let payload = Arc::new(std::mem::take(&mut columns.payload));
+            PyScanChunk(columns, payload)
+        }
+    }
+
+    /// A chunk's packed data lent to Python through the buffer protocol: Arrow wraps it
+    /// (`pyarrow.py_buffer`) without the copy a `bytes` would cost, and it lives as long as any
+    /// view of it does.
+    #[pyclass(name = "ScanPayload", module = "waltz._native", frozen)]
+    pub struct PyScanPayload(Arc<Vec<u8>>);
+
+    #[pymethods]
+    impl PyScanPayload {
+        fn __len__(&self) -> usize {
+            self.0.len()
+        }
+        fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+            PyBytes::new(py, &self.0)
+        }
+        /// # Safety
+        /// `view` comes from the interpreter's buffer machinery; the bytes it points at are
+        /// owned by this object, which the view keeps alive (`obj`), and never change.
+        unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
+            if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
+                return Err(pyo3::exceptions::PyBufferError::new_err("a scanned payload is read-only"));
+            }
+            let data = &slf.get().0;
+            let rc = unsafe {
+                pyo3::ffi::PyBuffer_FillInfo(
+                    view,
+                    slf.as_ptr(),
+                    data.as_ptr() as *mut std::os::raw::c_void,
+                    data.len() as pyo3::ffi::Py_ssize_t,
+                    1,
+                    flags,
+                )
+            };
+            if rc != 0 {
+                return Err(PyErr::fetch(slf.py()));
+            }
+            Ok(())
+        }
+        unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+    }
 
     fn le_bytes<'py, T: Copy>(py: Python<'py>, v: &[T]) -> Bound<'py, PyBytes> {
         // Native endianness is what Arrow and numpy expect; the engine only runs little-endian.
@@ -374,12 +421,12 @@ mod python {
             d.set_item("partition", le_bytes(py, &c.req_partitions))?;
             d.set_item("sequence", le_bytes(py, &c.sequences))?;
             d.set_item("offsets", le_bytes(py, &c.offsets))?;
-            d.set_item("payload", PyBytes::new(py, &c.payload))?;
+            d.set_item("payload", PyScanPayload(self.1.clone()))?;
             Ok(d)
         }
         #[getter]
         fn payload_nbytes(&self) -> usize {
-            self.0.payload.len()
+            self.1.len()
         }
     }
 
@@ -763,7 +810,7 @@ mod python {
             }
             let p = self.0.clone();
             let end = end.unwrap_or(i64::MAX);
-            Ok(PyScanChunk(run(py, move || p.scan(start, end, max_count, max_bytes))?))
+            Ok(PyScanChunk::new(run(py, move || p.scan(start, end, max_count, max_bytes))?))
         }
 
         fn __repr__(&self) -> String {
@@ -1384,6 +1431,7 @@ mod python {
         m.add_class::<PyRecordHeader>()?;
         m.add_class::<PyRecordBatch>()?;
         m.add_class::<PyScanChunk>()?;
+        m.add_class::<PyScanPayload>()?;
         m.add_class::<PyPartitionInfo>()?;
         for (name, ty) in [
             ("WaltzError", py.get_type::<WaltzError>()),

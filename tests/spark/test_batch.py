@@ -42,9 +42,9 @@ def native_rows(path: pathlib.Path, lasts: dict[int, int]) -> list[tuple[Any, ..
                 n = len(chunk)
                 cols = [memoryview(b[k]).cast(f) for k, f in
                         (("txid", "q"), ("header", "i"), ("client_id", "i"), ("generation", "i"), ("sequence", "i"))]
-                offs = memoryview(b["offsets"]).cast("i")
+                offs, data = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"])
                 for i in range(n):
-                    rows.append((p, *(c[i] for c in cols), b["payload"][offs[i]:offs[i + 1]]))
+                    rows.append((p, *(c[i] for c in cols), bytes(data[offs[i]:offs[i + 1]])))
     return rows
 
 

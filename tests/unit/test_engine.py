@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import pathlib
 import threading
 import uuid
@@ -457,8 +459,17 @@ def test_scan_returns_columns(storage):
     offs = memoryview(b["offsets"]).cast("i")
     txids = memoryview(b["txid"]).cast("q")
     assert list(txids) == list(range(10, 60))
+    data = memoryview(b["payload"])
     for i, t in enumerate(txids):
-        assert b["payload"][offs[i] : offs[i + 1]] == payload(t)
+        assert data[offs[i] : offs[i + 1]] == payload(t)
+    # The payload is lent, not copied: read-only, and alive as long as a view of it is.
+    assert data.readonly and len(b["payload"]) == chunk.payload_nbytes == offs[50]
+    with pytest.raises(TypeError, match="not writable"):
+        ctypes.c_char.from_buffer(b["payload"])
+    first = bytes(data[: offs[1]])
+    del chunk, b
+    gc.collect()
+    assert bytes(data[: offs[1]]) == first == payload(10)
     assert len(p.scan(0, max_bytes=1)) == 1
     assert len(p.scan(200)) == 0
 
