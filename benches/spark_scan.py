@@ -85,7 +85,7 @@ def row_source() -> Any:
 
     from waltz.spark.options import Options
     from waltz.spark.source import RangePartition, WaltzDataSource, WaltzReader
-    from waltz.storage.scan import iter_scan
+    from waltz.storage.scan import iter_scan, scan_rows
 
     class RowReader(WaltzReader):
         def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -94,12 +94,7 @@ def row_source() -> Any:
             with Storage.open(partition.path, read_only=True) as storage:
                 part = storage.partition(partition.partition)
                 for chunk in iter_scan(part, partition.start, partition.end - 1):
-                    b = chunk.buffers()
-                    cols = [memoryview(b[k]).cast(f) for k, f in
-                            (("txid", "q"), ("header", "i"), ("client_id", "i"), ("generation", "i"), ("sequence", "i"))]
-                    offs, data, p = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"]), partition.partition
-                    for i in range(len(chunk)):
-                        yield (p, cols[0][i], cols[1][i], cols[2][i], cols[3][i], cols[4][i], bytes(data[offs[i] : offs[i + 1]]))
+                    yield from scan_rows(chunk, partition.partition)
 
     class RowSource(WaltzDataSource):
         @classmethod

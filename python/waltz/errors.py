@@ -120,6 +120,10 @@ class ClusterError(WaltzError):
     """A cluster administration request cannot be done as asked (the message says why)."""
 
 
+class PartitionNotServedError(ClusterError):
+    """No live server holds the partition right now (unassigned, or its server is gone)."""
+
+
 class ClientError(WaltzError):
     """The client library cannot do what was asked (the message says why)."""
 

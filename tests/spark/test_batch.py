@@ -15,7 +15,7 @@ import pytest
 from conftest import Live
 
 from waltz._native import Storage
-from waltz.storage.scan import iter_scan
+from waltz.storage.scan import iter_scan, scan_rows
 
 pytestmark = pytest.mark.spark
 
@@ -38,13 +38,7 @@ def native_rows(path: pathlib.Path, lasts: dict[int, int]) -> list[tuple[Any, ..
     with Storage.open(path, read_only=True) as storage:
         for p in sorted(lasts):
             for chunk in iter_scan(storage.partition(p), 0, lasts[p]):
-                b = chunk.buffers()
-                n = len(chunk)
-                cols = [memoryview(b[k]).cast(f) for k, f in
-                        (("txid", "q"), ("header", "i"), ("client_id", "i"), ("generation", "i"), ("sequence", "i"))]
-                offs, data = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"])
-                for i in range(n):
-                    rows.append((p, *(c[i] for c in cols), bytes(data[offs[i]:offs[i + 1]])))
+                rows.extend(scan_rows(chunk, p))
     return rows
 
 

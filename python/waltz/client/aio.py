@@ -349,14 +349,11 @@ class AsyncWaltzClient:
         assert metadata is not None
 
         def read() -> tuple[str, int, int]:
-            assignment, _ = metadata.assignment()
-            a = assignment.get(partition)
-            if a is None or a.server is None:
-                raise Unavailable(f"partition {partition} is not assigned to a server")
-            for s in metadata.servers():
-                if s.server_id == a.server:
-                    return s.endpoint, s.server_id, a.generation
-            raise Unavailable(f"partition {partition}'s server {a.server} is not registered")
+            try:
+                server, generation = metadata.partition_server(partition)
+            except errors.PartitionNotServedError as e:
+                raise Unavailable(str(e)) from None
+            return server.endpoint, server.server_id, generation
 
         return await asyncio.to_thread(read)
 

@@ -107,17 +107,8 @@ class LogReader:
         raise errors.RequestTimeoutError(f"partition {partition}: no high-water mark within {self.timeout} s ({last})")
 
     async def _server_link(self, partition: int) -> Link:
-        def locate() -> str:
-            assignment, _ = self.metadata.assignment()
-            a = assignment.get(partition)
-            if a is None or a.server is None:
-                raise errors.ClusterError(f"partition {partition} is not assigned to a server")
-            for s in self.metadata.servers():
-                if s.server_id == a.server:
-                    return s.endpoint
-            raise errors.ClusterError(f"partition {partition}'s server {a.server} is not registered")
-
-        endpoint = await asyncio.to_thread(locate)
+        server, _ = await asyncio.to_thread(self.metadata.partition_server, partition)
+        endpoint = server.endpoint
         link = self._links.get(endpoint)
         if link is None or link.closed:
             link = Link(endpoint, "rpc", lambda _l, _m: None, lambda _l, _w: None, ssl=self._ssl)

@@ -399,6 +399,18 @@ class ClusterMetadata:
             out.append(ServerInfo.from_json(decode(data, self.paths.server(int(name))), stat.ephemeral_owner))
         return out
 
+    def partition_server(self, partition_id: int) -> tuple[ServerInfo, int]:
+        """The registered server assigned the partition and its generation; raises
+        `PartitionNotServedError` when there is none."""
+        assignment, _ = self.assignment()
+        a = assignment.get(partition_id)
+        if a is None or a.server is None:
+            raise errors.PartitionNotServedError(f"partition {partition_id} is not assigned to a server")
+        for s in self.servers():
+            if s.server_id == a.server:
+                return s, a.generation
+        raise errors.PartitionNotServedError(f"partition {partition_id}'s server {a.server} is not registered")
+
     def assignment(self, watch: Any = None) -> tuple[Assignment, int]:
         d, stat = self._read(self.paths.assignment, watch)
         return assignment_from_json(d), stat.version

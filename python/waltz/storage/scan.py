@@ -61,6 +61,18 @@ def scan_to_arrow(chunk: ScanChunk, partition_id: int | None = None) -> pa.Recor
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
+def scan_rows(chunk: ScanChunk, partition_id: int) -> Iterator[tuple[int, int, int, int, int, int, bytes]]:
+    """The chunk one row at a time, `(partition, transaction_id, header, client_id, generation,
+    sequence, data)`: the slow path, for callers that need Python objects (and for comparing
+    with the Arrow one)."""
+    b = chunk.buffers()
+    txids = memoryview(b["txid"]).cast("q")
+    header, client, generation, sequence = (memoryview(b[k]).cast("i") for k in ("header", "client_id", "generation", "sequence"))
+    offsets, data = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"])
+    for i in range(len(chunk)):
+        yield (partition_id, txids[i], header[i], client[i], generation[i], sequence[i], bytes(data[offsets[i] : offsets[i + 1]]))
+
+
 def records_to_arrow(records: Sequence[Record], partition_id: int) -> pa.RecordBatch:
     """Records read over the network as the same record batch `scan_to_arrow` makes of files."""
     import pyarrow as pa
