@@ -36,6 +36,7 @@ class History:
         self.epoch = 0
         self.failures: list[str] = []
         self.refusals: list[str] = []
+        self.acks_seen = 0  # acknowledgements over all rounds: the progress the crashes interrupted
 
     def feed(self, text: str) -> None:
         for line in text.splitlines():
@@ -44,6 +45,7 @@ class History:
                 t, e = map(int, rest.split())
                 self.acked[t] = e
                 self.end = max(self.end, t)
+                self.acks_seen += 1
             elif kind == "T":
                 self.pending_truncate = int(rest)
             elif kind == "t":
@@ -98,12 +100,16 @@ def new_storage(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def run_and_kill(cmd: list[str], after: float) -> str:
+    """Kill the writer `after` seconds into its work. The clock starts at its first line, so a
+    slow interpreter start on a loaded machine does not eat the window in which it writes."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
     time.sleep(after)
     proc.send_signal(signal.SIGKILL)
     out, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, f"writer ended by itself ({proc.returncode}): {err}"
-    return out
+    return first + out
 
 
 @pytest.mark.parametrize("truncate_every", [0, 7], ids=["appends", "appends+truncations"])
@@ -111,14 +117,15 @@ def test_kill9_loses_nothing_acknowledged(tmp_path, truncate_every):
     data_dir = new_storage(tmp_path)
     rng = random.Random(1234 + truncate_every)
     history = History()
-    total = 0
     for round_no in range(ROUNDS):
         cmd = [sys.executable, str(WRITER), str(data_dir), "--seed", str(round_no), "--epoch", str(history.epoch)]
         if truncate_every:
             cmd += ["--truncate-every", str(truncate_every)]
-        history.feed(run_and_kill(cmd, rng.uniform(0.3, 1.2)))
-        total = history.check(data_dir)
-    assert total > 100, "the writer made too little progress to prove anything"
+        history.feed(run_and_kill(cmd, rng.uniform(0.1, 1.0)))
+        history.check(data_dir)
+    # Truncations walk the log's end back and forth, so its final length says nothing about
+    # progress; the acknowledgements seen over all rounds do.
+    assert history.acks_seen > 100, "the writer made too little progress to prove anything"
 
 
 def test_kill9_with_concurrent_writers_loses_nothing(tmp_path):
