@@ -7,7 +7,7 @@ use crate::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
 use crate::error::{Error, IoContext, Result};
 use crate::fs::{FileHandle, FileSystem};
 use crate::record::{be_i64, ReqId};
-use crate::segment::{find_valid_record_after, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
+use crate::segment::{find_valid_record_after, ids_fit, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -201,6 +201,9 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
     let header = SegmentHeader::decode(&hb);
     if header.version != FORMAT_VERSION {
         return Err(Error::corruption(path, 0, format!("unknown segment format version {}", header.version)));
+    }
+    if !ids_fit(header.first_txid, file_len) {
+        return Err(Error::corruption(path, 32, format!("first transaction id {} leaves no room for the file's records", header.first_txid)));
     }
 
     let index_path = path.with_file_name(index_name(name_txid));

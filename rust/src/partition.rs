@@ -299,7 +299,8 @@ impl Partition {
                 let mut b = [0u8; 12];
                 let f = fs.open(&path, false).at(&path)?;
                 let n = f.read_full_at(&mut b, 0).at(&path)?;
-                if n == 12 && crc32(&b[0..8]) == be_u32(&b[8..12]) {
+                // A truncation keeps ids up to its target, -1 (nothing) at the lowest.
+                if n == 12 && crc32(&b[0..8]) == be_u32(&b[8..12]) && be_i64(&b[0..8]) >= -1 {
                     intent = Some(be_i64(&b[0..8]));
                 } else {
                     return Err(Error::corruption(&path, 0, "truncation intent file is damaged"));
@@ -325,7 +326,7 @@ impl Partition {
             }
         }
         if let Some(t) = intent {
-            let doomed: Vec<i64> = segs.iter().copied().filter(|&f| f > t + 1 && f != segs[0]).collect();
+            let doomed: Vec<i64> = segs.iter().copied().filter(|&f| f > t.saturating_add(1) && f != segs[0]).collect();
             for f in doomed.iter().rev() {
                 if !ro {
                     Self::delete_segment_files(fs.as_ref(), dir, *f)?;
@@ -1337,6 +1338,33 @@ mod tests {
         check_all(&p, 12);
         assert!(!d.path().join(TRUNCATE_INTENT).exists());
         assert!(matches!(p.truncate(-5), Err(Error::BelowLogStart { .. })));
+    }
+
+    /// Found while fuzzing recovery (fuzz/regressions/segment_recovery/intent-*): an intent file
+    /// naming i64::MAX overflowed `t + 1` on open (in a release build it wrapped and deleted every
+    /// segment but the first); one naming less than -1 overflowed the cut or emptied the log.
+    #[test]
+    fn intent_files_at_the_ends_of_the_id_range_do_not_overflow() {
+        let d = tempfile::tempdir().unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        append_n(&p, 0, 10);
+        drop(p);
+        let intent = d.path().join(TRUNCATE_INTENT);
+        // Keeping everything up to i64::MAX cuts nothing; the intent is simply finished.
+        write_file_atomically(&StdFs, &intent, &encode_intent(i64::MAX)).unwrap();
+        let p = open(d.path(), opts(4096, 10));
+        assert_eq!(p.recovery.finished_truncation, Some(i64::MAX));
+        check_all(&p, 9);
+        assert!(!intent.exists());
+        drop(p);
+        // No truncation targets an id below -1: such an intent is damage, reported as such.
+        for bad in [i64::MIN, -2] {
+            write_file_atomically(&StdFs, &intent, &encode_intent(bad)).unwrap();
+            match Partition::open(Arc::new(StdFs), d.path(), 0, KEY, opts(4096, 10)) {
+                Err(Error::Corruption { reason, .. }) => assert!(reason.contains("intent"), "{reason}"),
+                other => panic!("intent {bad}: expected corruption, got {:?}", other.map(|p| p.max_txid())),
+            }
+        }
     }
 
     #[test]

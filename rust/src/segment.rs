@@ -277,6 +277,15 @@ pub fn check_header(path: &Path, b: &[u8], ctx: &SegmentContext<'_>) -> Result<(
     Ok(())
 }
 
+/// Whether a segment starting at `first_txid` has ids for every record a data file of
+/// `data_len` bytes could hold, and for the one after them (its next id). Ids are dense from 0,
+/// so a first id that high is damage, not a log; refusing it keeps the id arithmetic of
+/// recovery from overflowing.
+pub fn ids_fit(first_txid: i64, data_len: u64) -> bool {
+    let room = (data_len.saturating_sub(HEADER_LEN) / RECORD_OVERHEAD as u64) as i64;
+    first_txid >= 0 && first_txid.checked_add(room).is_some()
+}
+
 pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     let fs = ctx.fs;
     let opts = ctx.opts;
@@ -289,6 +298,9 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
     }
     check_header(&data_path, &hb, ctx)?;
+    if !ids_fit(ctx.first_txid, data_len) {
+        return Err(Error::corruption(&data_path, 32, format!("first transaction id {} leaves no room for the file's records", ctx.first_txid)));
+    }
 
     // The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
     let mut index: Option<Arc<dyn FileHandle>> = None;
@@ -323,6 +335,8 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     if let Some(next) = ctx.next_first {
         claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
     }
+    // An index never holds more entries than records fit in the data file (keeps ids in range).
+    claimed = claimed.min((data_len - HEADER_LEN) / RECORD_OVERHEAD as u64);
 
     let mut files = SegmentFiles {
         first_txid: ctx.first_txid,
@@ -642,7 +656,8 @@ pub(crate) fn find_valid_record_after(
     if from >= data_len {
         return Ok(None);
     }
-    let max_id = expected + ((data_len - from) / RECORD_OVERHEAD as u64) as i64 + 1;
+    // Saturating: near i64::MAX there are simply no ids left to find.
+    let max_id = expected.saturating_add(((data_len - from) / RECORD_OVERHEAD as u64) as i64 + 1);
     let mut pos = from;
     let mut buf = vec![0u8; SCAN_CHUNK + 8];
     while pos + RECORD_OVERHEAD as u64 <= data_len {
@@ -760,6 +775,42 @@ mod tests {
         let mut c = ctx(d.path(), 0, None, &o);
         c.partition_id = 3;
         assert!(matches!(recover_segment(&c), Err(Error::Corruption { offset: 28, .. })));
+    }
+
+    /// Found while fuzzing: a segment whose first id lies near i64::MAX overflowed the id
+    /// arithmetic of the record scan (`expected += 1`) and of the search for a valid record
+    /// after a bad one (fuzz/regressions/segment_recovery/inspect-find-valid-record-id-overflow).
+    #[test]
+    fn first_ids_near_the_top_of_the_range_do_not_overflow() {
+        let top = i64::MAX - 2;
+        let record = |t: i64| {
+            let mut b = Vec::new();
+            encode_record(&mut b, t, &NewRecord { req_id: ReqId::default(), header: 0, data: b"x", data_crc: None });
+            b
+        };
+        let o = opts(true);
+        for (body, recovers) in [
+            // Garbage after the header: a torn tail, and the search past it runs out of ids.
+            (vec![0x5Au8; 100], true),
+            // Two records fit below i64::MAX (the next id is i64::MAX itself).
+            ([record(top), record(top + 1)].concat(), true),
+            // A file long enough for three records would need id i64::MAX + 1: damage.
+            ([record(top), record(top + 1), vec![0; 41]].concat(), false),
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            let mut bytes = header(top).encode().to_vec();
+            bytes.extend_from_slice(&body);
+            std::fs::write(d.path().join(data_name(top)), &bytes).unwrap();
+            let r = recover_segment(&ctx(d.path(), top, None, &o));
+            if recovers {
+                let r = r.ok().expect("recovers");
+                assert_eq!(r.segment.next_txid(), top + r.segment.count as i64);
+            } else {
+                assert!(matches!(r, Err(Error::Corruption { offset: 32, .. })));
+            }
+            let report = crate::inspect::inspect_segment(&StdFs, &d.path().join(data_name(top)), 10, 1 << 20);
+            assert_eq!(report.is_ok(), recovers);
+        }
     }
 
     #[test]
