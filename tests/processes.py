@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from waltz.local.zookeeper import ZOOKEEPER_JAR, ZooKeeperServer, zookeeper_available  # noqa: F401  (tests import them from here)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -96,80 +98,6 @@ def stop(proc: subprocess.Popen[str]) -> str:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     return err
-
-
-ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
-
-
-def zookeeper_available() -> bool:
-    return os.path.exists(ZOOKEEPER_JAR) and shutil.which("java") is not None
-
-
-class ZooKeeperServer:
-    """A real standalone ZooKeeper 3.8 (Debian package `zookeeper`) on 127.0.0.1 and a free port.
-
-    minSessionTimeout is lowered to 1 s so that tests can expire sessions quickly."""
-
-    def __init__(self, directory: pathlib.Path) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "zoo.cfg").write_text(
-            "tickTime=500\n"
-            f"dataDir={directory / 'data'}\n"
-            f"clientPort={self.port}\n"
-            "clientPortAddress=127.0.0.1\n"
-            "admin.enableServer=false\n"
-            "4lw.commands.whitelist=ruok,srvr,stat\n"
-            "minSessionTimeout=1000\n"
-            "maxSessionTimeout=60000\n"
-        )
-
-    @property
-    def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def url(self, chroot: str = "") -> str:
-        return f"zk://{self.hosts}{chroot}"
-
-    def start(self, timeout: float = 60.0) -> None:
-        log = open(self.directory / "zookeeper.log", "ab")
-        self.proc = subprocess.Popen(
-            ["java", "-Xmx256m", "-cp", f"/etc/zookeeper/conf:{ZOOKEEPER_JAR}",
-             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.directory / "zoo.cfg")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ZooKeeper exited: {(self.directory / 'zookeeper.log').read_text()[-2000:]}")
-            if self.four_letter("ruok") == "imok":
-                return
-            time.sleep(0.1)
-        raise RuntimeError("ZooKeeper did not answer ruok in time")
-
-    def four_letter(self, word: str) -> str:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(word.encode())
-                return s.recv(4096).decode()
-        except OSError:
-            return ""
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def postgres_bin(name: str) -> str | None:

@@ -4,7 +4,8 @@ spoken by a raw protocol client."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from waltz import client_protocol as cp
@@ -65,19 +66,26 @@ def append(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, 
     return cp.Append((client, gen, 0, seq), hwm, 0, data, **locks)
 
 
+@contextlib.asynccontextmanager
+async def serving(meta: Any) -> AsyncIterator[tuple[int, Partition, Partitions]]:
+    """Partition 0 served on a port: (port, partition, the registry connections look it up in)."""
+    session = await StoreSession.open(meta, 0, generation=GEN)
+    p = Partition(0, GEN, session)
+    await p.start()
+    parts = Partitions()
+    parts.by_id[0] = p
+    server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, parts).run(), "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], p, parts
+    finally:
+        server.close()
+        await p.close()
+
+
 def serve(meta: Any, body: Callable[[int, Partition], Awaitable[None]]) -> None:
     async def go() -> None:
-        session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session)
-        await p.start()
-        parts = Partitions()
-        parts.by_id[0] = p
-        server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, parts).run(), "127.0.0.1", 0)
-        try:
-            await body(server.sockets[0].getsockname()[1], p)
-        finally:
-            server.close()
-            await p.close()
+        async with serving(meta) as (port, p, _):
+            await body(port, p)
 
     asyncio.run(go())
 
@@ -269,3 +277,24 @@ def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(c
         new.close()
 
     serve(meta, body)
+
+
+def test_a_mount_whose_partition_was_replaced_is_told_to_mount_again(cluster) -> None:  # noqa: F811
+    """Found by `waltz torture`: the server stops a partition when its metadata session is
+    suspended and serves it again (same generation, new store session) when it returns. A feed
+    that saw commits of the replaced instance ended without a word, and its client waited for
+    a feed that never moved again. It must get a Failure, on which clients mount again."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        async with serving(meta) as (port, p, parts):
+            c = await RawClient.connect(port)
+            c.send(cp.Mount(1, 0, 5, -1, 1))
+            await c.until(lambda m: isinstance(m, cp.MountResponse))
+            del parts.by_id[0]  # taken out of the registry, as PartitionHost does when it stops one
+            await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"committed as it stopped"))
+            got = await c.until(lambda m: isinstance(m, cp.Failure))
+            assert got[-1].kind == cp.FailureKind.STORE_UNAVAILABLE  # type: ignore[attr-defined]
+            c.close()
+
+    asyncio.run(go())

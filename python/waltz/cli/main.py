@@ -15,6 +15,7 @@ from waltz.cli.disk import disk
 from waltz.cli.server import server
 from waltz.cli.storage import storage
 from waltz.cli.tls import tls
+from waltz.cli.torture import torture
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -44,6 +45,7 @@ main.add_command(disk)
 main.add_command(tls)
 main.add_command(demo)
 main.add_command(dev)
+main.add_command(torture)
 
 if __name__ == "__main__":
     main()

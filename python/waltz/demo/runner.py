@@ -119,7 +119,7 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
         with console.status("starting the cluster") as status:
             cluster.start(step=lambda s: status.update(s))
         console.print(f"  cluster up: {', '.join(m.name + '@' + m.address for m in cluster.members)}")
-        config = _client_config(cluster)
+        config = cluster.client_settings()
         clients_dir = o.directory / "clients"
         tellers = [Teller(clients_dir, i, o.transfers, config) for i in range(o.clients)]
         chaos = [Chaos("storage-1", 0.3), Chaos("server-0", 0.55)] if o.chaos else []
@@ -129,11 +129,6 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
         for t in tellers:
             t.stop()
         cluster.stop()
-
-
-def _client_config(cluster: LocalCluster) -> dict[str, Any]:
-    config = dataclasses.asdict(cluster.client_config())
-    return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in config.items()}
 
 
 def _run_transfers(cluster: LocalCluster, tellers: list[Teller], chaos: list[Chaos], o: DemoOptions, console: Console) -> None:

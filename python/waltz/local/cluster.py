@@ -70,7 +70,7 @@ class MemberStatus:
         return dataclasses.asdict(self)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -127,8 +127,8 @@ class LocalCluster:
         for sub in ("config", "data", "logs", "run"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         members = [
-            Member(f"storage-{i}", "storage", _free_port(), _free_port(), _free_port()) for i in range(storage_nodes)
-        ] + [Member(f"server-{i}", "server", _free_port(), _free_port()) for i in range(servers)]
+            Member(f"storage-{i}", "storage", free_port(), free_port(), free_port()) for i in range(storage_nodes)
+        ] + [Member(f"server-{i}", "server", free_port(), free_port()) for i in range(servers)]
         state = {
             "metadata": metadata or f"embedded:{directory / 'metadata.db'}",
             "cluster": cluster,
@@ -201,11 +201,33 @@ class LocalCluster:
         )
 
     def _server_toml(self, m: Member) -> str:
+        advertised = f'advertised_address = "{self.dialed_address(m)}"\n' if m.name in self._advertised else ""
         return (
             f'[server]\nmetadata = "{self.metadata_url}"\ncluster = "{self.cluster}"\nhost = "127.0.0.1"\n'
-            f'port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state["server_session_timeout"]}\n\n'
+            f'port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state["server_session_timeout"]}\n'
+            f"{advertised}\n"
             '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml()
         )
+
+    @property
+    def _advertised(self) -> dict[str, int]:
+        return self.state.setdefault("advertised", {})  # type: ignore[no-any-return]
+
+    def advertise(self, name: str, port: int) -> None:
+        """Makes the others dial member `name` at 127.0.0.1:`port` (a proxy in front of it, as the
+        torture test puts there): servers reach a storage node there, clients a server. Before
+        the first start, since storage nodes are registered in the metadata then."""
+        m = self.member(name)
+        if self.state["initialized"]:
+            raise errors.ClusterError("advertise members before the cluster's first start")
+        self._advertised[name] = port
+        if m.role == "server":
+            self.config_path(name).write_text(self._server_toml(m))
+        self._save()
+
+    def dialed_address(self, m: Member) -> str:
+        """Where the other processes reach `m`: its own port, or the one advertised for it."""
+        return f"127.0.0.1:{self._advertised.get(m.name, m.port)}"
 
     def client_tls(self) -> dict[str, str]:
         """The client's TLS settings (keys of `ClientConfig`), empty without TLS."""
@@ -323,10 +345,10 @@ class LocalCluster:
     def _register(self, storage: list[Member]) -> None:
         with self.metadata() as meta:
             for group, m in enumerate(storage[:REPLICAS]):
-                meta.add_storage_node(m.address, m.admin_port, group)
+                meta.add_storage_node(self.dialed_address(m), m.admin_port, group)
                 meta.auto_assign(group)
             for m in storage[REPLICAS:]:  # spares: registered, holding nothing yet
-                meta.add_storage_node(m.address, m.admin_port, REPLICAS)
+                meta.add_storage_node(self.dialed_address(m), m.admin_port, REPLICAS)
         for m in storage[:REPLICAS]:
             self.admin(m.name, self._assign_all)
 
@@ -434,6 +456,11 @@ class LocalCluster:
         from waltz.client import ClientConfig
 
         return ClientConfig(metadata=self.metadata_url, cluster=self.cluster, **{**self.client_tls(), **overrides})
+
+    def client_settings(self, **overrides: Any) -> dict[str, Any]:
+        """`client_config` as JSON-ready keyword arguments, for client processes."""
+        config = dataclasses.asdict(self.client_config(**overrides))
+        return {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in config.items()}
 
     @property
     def cluster_key(self) -> uuid.UUID:

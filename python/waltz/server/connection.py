@@ -222,8 +222,13 @@ class ClientConnection:
             await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
         try:
             async for entries in p.feed(mount.client_high_water_mark, FEED_BATCH):
-                if self._stale(mount.partition) or self.partitions.by_id.get(mount.partition) is not p:
-                    return
+                if self._stale(mount.partition):
+                    return  # the client's newer mount has its own feed
+                if self.partitions.by_id.get(mount.partition) is not p:
+                    # Replaced (a new store session, the same generation after the metadata
+                    # session came back): ending quietly left the client waiting on a feed that
+                    # would never move again (found by `waltz torture`); it must mount again.
+                    raise errors.StoreSessionError(f"partition {mount.partition}: the store session this mount followed ended")
                 await self._send(self.partitions.feed_frame(p, entries))
                 if not ready and entries[-1].transaction_id >= target:
                     ready = True

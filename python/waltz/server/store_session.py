@@ -527,6 +527,13 @@ class StoreSession:
                     got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
                 except errors.StaleSessionError:
                     raise
+                except errors.StorageConnectionError as e:
+                    # The source's connection is gone, so it cannot take appends either: it
+                    # leaves the write path now rather than at the next append, which may never
+                    # come while clients wait for this catch-up (found by `waltz torture`).
+                    log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+                    self._leave(source, str(e))
+                    got = []
                 except errors.WaltzError as e:  # the source's trouble, not r's: read from another
                     log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
                     got = []

@@ -1,0 +1,67 @@
+"""`waltz torture`: a local cluster under faults, and the check that nothing acknowledged was
+lost (docs/torture.md)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+import tempfile
+
+import click
+from rich.console import Console
+
+from waltz.cli.output import Failed, user_errors
+
+
+def _seconds(value: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a duration (e.g. 90s, 10m, 1h)")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+@click.command()
+@click.option("--duration", default="60s", show_default=True, help="How long faults are injected (90s, 10m, 1h).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the schedule and the workload: a run replays from it.")
+@click.option("--clients", type=click.IntRange(1, 32), default=3, show_default=True, help="Client processes.")
+@click.option("--partitions", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--faults", metavar="KIND,...", help="Only these faults (default: all). `--faults none` runs without faults.")
+@click.option("--zookeeper", is_flag=True, help="Keep the metadata in a real ZooKeeper (Debian package) that is killed too.")
+@click.option("--directory", type=click.Path(file_okay=False, path_type=pathlib.Path),
+              help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.")
+@user_errors
+def torture(duration: str, seed: int, clients: int, partitions: int, faults: str | None, zookeeper: bool,
+            directory: pathlib.Path | None) -> None:
+    """Run clients against a local cluster while faults strike, then check every history.
+
+    Starts 3 storage nodes and 2 servers behind fault-injecting proxies, client processes that
+    append transactions (some under locks) and consume the whole feed, and a nemesis that kills,
+    pauses, partitions, slows and resets members, fails their fsyncs and writes, and corrupts a
+    replica, on a schedule drawn from --seed. Then everything heals, the cluster's feed and every
+    replica's files are drained, and the checker judges the histories against them. Exit 1 on
+    any anomaly or problem; the report is in DIRECTORY/report.json."""
+    from waltz.torture.nemesis import FAULTS
+    from waltz.torture.run import TortureOptions, run_torture
+
+    kinds = FAULTS if faults is None else tuple(k for k in faults.split(",") if k and k != "none")
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown:
+        raise Failed(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    d = directory or pathlib.Path(tempfile.mkdtemp(prefix="waltz-torture-"))
+    console = Console(stderr=True)
+    console.print(f"[bold]Waltz torture[/] in {d}")
+    result = run_torture(
+        TortureOptions(d, duration=_seconds(duration), seed=seed, clients=clients, partitions=partitions,
+                       faults=kinds, zookeeper=zookeeper),
+        say=lambda s: console.print(f"  {s}", highlight=False),
+    )
+    print(result.report.render())
+    print(f"transactions committed: {result.transactions}; faults: "
+          + (", ".join(f"{k} {n}" for k, n in result.faults.items()) or "none")
+          + f"; {result.seconds:.0f} s")
+    for p in result.problems:
+        print(f"PROBLEM {p}")
+    print("PASSED" if result.passed else "FAILED", f"(report: {d / 'report.json'})")
+    if not result.passed:
+        sys.exit(1)

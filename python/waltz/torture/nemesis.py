@@ -1,0 +1,279 @@
+"""The nemesis of a torture run: faults started and healed on a random schedule from a seed.
+
+Each fault takes a target (a member, a link) and is healed after a random while:
+
+    kill-storage   SIGKILL one storage node; restart it
+    kill-majority  SIGKILL two of the three storage nodes at once (the cluster must stop
+                   committing, not lose or invent anything); restart both
+    kill-server    SIGKILL a server; restart it
+    kill-zookeeper SIGKILL ZooKeeper (runs on ZooKeeper only); restart it
+    pause          SIGSTOP a storage node or a server (past its session timeout: a zombie
+                   writer wakes up); SIGCONT
+    partition      blackhole the link to a storage node (from the servers) or to a server (from
+                   the clients); heal it
+    slow           delay every chunk on such a link; heal it
+    reset          reset every connection on such a link and refuse new ones; heal it
+    fsync-eio      fdatasync fails with EIO on a storage node (strace fault injection); the node
+                   must refuse to acknowledge more. Healed as an operator would: restart it
+    enospc         pwrite fails with ENOSPC on a storage node (strace); restart it
+    corrupt        SIGKILL a storage node, flip a byte in a committed record of one of its
+                   replicas, restart it; healed with the documented repair (docs/operations.md:
+                   remove the replica's files, add the partition, recover-partition from a
+                   healthy replica, make it writable)
+
+At most one storage node is faulted at a time (a minority of the three replicas), except by
+kill-majority, which runs alone; at most one server; faults otherwise combine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from waltz.local import LocalCluster
+from waltz.local.zookeeper import ZooKeeperServer
+from waltz.torture.proxy import FaultProxy
+
+FAULTS = (
+    "kill-storage", "kill-majority", "kill-server", "kill-zookeeper", "pause", "partition", "slow", "reset",
+    "fsync-eio", "enospc", "corrupt",
+)
+STRACE_FAULTS = ("fsync-eio", "enospc")
+
+
+@dataclasses.dataclass
+class Fault:
+    kind: str
+    targets: tuple[str, ...]
+    heal_at: float
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    undo: Callable[[], None] = lambda: None
+
+
+class Nemesis:
+    """Starts and heals faults on `cluster`; `log(event)` records each in the run's history."""
+
+    def __init__(
+        self, cluster: LocalCluster, proxies: dict[str, FaultProxy], rng: random.Random, kinds: tuple[str, ...],
+        log: Callable[[dict[str, Any]], None], say: Callable[[str], None], *, zookeeper: ZooKeeperServer | None = None,
+        max_active: int = 2, hold: tuple[float, float] = (1.0, 6.0),
+        committed: Callable[[], dict[int, int]] = dict,
+    ) -> None:
+        unknown = set(kinds) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)} (known: {', '.join(FAULTS)})")
+        if "kill-zookeeper" in kinds and zookeeper is None:
+            kinds = tuple(k for k in kinds if k != "kill-zookeeper")
+        if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
+            raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
+        self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
+        self.zookeeper = zookeeper
+        self.log, self.say = log, say
+        self.max_active, self.hold = max_active, hold
+        self.committed = committed
+        self.active: list[Fault] = []
+        self.counts: dict[str, int] = {}
+        self.storage = [m.name for m in cluster.members if m.role == "storage"]
+        self.servers = [m.name for m in cluster.members if m.role == "server"]
+        self.problems: list[str] = []
+
+    # ---- schedule ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Heals what is due, and maybe starts one more fault."""
+        now = time.monotonic()
+        # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
+        for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
+            self.heal(f)
+        if len(self.active) >= self.max_active or any(f.kind == "kill-majority" for f in self.active):
+            return
+        if self.rng.random() < 0.5:
+            return
+        choices = [k for k in self.kinds if self._possible(k)]
+        if choices:
+            self.start(self.rng.choice(choices))
+
+    def heal_all(self) -> None:
+        for f in sorted(self.active, key=lambda f: f.kind != "kill-zookeeper"):
+            self.heal(f)
+
+    def _busy(self, role: str) -> set[str]:
+        names = self.storage if role == "storage" else self.servers
+        return {t for f in self.active for t in f.targets if t in names}
+
+    def _possible(self, kind: str) -> bool:
+        storage_busy, servers_busy = self._busy("storage"), self._busy("server")
+        if kind == "kill-majority":
+            return not self.active
+        if kind == "kill-server":
+            return not servers_busy
+        if kind == "kill-zookeeper":
+            return not any(f.kind == "kill-zookeeper" for f in self.active)
+        if kind in ("pause", "partition", "slow", "reset"):
+            return not storage_busy or not servers_busy
+        return not storage_busy
+
+    def _pick_member(self) -> str:
+        """A storage node or a server, from a role with nothing faulted yet."""
+        roles = [r for r in ("storage", "server") if not self._busy(r)]
+        role = self.rng.choice(roles)
+        return self.rng.choice(self.storage if role == "storage" else self.servers)
+
+    # ---- faults --------------------------------------------------------------------------------
+
+    def start(self, kind: str) -> None:
+        hold = self.rng.uniform(*self.hold)
+        fault = Fault(kind, (), time.monotonic() + hold)
+        c = self.cluster
+        if kind == "kill-storage":
+            fault.targets = (self.rng.choice(self.storage),)
+            c.kill(fault.targets[0])
+            fault.undo = lambda: c.start_member(fault.targets[0])
+        elif kind == "kill-majority":
+            fault.targets = tuple(self.rng.sample(self.storage, 2))
+            for t in fault.targets:
+                c.kill(t)
+
+            def restart_both() -> None:
+                for t in fault.targets:
+                    c.start_member(t)
+
+            fault.undo = restart_both
+        elif kind == "kill-server":
+            fault.targets = (self.rng.choice(self.servers),)
+            c.kill(fault.targets[0])
+            fault.undo = lambda: c.start_member(fault.targets[0])
+        elif kind == "kill-zookeeper":
+            zk = self.zookeeper
+            assert zk is not None
+            fault.targets = ("zookeeper",)
+            zk.kill()
+            fault.undo = zk.start
+        elif kind == "pause":
+            target = self._pick_member()
+            fault.targets = (target,)
+            c.kill(target, signal.SIGSTOP)
+            fault.undo = lambda: c.kill(target, signal.SIGCONT)
+        elif kind in ("partition", "slow", "reset"):
+            target = self._pick_member()
+            fault.targets = (target,)
+            proxy = self.proxies[target]
+            mode = {"partition": "blackhole", "slow": "delay", "reset": "reset"}[kind]
+            delay = self.rng.choice([0.005, 0.02, 0.1]) if kind == "slow" else 0.0
+            fault.detail = {"link": f"to {target}", "delay": delay} if delay else {"link": f"to {target}"}
+            proxy.set_mode(mode, delay)  # type: ignore[arg-type]
+            fault.undo = lambda: proxy.set_mode("pass")
+        elif kind in STRACE_FAULTS:
+            target = self.rng.choice(self.storage)
+            fault.targets = (target,)
+            fault.detail, fault.undo = self._strace(target, kind)
+        elif kind == "corrupt":
+            target = self.rng.choice(self.storage)
+            fault.targets = (target,)
+            fault.detail = self._corrupt(target)
+            partition = fault.detail.get("partition")
+            fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
+        else:  # pragma: no cover - FAULTS is checked in __init__
+            raise ValueError(kind)
+        self.active.append(fault)
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.log({"f": "nemesis", "type": "start", "fault": kind, "targets": list(fault.targets), **fault.detail})
+        extra = "".join(f" {k}={v}" for k, v in fault.detail.items())
+        self.say(f"nemesis: {kind} {', '.join(fault.targets)}{extra} for {hold:.1f} s")
+
+    def heal(self, fault: Fault) -> None:
+        self.active.remove(fault)
+        try:
+            fault.undo()
+        except Exception as e:  # a heal that fails is a finding of its own, and the run goes on
+            msg = f"healing {fault.kind} on {', '.join(fault.targets)} failed: {type(e).__name__}: {e}"
+            self.problems.append(msg)
+            self.say(f"nemesis: {msg}")
+        self.log({"f": "nemesis", "type": "heal", "fault": fault.kind, "targets": list(fault.targets)})
+
+    def _strace(self, target: str, kind: str) -> tuple[dict[str, Any], Callable[[], None]]:
+        pid = self.cluster.pid(target)
+        if pid is None:
+            return {"skipped": "not running"}, lambda: None
+        after = self.rng.randint(1, 20)
+        syscalls, err = ("fdatasync,fsync", "EIO") if kind == "fsync-eio" else ("pwrite64,write", "ENOSPC")
+        # -f: the fsync and write calls happen on the node's worker threads, not its main one.
+        proc = subprocess.Popen(
+            ["strace", "-f", "-qq", "-o", "/dev/null", "-p", str(pid), "-e", f"trace={syscalls}",
+             "-e", f"inject={syscalls}:error={err}:when={after}+"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+
+        def undo() -> None:
+            proc.terminate()  # detaches; the node keeps its refusal until restarted, as it must
+            proc.wait(10)
+            self.cluster.kill(target)
+            self.cluster.start_member(target)
+
+        return {"syscalls": syscalls, "error": err, "after": after}, undo
+
+    def _corrupt(self, target: str) -> dict[str, Any]:
+        """Flips one data byte of a committed record (at or below an observed high-water mark)."""
+        c = self.cluster
+        marks = self.committed()
+        c.kill(target)
+        data_dir = c.directory / "data" / target
+        candidates = sorted((p, m) for p, m in marks.items() if m >= 0)
+        detail: dict[str, Any] = {}
+        if candidates:
+            p, mark = self.rng.choice(candidates)
+            from waltz._native import inspect_segment
+
+            for seg in sorted(glob.glob(str(data_dir / str(p) / "*.seg"))):
+                report = inspect_segment(seg, limit=1 << 30)
+                records = [r for r in report["records"] if r["txid"] <= mark and r["data_length"] > 0]
+                if not records:
+                    continue
+                r = self.rng.choice(records)
+                ends = [x["offset"] for x in report["records"] if x["offset"] > r["offset"]] + [report["valid_end"]]
+                at = min(ends) - 1 - self.rng.randrange(r["data_length"])
+                with open(seg, "r+b") as f:
+                    f.seek(at)
+                    byte = f.read(1)[0]
+                    f.seek(at)
+                    f.write(bytes([byte ^ (1 << self.rng.randrange(8))]))
+                    os.fsync(f.fileno())
+                detail = {"partition": p, "txid": r["txid"], "file": pathlib.Path(seg).name, "offset": at}
+                break
+        c.start_member(target)
+        return detail or {"skipped": "no committed record yet"}
+
+    def _repair(self, target: str, partition: int) -> None:
+        """The operator's repair of a damaged replica (docs/operations.md), through `waltz`."""
+        c = self.cluster
+        member = c.member(target)
+        address = c.dialed_address(member)
+        source = next(c.dialed_address(c.member(s)) for s in self.storage if s != target and c.pid(s) is not None)
+        steps = [
+            ["remove-partition", "--storage", address, "-p", str(partition), "--delete-files", "--force"],
+            ["add-partition", "--storage", address, "-p", str(partition)],
+            ["recover-partition", "--source", source, "--destination", address, "-p", str(partition)],
+            ["availability", "--storage", address, "-p", str(partition), "--writable"],
+        ]
+        env = {**os.environ, **c.environment()}
+        deadline = time.monotonic() + 120  # other faults may hold the source or the metadata a while
+        for args in steps:
+            while True:
+                r = subprocess.run([sys.executable, "-m", "waltz.cli.main", "storage", *args], env=env,
+                                   capture_output=True, text=True, timeout=120)
+                if r.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    last = r.stderr.strip().splitlines()[-1:] or ["(no output)"]
+                    raise RuntimeError(f"`waltz storage {' '.join(args)}` failed: {last[0]}")
+                time.sleep(0.5)

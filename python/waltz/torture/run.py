@@ -1,0 +1,322 @@
+"""A torture run (`waltz torture`): a local cluster behind fault-injecting proxies, client
+processes appending and consuming while the nemesis strikes, then healing, draining every copy
+of the log and checking the history against them (docs/torture.md).
+
+The run's directory:
+    cluster/            the LocalCluster (configs, data, member logs)
+    zookeeper/          its ZooKeeper, with --zookeeper
+    history/*.jsonl     one history per worker, plus the nemesis's (faults, observed marks)
+    clients/            worker logs and the stop / done / final handshake files
+    drains.jsonl        the cluster's feed and each replica's files, as drained at the end
+    report.json         the checker's report, the faults injected and the run's problems
+    error.txt           the traceback, when the run itself failed before judging
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from waltz import errors
+from waltz.client import WaltzClient
+from waltz.client.log_reader import LogReader
+from waltz.local import LocalCluster
+from waltz.local.zookeeper import ZooKeeperServer
+from waltz.storage import Storage
+from waltz.torture.checker import check
+from waltz.torture.drain import Record, record_from_bytes, write_drains
+from waltz.torture.feed import FeedRecorder
+from waltz.torture.history import HistoryWriter, read_history
+from waltz.torture.nemesis import FAULTS, Nemesis
+from waltz.torture.proxy import FaultProxy, ProxyLoop
+from waltz.torture.report import Report
+
+
+@dataclasses.dataclass
+class TortureOptions:
+    directory: pathlib.Path
+    duration: float = 60.0
+    """Seconds of faults; healing, draining and checking come after."""
+    seed: int = 0
+    clients: int = 3
+    partitions: int = 2
+    faults: tuple[str, ...] = FAULTS
+    zookeeper: bool = False
+    """Metadata in a real ZooKeeper started by the run (then kill-zookeeper applies)."""
+    in_flight: int = 4
+    """Operations each client keeps pending."""
+    lock_pool: int = 6
+    op_timeout: float = 10.0
+    interval: float = 1.0
+    """Seconds between nemesis steps."""
+    hold: tuple[float, float] = (1.0, 6.0)
+    """How long a fault lasts (uniform)."""
+    heal_timeout: float = 180.0
+
+
+@dataclasses.dataclass
+class TortureResult:
+    report: Report
+    faults: dict[str, int]
+    problems: list[str]
+    transactions: int
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.report.ok and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed, "transactions": self.transactions, "seconds": round(self.seconds, 1),
+            "faults": self.faults, "problems": self.problems, "report": json.loads(self.report.to_json()),
+        }
+
+
+class _Worker:
+    def __init__(self, run_dir: pathlib.Path, index: int, spec: dict[str, Any]) -> None:
+        self.index = index
+        self.log_path = run_dir / "clients" / f"worker-{index}.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "waltz.torture.worker", str(run_dir), str(index), json.dumps(spec)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )
+
+    def failure(self) -> str | None:
+        code = self.proc.poll()
+        if code is None or code == 0:
+            return None
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        return f"worker {self.index} exited with {code}: {lines[-1] if lines else '(no output)'}"
+
+    def dump_stacks(self) -> None:
+        """A worker that is still running when it should have finished: its threads' stacks go
+        to its log (faulthandler), which is what a hang needs to be understood."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class _MarkObserver:
+    """Asks the partitions' servers for their high-water marks once a second and records each
+    answer with the time it was asked (the checker's hwm-decrease and hwm-beyond-log)."""
+
+    def __init__(self, cluster: LocalCluster, history: HistoryWriter) -> None:
+        self._cluster, self._history = cluster, history
+        self.latest: dict[int, int] = {}
+        """The newest mark observed per partition: ids at or below it are committed."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="mark-observer", daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        reader = LogReader(self._cluster.metadata_url, self._cluster.cluster, timeout=2.0)
+        try:
+            await reader.start()
+            while not self._stop.is_set():
+                for p in range(self._cluster.partitions):
+                    asked = time.monotonic_ns()
+                    try:
+                        value = await reader.high_water_mark(p)
+                    except (errors.WaltzError, OSError, TimeoutError):
+                        continue  # unavailable under a fault: nothing observed
+                    self._history.hwm(p, value, invoked=asked)
+                    self.latest[p] = max(value, self.latest.get(p, -1))
+                await asyncio.sleep(1.0)
+        finally:
+            await reader.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> TortureResult:
+    started = time.monotonic()
+    d = o.directory.resolve()
+    if d.exists() and any(d.iterdir()):
+        raise errors.WaltzError(f"{d} is not empty: a torture run needs a directory of its own")
+    for sub in ("history", "clients"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    rng = random.Random(o.seed)
+    zookeeper = ZooKeeperServer(d / "zookeeper") if o.zookeeper else None
+    loop = ProxyLoop()
+    proxies: dict[str, FaultProxy] = {}
+    workers: list[_Worker] = []
+    observer: _MarkObserver | None = None
+    cluster: LocalCluster | None = None
+    nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
+    problems: list[str] = []
+    try:
+        metadata = None
+        if zookeeper is not None:
+            say(f"starting ZooKeeper on {zookeeper.hosts}")
+            zookeeper.start()
+            metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
+        cluster = LocalCluster.create(d / "cluster", metadata=metadata, partitions=o.partitions, cluster="torture")
+        for m in cluster.members:
+            proxies[m.name] = FaultProxy(loop, m.name, m.port)
+            cluster.advertise(m.name, proxies[m.name].port)
+        cluster.start(step=say)
+        say(f"cluster up: {', '.join(f'{m.name}@{cluster.dialed_address(m)}' for m in cluster.members)}")
+        spec = {
+            "seed": o.seed, "in_flight": o.in_flight, "lock_pool": o.lock_pool, "sizes": [64, 700, 3000],
+            "op_timeout": o.op_timeout, "drain_timeout": o.heal_timeout,
+            "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
+        }
+        workers = [_Worker(d, i, spec) for i in range(o.clients)]
+        observer = _MarkObserver(cluster, nemesis_log)
+        nemesis = Nemesis(cluster, proxies, rng, o.faults, nemesis_log.write, say, zookeeper=zookeeper, hold=o.hold,
+                          committed=lambda: dict(observer.latest) if observer else {})
+        say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
+        end = time.monotonic() + o.duration
+        while time.monotonic() < end:
+            nemesis.step()
+            _check_workers(workers)
+            time.sleep(o.interval)
+        say("healing every fault")
+        nemesis.heal_all()
+        problems += nemesis.problems
+        for p in proxies.values():
+            p.set_mode("pass")
+        cluster.start()  # whatever a failed heal left down
+        cluster.wait_served(o.heal_timeout)
+        (d / "clients" / "stop").write_text("")
+        say("clients finish what they have pending")
+        _wait(lambda: all((d / "clients" / f"worker-{w.index}.done").exists() for w in workers), workers,
+              o.op_timeout + 120, "the clients did not complete their operations")
+        cluster.wait_replicas(o.heal_timeout)
+        targets = _marks(cluster)
+        (d / "clients" / "final.json").write_text(json.dumps(targets))
+        say(f"committed high-water marks {targets}; draining")
+        drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout)}
+        _wait(lambda: all(w.proc.poll() is not None for w in workers), workers, o.heal_timeout, "the clients did not consume the log")
+        observer.close()
+        observer = None
+        for m in cluster.members:  # quiet before the files are read
+            if m.role == "server":
+                cluster.kill(m.name, signal.SIGTERM)
+        lagging: list[tuple[str, int]] = []
+        for m in cluster.members:
+            if m.role == "storage":
+                drains[m.name] = _drain_files(cluster.directory / "data" / m.name, targets, m.name, lagging, problems)
+        write_drains(d / "drains.jsonl", drains)
+        nemesis_log.close()
+        history = read_history(sorted((d / "history").glob("*.jsonl")))
+        report = check(history, drains, reference="cluster", lagging=lagging)
+        transactions = sum(t + 1 for t in targets.values())
+        result = TortureResult(report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started)
+        (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        return result
+    except BaseException:
+        (d / "error.txt").write_text(traceback.format_exc())  # the run's own failure, kept with its logs
+        raise
+    finally:
+        if observer is not None:
+            observer.close()
+        for w in workers:
+            w.dump_stacks()
+            w.stop()
+        if zookeeper is not None and zookeeper.proc is not None and zookeeper.proc.poll() is not None:
+            with contextlib.suppress(Exception):
+                zookeeper.start()  # killed by the nemesis when the run stopped: members deregister through it
+        if cluster is not None:
+            for name in list(proxies):
+                with contextlib.suppress(errors.WaltzError, OSError):
+                    cluster.kill(name, signal.SIGCONT)  # a paused member cannot stop
+            try:
+                cluster.stop()
+            except Exception as e:  # noqa: BLE001 - the run's own error, if any, is what matters
+                say(f"stopping the cluster failed: {type(e).__name__}: {e}")
+        for p in proxies.values():
+            p.close()
+        loop.close()
+        if zookeeper is not None:
+            zookeeper.stop()
+
+
+def _check_workers(workers: list[_Worker]) -> None:
+    for w in workers:
+        failure = w.failure()
+        if failure:
+            raise errors.WaltzError(failure)
+
+
+def _wait(done: Callable[[], bool], workers: list[_Worker], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        _check_workers(workers)
+        if time.monotonic() > deadline:
+            raise errors.WaltzError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _marks(cluster: LocalCluster) -> dict[int, int]:
+    async def ask() -> dict[int, int]:
+        async with LogReader(cluster.metadata_url, cluster.cluster, timeout=60.0) as r:
+            return await r.high_water_marks()
+
+    return asyncio.run(ask())
+
+
+def _drain_feed(cluster: LocalCluster, targets: dict[int, int], timeout: float) -> dict[int, list[Record]]:
+    """The log as a new client receives it: the cluster's own serving path."""
+    feed = FeedRecorder(keep=True)
+    with WaltzClient(feed, cluster.client_config()):
+        behind = feed.wait_for(targets, timeout)
+    if behind:
+        raise errors.WaltzError(f"a new client's feed of partitions {behind} did not reach {targets} within {timeout:.0f} s")
+    return {p: [r for r in feed.records[p] if r.txid <= targets[p]] for p in targets}
+
+
+def _drain_files(
+    data_dir: pathlib.Path, targets: dict[int, int], name: str, lagging: list[tuple[str, int]], problems: list[str],
+) -> dict[int, list[Record]]:
+    """A replica's committed prefix as its files hold it (above the mark is an uncommitted tail
+    a later recovery may cut: not part of the promise)."""
+    out: dict[int, list[Record]] = {}
+    with Storage.open(data_dir, read_only=True) as storage:
+        for p, target in targets.items():
+            records: list[Record] = []
+            out[p] = records
+            try:
+                part = storage.partition(p)
+                t = part.first_transaction_id
+                if t > 0:
+                    lagging.append((name, p))  # a head dropped by retention: the rest must agree
+                while t <= target:
+                    chunk = part.read_records(t, max_count=1000, max_bytes=8 << 20)
+                    if not chunk:
+                        break
+                    for r in chunk:
+                        if r.txid > target:
+                            break
+                        records.append(record_from_bytes(r.txid, bytes(r.data), r.header))
+                    t = chunk[-1].txid + 1
+            except errors.WaltzError as e:
+                problems.append(f"{name} partition {p}: {type(e).__name__}: {e}")
+                lagging.append((name, p))
+    return out

@@ -1,0 +1,161 @@
+"""One client process of a torture run: appends transactions with unique payloads through a
+`WaltzClient` (some under locks over a small pool), consumes the whole feed, and records every
+operation in its history file (`docs/internals.md`, "Torture histories").
+
+It talks to the run through files in the run's `clients/` directory:
+    stop              (written by the run) stop submitting; finish what is pending
+    worker-N.done     this worker's count, once every submitted operation completed
+    final.json        (written by the run) the high-water marks to consume up to before exiting
+
+usage: python -m waltz.torture.worker RUN_DIRECTORY INDEX SPEC_JSON
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import pathlib
+import random
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from waltz import errors
+from waltz.client import ClientConfig, PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClient
+from waltz.torture.drain import Record
+from waltz.torture.feed import FeedRecorder
+from waltz.torture.history import HistoryWriter
+from waltz.torture.payload import encode_payload, lock_name
+
+LOCK = "k"
+
+
+class Op(TransactionContext):
+    def __init__(self, payload: str, partition: int, locks: dict[str, list[int]], size: int, timeout: float,
+                 on_applied: Any) -> None:
+        super().__init__()
+        self.payload, self.partition, self.locks, self.size = payload, partition, locks, size
+        self.timeout = timeout
+        self._on_applied = on_applied
+
+    def partition_id(self, num_partitions: int) -> int:
+        return self.partition
+
+    def lock_names(self, kind: str) -> list[str]:
+        return [lock_name(LOCK, i) for i in self.locks[kind]]
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        # The bytes carry the mark this execution was checked at: the checker judges the locks by
+        # what the server saw, whatever the history says of the first execution.
+        builder.set_data(encode_payload(
+            self.payload, client_hwm=builder.client_high_water_mark, write_locks=self.lock_names("w"),
+            read_locks=self.lock_names("r"), append_locks=self.lock_names("a"), size=self.size,
+        ))
+        builder.add_write_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["w"]))
+        builder.add_read_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["r"]))
+        builder.add_append_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["a"]))
+        return True
+
+    def on_application(self) -> None:
+        self._on_applied(self)
+
+
+def _locks(rng: random.Random, pool: int) -> dict[str, list[int]]:
+    """Half the operations take no lock; the rest write, read or append-lock ids of a small pool,
+    so that lock races are frequent."""
+    locks: dict[str, list[int]] = {"w": [], "r": [], "a": []}
+    if pool and rng.random() < 0.5:
+        ids = rng.sample(range(pool), k=min(pool, rng.choice([1, 1, 2, 3])))
+        for i in ids:
+            locks[rng.choices("wra", weights=(6, 3, 1))[0]].append(i)
+    return locks
+
+
+def outcome_is_certain_failure(exc: BaseException) -> bool:
+    """Only a refusal the server can never turn into a commit is a definite failure; timeouts,
+    expiry, a closed client and lost mounts may have committed (the feed will tell)."""
+    return isinstance(exc, errors.RequestFailedError) and not isinstance(exc, errors.RequestTimeoutError)
+
+
+def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
+    # The run sends SIGUSR1 to a worker that does not finish: every thread's stack goes to its log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    clients = directory / "clients"
+    history = HistoryWriter(directory / "history" / f"worker-{index}.jsonl", f"w{index}")
+    rng = random.Random(f"{spec['seed']}/{index}")
+
+    def on_record(partition: int, record: Record) -> None:
+        history.read(partition, record.txid, record.payload, record.digest, 0)
+
+    feed = FeedRecorder(on_record)
+
+    def applied(op: Op) -> None:
+        txid = feed.committed_ids.get(op.payload)
+        if txid is not None:  # applied means the feed delivered it, so this always holds
+            history.ok(op.partition, op.payload, txid)
+
+    def completed(op: Op, future: Any) -> None:
+        slots.release()
+        exc = future.exception()
+        if exc is None:
+            return  # committed: acknowledged once applied (`applied`), where its id is known
+        kind = type(exc).__name__
+        if outcome_is_certain_failure(exc):
+            history.fail(op.partition, op.payload, error=f"{kind}: {exc}")
+        else:
+            history.info(op.partition, op.payload, error=f"{kind}: {exc}")
+
+    slots = threading.Semaphore(spec["in_flight"])
+    config = ClientConfig(**spec["client"])
+    submitted = 0
+    with WaltzClient(feed, config) as client:
+        partitions = client.partitions
+        pending = []
+        while not (clients / "stop").exists() and not stop.is_set():
+            if not slots.acquire(timeout=0.2):
+                continue
+            p = rng.randrange(partitions)
+            op = Op(f"w{index}-{submitted:07d}", p, _locks(rng, spec["lock_pool"]), rng.choice(spec["sizes"]),
+                    spec["op_timeout"], applied)
+            history.invoke(p, op.payload, write_locks=op.lock_names("w"), read_locks=op.lock_names("r"),
+                           append_locks=op.lock_names("a"))
+            submitted += 1
+            try:
+                future = client.submit(op)
+            except errors.ClientError as e:
+                # Refused before anything was sent (the partition could not be mounted within
+                # mount_timeout): certainly not committed. Mounting goes on in the background.
+                history.fail(p, op.payload, error=f"{type(e).__name__}: {e}")
+                slots.release()
+                stop.wait(0.2)
+                continue
+            future.add_done_callback(functools.partial(completed, op))
+            pending.append(future)
+            pending = [f for f in pending if not f.done()]
+        # Every operation ends within its timeout; what is still open then is left unknown.
+        deadline = time.monotonic() + spec["op_timeout"] + 30
+        while any(not f.done() for f in pending) and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.1)
+        (clients / f"worker-{index}.done").write_text(json.dumps({"submitted": submitted}))
+        final = clients / "final.json"
+        while not final.exists():
+            if stop.wait(0.1):
+                return 143
+        targets = {int(p): m for p, m in json.loads(final.read_text()).items()}
+        behind = feed.wait_for(targets, spec["drain_timeout"], stop)
+        if behind:
+            print(f"worker {index}: the feed of partitions {behind} did not reach {targets}", file=sys.stderr)
+            return 3
+    history.close()
+    return 0
+
+
+if __name__ == "__main__":
+    run_dir, idx, raw = sys.argv[1:4]
+    sys.exit(main(pathlib.Path(run_dir), int(idx), json.loads(raw)))
