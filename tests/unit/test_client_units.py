@@ -74,3 +74,41 @@ def test_config_file(tmp_path: pathlib.Path) -> None:
         ClientConfig.from_file(path)
     with pytest.raises(ConfigError, match="client_id"):
         ClientConfig(metadata="embedded:/tmp/m.db", client_id=-5)
+
+
+def test_a_data_fetch_that_times_out_raises_instead_of_spinning() -> None:
+    """Found by `waltz torture`: `Transaction.data()` took the fetch's own RequestTimeoutError (a
+    TimeoutError) for its 0.5 s wait running out, and re-raised it in a loop whose traceback
+    grew until the process ran out of memory. The fetch's outcome, whatever it is, is returned."""
+    import asyncio
+    import threading
+
+    from waltz import errors
+    from waltz.client.transaction import Transaction
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        async def timed_out(partition: int, txid: int) -> bytes:
+            raise errors.RequestTimeoutError(f"partition {partition}: no answer for {txid}")
+
+        async def slow(partition: int, txid: int) -> bytes:
+            await asyncio.sleep(0.7)  # longer than one wait: the loop must go round once
+            return b"data of %d" % txid
+
+        outcome: list[BaseException] = []
+
+        def fetch() -> None:
+            try:
+                Transaction(0, 7, 0, (1, 1, 0, 1), timed_out, loop).data()
+            except BaseException as e:  # noqa: BLE001 - the outcome is what the test checks
+                outcome.append(e)
+
+        caller = threading.Thread(target=fetch, daemon=True)
+        caller.start()
+        caller.join(60)  # a liveness bound, not a speed check: before the fix it never returned
+        assert not caller.is_alive(), "data() spun on the fetch's TimeoutError instead of raising it"
+        assert isinstance(outcome[0], errors.RequestTimeoutError) and "no answer for 7" in str(outcome[0])
+        assert Transaction(0, 8, 0, (1, 1, 0, 2), slow, loop).data() == b"data of 8"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)

@@ -45,15 +45,20 @@ class Transaction:
     def _wait(self, future: concurrent.futures.Future[bytes]) -> bytes:
         # A client closed meanwhile stops its loop without finishing the fetch: the caller (an
         # apply callback thread, which interpreter exit joins) must not wait for it forever.
+        # The wait's own timeout is told apart from the fetch's outcome by `wait`, not by catching
+        # TimeoutError: the fetch fails with TimeoutError subclasses (RequestTimeoutError), and
+        # taking one for "not done yet" re-raised it in a busy loop whose traceback grew without
+        # bound, until the kernel killed the process (found by `waltz torture`).
         while True:
-            try:
-                return future.result(timeout=0.5)
-            except concurrent.futures.TimeoutError:
-                if self._loop.is_closed() or not self._loop.is_running():
-                    future.cancel()
+            done, _ = concurrent.futures.wait((future,), timeout=0.5)
+            if done:
+                try:
+                    return future.result()
+                except concurrent.futures.CancelledError:
                     raise errors.ClientClosedError("the client closed before the transaction's data arrived") from None
-            except concurrent.futures.CancelledError:
-                raise errors.ClientClosedError("the client closed before the transaction's data arrived") from None
+            if self._loop.is_closed() or not self._loop.is_running():
+                future.cancel()
+                raise errors.ClientClosedError("the client closed before the transaction's data arrived")
 
     async def data_async(self, serializer: Serializer[Any] = BYTES) -> Any:
         if self._data is None:

@@ -192,6 +192,9 @@ class Nemesis:
         self.say(f"nemesis: {kind} {', '.join(fault.targets)}{extra} for {hold:.1f} s")
 
     def heal(self, fault: Fault) -> None:
+        if fault.kind == "corrupt":  # the repair goes through the metadata: ZooKeeper comes back first
+            for zk in [f for f in self.active if f.kind == "kill-zookeeper"]:
+                self.heal(zk)
         self.active.remove(fault)
         try:
             fault.undo()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import json
+import os
 import pathlib
 import random
 import signal
@@ -80,9 +81,35 @@ def outcome_is_certain_failure(exc: BaseException) -> bool:
     return isinstance(exc, errors.RequestFailedError) and not isinstance(exc, errors.RequestTimeoutError)
 
 
+def _watch_memory(limit_mb: int) -> None:
+    """Diagnosis of a client that grows: past `limit_mb` of RSS, the top allocation sites go to
+    the log (tracemalloc), then the process exits rather than take the machine down."""
+    import tracemalloc
+
+    tracemalloc.start(25)
+
+    def watch() -> None:
+        while True:
+            time.sleep(2)
+            rss = int(pathlib.Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+            if rss > limit_mb:
+                snap = tracemalloc.take_snapshot()
+                for stat in snap.statistics("traceback")[:5]:
+                    print(f"{stat.size >> 20} MiB in {stat.count} blocks:", file=sys.stderr)
+                    for line in stat.traceback.format()[-25:]:
+                        print("   ", line, file=sys.stderr)
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stderr.flush()
+                os._exit(70)
+
+    threading.Thread(target=watch, daemon=True, name="memory-watch").start()
+
+
 def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
     # The run sends SIGUSR1 to a worker that does not finish: every thread's stack goes to its log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if os.environ.get("WALTZ_TORTURE_MEMORY"):
+        _watch_memory(int(os.environ["WALTZ_TORTURE_MEMORY"]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
