@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -35,15 +37,20 @@ def test_short_schedule_of_every_fault_loses_nothing(tmp_path):
     assert saved["passed"] is True and saved["faults"] == result.faults
 
 
-def test_a_lost_acknowledgement_is_caught(tmp_path):
-    """The same pipeline judges a run whose drained log lost an acknowledged transaction: the
-    checker must say so (the run above could not fail otherwise)."""
+def test_the_command_passes_a_quiet_run_and_its_checker_catches_a_lost_acknowledgement(tmp_path):
+    """`waltz torture` end to end without faults (exit 0, PASSED); then the same pipeline judges
+    the run's own history against drains that lost an acknowledged transaction: the checker must
+    say so (the run above could not fail otherwise)."""
     from waltz.torture import check, read_drains, read_history
 
-    options = TortureOptions(tmp_path / "run", duration=3, seed=3, clients=1, partitions=1, faults=())
-    result = run_torture(options, say=lambda _: None)
-    assert result.passed, result.report.render()
     run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "waltz.cli.main", "torture", "--duration", "3s", "--faults", "none", "--clients", "1",
+         "--partitions", "1", "--directory", str(run)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "history check: OK" in done.stdout and "PASSED" in done.stdout
     history = read_history(sorted((run / "history").glob("*.jsonl")))
     drains = read_drains(run / "drains.jsonl")
     acked = next(e for e in history.events if e.f == "append" and e.type == "ok")

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -71,7 +72,22 @@ class MemberStatus:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on now, chosen below the kernel's ephemeral range: a port from
+    bind(0) is one outgoing connections also draw from, so one chosen when the cluster is
+    created could be some connection's own port by the time its member listens on it."""
+    try:
+        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded low range: fall back to any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import random
 import signal
@@ -94,6 +95,9 @@ class _Worker:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "waltz.torture.worker", str(run_dir), str(index), json.dumps(spec)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                # Past this many MiB a worker dumps its stacks and exits: a growing client is a
+                # finding, never a reason for the kernel to kill the machine's other processes.
+                env={**os.environ, "WALTZ_TORTURE_MEMORY": os.environ.get("WALTZ_TORTURE_MEMORY", "2048")},
             )
 
     def failure(self) -> str | None:
