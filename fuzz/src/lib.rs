@@ -262,3 +262,45 @@ pub fn fix_trailing_crc(b: &mut [u8], from: usize) {
         b[n - 4..].copy_from_slice(&crc.to_be_bytes());
     }
 }
+
+/// The body of a protocol target: one flags byte (bit 0: leave frame CRCs as they are instead of
+/// fixing them up; bit 1: a 64-byte frame maximum instead of the default), then a byte stream
+/// split into frames as a connection loop does, each frame decoded as `$req` and as `$resp`.
+/// Oracles: no panic, no frame bigger than the stream or the maximum, and whatever decodes
+/// re-encodes to the same bytes (responses but for failures, whose unknown kinds decode as
+/// Internal) and decodes again to the same message.
+#[macro_export]
+macro_rules! protocol_stream {
+    ($data:expr, $magic:expr, $req:ty, $resp:ty) => {{
+        use waltz_native::protocol::{msg, split_frame, DEFAULT_MAX_FRAME, FRAME_OVERHEAD};
+        let data: &[u8] = $data;
+        let Some((&flags, rest)) = data.split_first() else { return };
+        let mut stream = rest.to_vec();
+        if flags & 1 == 0 {
+            $crate::fix_frame_crcs(&mut stream);
+        }
+        let max = if flags & 2 != 0 { 64 } else { DEFAULT_MAX_FRAME };
+        let mut pos = 0usize;
+        while let Ok(Some(f)) = split_frame(&stream[pos..], $magic, max) {
+            assert!(f.size >= FRAME_OVERHEAD && f.size - 4 <= max && f.size <= stream.len() - pos);
+            assert_eq!(f.payload.len() + FRAME_OVERHEAD, f.size);
+            let bytes = &stream[pos..pos + f.size];
+            if let Ok(req) = <$req>::decode(&f) {
+                let mut again = Vec::new();
+                req.encode(&mut again);
+                assert_eq!(again, bytes, "{req:?} re-encodes differently");
+                let _ = req.header();
+            }
+            if let Ok(resp) = <$resp>::decode(&f) {
+                let mut again = Vec::new();
+                resp.encode(&mut again);
+                if f.msg_type != msg::FAILURE {
+                    assert_eq!(again, bytes, "{resp:?} re-encodes differently");
+                }
+                let f2 = split_frame(&again, $magic, usize::MAX).unwrap().unwrap();
+                assert_eq!(<$resp>::decode(&f2).unwrap(), resp);
+            }
+            pos += f.size;
+        }
+    }};
+}
