@@ -762,10 +762,13 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
             }
             // Never behind a session this replica has already seen: recovery would take the
             // replica's log for an older session's and the fence would no longer be recorded.
+            // Raising only the low-water mark of the session it has is allowed (recover-partition
+            // fills a replica that lost its files that way: taking the source's session would
+            // hide the loss from recovery); the fence file keeps the newer session.
             let gate = s.fence_gate(pid);
             let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
             match (s.fence(pid), s.partition_info(pid)) {
-                (Ok(newest), _) if session_id < newest => {
+                (Ok(newest), Ok(i)) if session_id < newest && session_id != i.session_id => {
                     let msg = format!("session {session_id} of partition {pid} is older than session {newest} seen here");
                     return admin_fail(h, FailureKind::StaleSession, msg);
                 }

@@ -83,19 +83,48 @@ def replica_log(node: Any, upto: int) -> list[bytes]:
     return [bytes(r.data) for r in admin_read_all(node)[: upto + 1]]
 
 
+def kill(proc: Any) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def restart(node: Any) -> None:
+    node.proc = start(node.config)
+    wait_http(node.ports["http_port"], node.proc)
+
+
+def check_replicas(nodes: list[Any], load: Load) -> tuple[int, int]:
+    """Every replica ends up with the committed range (one may still be catching up), byte for
+    byte the same, with every acknowledged transaction; returns (last id, crc32)."""
+    top = max(load.acked)
+    deadline = time.monotonic() + 60
+    while True:
+        logs = [replica_log(n, top) for n in nodes]
+        if all(len(lg) == top + 1 for lg in logs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    checksums = [zlib.crc32(b"\0".join(lg)) for lg in logs]
+    assert [len(lg) for lg in logs] == [top + 1] * 3 and len(set(checksums)) == 1, (top, [len(lg) for lg in logs], checksums)
+    missing = {txid: data for txid, data in load.acked.items() if logs[0][txid] != data}
+    assert not missing, f"acknowledged transactions lost or changed: {sorted(missing)[:10]}"
+    return top, checksums[0]
+
+
+def stop_all(servers: list[Any], nodes: list[Any]) -> None:
+    for s in servers:
+        if s.poll() is None:
+            s.send_signal(signal.SIGTERM)
+            s.wait(timeout=30)
+    for n in nodes:
+        if n.proc.poll() is None:
+            stop(n.proc)
+
+
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 def test_kill_nine_a_node_the_server_and_a_majority_under_load(setup, tmp_path: pathlib.Path) -> None:  # noqa: F811
     meta, nodes, url = setup
     servers = [start_server(tmp_path, url, "s1")]
     figures: dict[str, float] = {}
-
-    def kill(proc: Any) -> None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-
-    def restart(node: Any) -> None:
-        node.proc = start(node.config)
-        wait_http(node.ports["http_port"], node.proc)
 
     async def go() -> Load:
         load = Load(meta)
@@ -132,26 +161,57 @@ def test_kill_nine_a_node_the_server_and_a_majority_under_load(setup, tmp_path: 
 
     try:
         load = asyncio.run(go())
-        top = max(load.acked)
-        # Every replica ends up with the committed range (a replica may still be catching up).
-        deadline = time.monotonic() + 60
-        while True:
-            logs = [replica_log(n, top) for n in nodes]
-            if all(len(lg) == top + 1 for lg in logs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        checksums = [zlib.crc32(b"\0".join(lg)) for lg in logs]
-        assert [len(lg) for lg in logs] == [top + 1] * 3 and len(set(checksums)) == 1, (top, [len(lg) for lg in logs], checksums)
-        missing = {txid: data for txid, data in load.acked.items() if logs[0][txid] != data}
-        assert not missing, f"acknowledged transactions lost or changed: {sorted(missing)[:10]}"
+        top, crc = check_replicas(nodes, load)
         assert len(load.acked) >= 200
-        print(f"\n{len(load.acked)} acknowledged, committed range 0..{top} identical on 3 replicas (crc32 {checksums[0]:08x}); "
+        print(f"\n{len(load.acked)} acknowledged, committed range 0..{top} identical on 3 replicas (crc32 {crc:08x}); "
               + ", ".join(f"{k}: {v:.2f}s" for k, v in figures.items()))
     finally:
-        for s in servers:
-            if s.poll() is None:
-                s.send_signal(signal.SIGTERM)
-                s.wait(timeout=30)
-        for n in nodes:
-            if n.proc.poll() is None:
-                stop(n.proc)
+        stop_all(servers, nodes)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_replica_that_lost_its_files_keeps_nothing_from_being_lost(setup, tmp_path: pathlib.Path) -> None:  # noqa: F811
+    """What `waltz torture` found: storage-0 lags (killed); storage-1 and storage-2 acknowledge
+    more; storage-2 goes down and storage-1 loses its files (deleted and the partition added
+    again, as an operator replacing a disk would). A recovery that took storage-1 at its word
+    would decide storage-0's end with it and truncate storage-2 once back: what storage-1 and
+    storage-2 acknowledged would be gone. It must wait for storage-2 instead, and then every
+    replica, storage-1 included, ends with every acknowledged transaction."""
+    meta, nodes, url = setup
+    servers = [start_server(tmp_path, url, "s1")]
+
+    async def wipe(c: Any) -> None:
+        await c.set_availability(0, readable=True, writable=False)
+        await c.unassign(0, delete_files=True)
+        await c.assign(0)
+        await c.set_availability(0, readable=True, writable=True)
+
+    async def go() -> tuple[Load, int, int]:
+        load = Load(meta)
+        task = asyncio.create_task(load.run())
+        try:
+            await load.acks_after(time.monotonic(), 30)
+            await asyncio.to_thread(kill, nodes[0].proc)
+            await load.acks_after(time.monotonic(), 60)  # on storage-1 and storage-2 only
+            await asyncio.to_thread(kill, nodes[2].proc)
+            behind = max(load.acked)
+            await asyncio.to_thread(nodes[1].admin, wipe)
+            await asyncio.to_thread(restart, nodes[0])
+            await asyncio.sleep(3.0)  # recoveries meet storage-0 and the empty storage-1 only
+            during = len(load.acked)
+            await asyncio.to_thread(restart, nodes[2])
+            await load.acks_after(time.monotonic(), 30)
+        finally:
+            load.stopped = True
+            await asyncio.wait_for(task, 30)
+        return load, behind, during
+
+    try:
+        load, behind, during = asyncio.run(go())
+        top, _ = check_replicas(nodes, load)
+        assert top > behind
+        log = (tmp_path / "s1.log").read_text()
+        assert "lost what it held" in log, "no recovery met the replica that lost its files"
+        print(f"\n{len(load.acked)} acknowledged ({during} before storage-2 was back), 0..{top} identical on 3 replicas")
+    finally:
+        stop_all(servers, nodes)

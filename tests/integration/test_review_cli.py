@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.layout import encode
 from waltz.cluster.metadata import ClusterMetadata, PartitionAssignment, PartitionMetadata, ReplicaState, ServerInfo
@@ -155,6 +156,30 @@ def test_admin_set_partition_info_accepts_a_session_older_than_the_fence(cli: Cl
     with pytest.raises(Exception):
         node.admin(older)
     assert status(node, 0)["session_id"] == 9
+
+
+def test_admin_set_partition_info_may_raise_only_the_low_water_mark_under_a_newer_fence(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
+    """A replica that lost its files has no session info, while its fence remembers the session
+    that last reached it: recover-partition raises its low-water mark and keeps its session id
+    (-1), so recovery still sees what it lost. Any other session id below the fence is refused."""
+    setup_nodes(cli, nodes)
+    node = nodes[0]
+    node.run(lambda c: c.append(0, 9, 0, batch(5, b"x")))  # a store session 9 reached it: fenced at 9
+    assert (status(node, 0)["session_id"], status(node, 0)["newest_session"]) == (-1, 9)
+
+    async def raise_lwm(c: StorageAdminClient) -> None:
+        await c.set_availability(0, readable=True, writable=False)
+        await c.set_partition_info(0, -1, 4)
+
+    node.admin(raise_lwm)
+    s = status(node, 0)
+    assert (s["session_id"], s["low_water_mark"], s["newest_session"]) == (-1, 4, 9)
+
+    async def older(c: StorageAdminClient) -> None:
+        await c.set_partition_info(0, 3, 4)
+
+    with pytest.raises(errors.StaleSessionError):
+        node.admin(older)
 
 
 # -- CLI usability -----------------------------------------------------------------------------

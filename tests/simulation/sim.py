@@ -36,7 +36,8 @@ import time
 from typing import Any
 
 from waltz import errors
-from waltz.cluster.metadata import PartitionMetadata
+from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
+from waltz.server import recovery
 from waltz.server.store_session import StoreSession
 
 
@@ -115,6 +116,8 @@ class SimNode:
         self.epoch = 0
         self.cut_off = False
         self.slow = 1.0
+        self.lost_upto = -1
+        """Wiped: it may have held (and acknowledged) every id up to this one before its disk was lost."""
 
     def crash(self, rng: random.Random) -> None:
         self.up = False
@@ -126,6 +129,14 @@ class SimNode:
 
     def restart(self) -> None:
         self.up = True
+
+    def wipe(self) -> None:
+        """Its disk is replaced (or its files deleted): it comes back empty, with no session info
+        and no fence, the way `waltz storage add-partition` leaves a replica."""
+        self.up = False
+        self.epoch += 1
+        self.lost_upto = max(self.lost_upto, self.synced - 1)  # acknowledgements may still be on their way
+        self.log, self.synced, self.info, self.fence = [], 0, (-1, -1), -1
 
     def durable(self) -> list[SimRecord]:
         return self.log[: self.synced]
@@ -375,7 +386,9 @@ class World:
     # invariants
     def check(self, where: str) -> None:
         for txid, data in self.acked.items():
-            holders = sum(1 for n in self.nodes if txid < n.synced and n.log[txid].data == data)
+            # A wiped replica is counted for what it may have held: the loss of its copies is the
+            # fault injected, not the system's doing (the nemesis keeps every id on a majority but one).
+            holders = sum(1 for n in self.nodes if (txid < n.synced and n.log[txid].data == data) or txid <= n.lost_upto)
             if holders < self.quorum:
                 raise SimulationError(
                     f"seed {self.seed} ({where}): acknowledged transaction {txid} is durable on {holders} replicas only, "
@@ -418,7 +431,7 @@ class World:
                 continue
             in_flight: list[asyncio.Future[Any]] = []
             try:
-                while self.running and s.failed is None and self.failure is None:
+                while self.running and s.failed is None and s.successor_wanted is None and self.failure is None:
                     batch = SimBatch(((wid, seq + i), 0, f"w{wid}-{seq + i}".encode()) for i in range(self.rng.randint(1, 4)))
                     seq += len(batch)
                     try:
@@ -454,7 +467,9 @@ class World:
         rng = self.rng
         while loop.time() < self.duration and self.failure is None:
             await asyncio.sleep(rng.uniform(0.05, 0.4))
-            kind = rng.choice(("crash", "crash", "partition", "slow", "failover", "server-crash", "majority-crash"))
+            kind = rng.choice(("crash", "crash", "partition", "slow", "failover", "server-crash", "majority-crash", "wipe"))
+            if kind == "wipe" and not self.wipeable():
+                kind = "crash"
             self.faults[kind] = self.faults.get(kind, 0) + 1
             if kind in ("crash", "majority-crash"):
                 count = self.quorum if kind == "majority-crash" else rng.randint(1, self.n - self.quorum)
@@ -470,6 +485,13 @@ class World:
                 for v in victims:
                     v.restart()
                 self.log(f"nemesis: restart {[v.address for v in victims]}")
+            elif kind == "wipe":
+                v = rng.choice(self.wipeable())
+                v.wipe()
+                self.log(f"nemesis: wipe {v.address}")
+                await asyncio.sleep(rng.uniform(0.02, 0.6))
+                v.restart()
+                self.log(f"nemesis: restart {v.address} empty")
             elif kind == "partition":
                 victims = rng.sample(self.nodes, rng.randint(1, self.n - self.quorum + 1))
                 for v in victims:
@@ -496,6 +518,26 @@ class World:
                         break
                 self.log("nemesis: server crash")
                 self.start_writer()
+
+    def wipeable(self) -> list[SimNode]:
+        """The nodes whose disk may be lost without losing what was acknowledged: every id stays
+        durable on a majority but one, and fewer than a majority of the last session's clean replicas
+        will have forgotten it (beyond that no recovery can know what was committed)."""
+        meta = self.metadata.meta
+        last = recovery.last_session(meta)
+
+        def forgot(n: SimNode) -> bool:
+            st = meta.replicas.get(n.address)
+            return st is not None and st == ReplicaState(st.session_id, UNRESOLVED) and st.session_id == last and n.info[0] < st.session_id
+
+        out = []
+        for v in self.nodes:
+            if not v.up or sum(1 for n in self.nodes if n is v or forgot(n)) >= self.quorum:
+                continue
+            others = [n for n in self.nodes if n is not v]
+            if all(sum(1 for n in others if txid < n.synced and n.log[txid].data == d) >= self.quorum - 1 for txid, d in self.acked.items()):
+                out.append(v)
+        return out
 
     def start_writer(self) -> None:
         wid = self.next_writer
@@ -553,6 +595,9 @@ def run(seed: int, **kw: Any) -> Result:
     loop = VirtualLoop()
     try:
         loop.run_until_complete(world.main())
+    except SimulationError as e:
+        e.trace = world.trace  # type: ignore[attr-defined]
+        raise
     finally:
         # Every task ends here, inside the run: none is left for the garbage collector to log.
         for _ in range(10):
@@ -590,7 +635,19 @@ def _no_fence() -> None:
     SimNode.handle = unfenced  # type: ignore[method-assign]
 
 
-MUTANTS = {"guessing-vote": _guessing_vote, "no-fence": _no_fence}
+def _trusting_lost_files() -> None:
+    """A recovery that takes a replica which lost its files at its word (votes only for what it holds)."""
+    from waltz.server import recovery
+
+    real = recovery.prepare
+
+    def trusting(*args: Any) -> Any:
+        return dataclasses.replace(real(*args), forgot=False)
+
+    recovery.prepare = trusting  # type: ignore[assignment]
+
+
+MUTANTS = {"guessing-vote": _guessing_vote, "no-fence": _no_fence, "trusting-lost-files": _trusting_lost_files}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -613,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             r = run(seed, duration=args.duration)
         except SimulationError as e:
+            if args.verbose:
+                print("\n".join(getattr(e, "trace", [])))
             print(f"FAILED: {e}\nreplay: python tests/simulation/sim.py --seeds 1 --first {seed} --verbose", file=sys.stderr)
             return 1
         acked += r.acknowledged

@@ -42,10 +42,11 @@ def test_a_seed_replays_exactly() -> None:
     assert sim.run(8, duration=2.0).trace != a.trace
 
 
-@pytest.mark.parametrize(("mutant", "found"), [("guessing-vote", "acknowledged"), ("no-fence", "acknowledged")])
+@pytest.mark.parametrize(("mutant", "found"), [("guessing-vote", "acknowledged"), ("no-fence", "acknowledged"), ("trusting-lost-files", "acknowledged")])
 def test_the_invariants_catch_a_broken_system(mutant: str, found: str) -> None:
     """Negative controls (in a process of their own: the mutant patches modules): a vote that
-    ignores unreachable replicas, and nodes that never fence an older session, lose
+    ignores unreachable replicas, nodes that never fence an older session, and a recovery that
+    believes a replica which lost its files (found by `waltz torture`), lose
     acknowledged transactions within a few seeds, and the simulation says so with a replay line."""
     out = subprocess.run(
         [sys.executable, str(pathlib.Path(sim.__file__)), "--seeds", "40", "--duration", "3", "--mutant", mutant],

@@ -1,6 +1,5 @@
-"""The torture run as CI runs it: a short schedule of every fault but `corrupt` (see below) on a
-real cluster (ZooKeeper metadata, so kill-zookeeper is in), then the checker over every history
-and drained copy.
+"""The torture run as CI runs it: a short schedule of every fault on a real cluster (ZooKeeper
+metadata, so kill-zookeeper is in), then the checker over every history and drained copy.
 `waltz torture --duration 1h --seed S` is the long form (docs/torture.md)."""
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ def test_short_schedule_of_faults_loses_nothing(tmp_path):
     if not zookeeper_available():
         pytest.fail("ZooKeeper is not installed: run scripts/setup.sh")
     said: list[str] = []
-    # `corrupt` is left out until its repair stops losing data: the 30-minute run of seed 7 lost
-    # 200 acknowledged transactions through it (docs/torture.md, "What it found").
-    faults = tuple(f for f in FAULTS if f != "corrupt")
+    faults = FAULTS
     options = TortureOptions(tmp_path / "run", duration=DURATION, seed=11, clients=2, partitions=2, zookeeper=True,
                              hold=(1.0, 4.0), faults=faults)
     result = run_torture(options, say=said.append)

@@ -98,6 +98,71 @@ def test_vote_exhaustively_5_replicas() -> None:
     exhaustive(5, range(-1, 4))
 
 
+# -- replicas that lost their files -------------------------------------------------------------
+def wiped(lwm: int = -1, top: int | None = None) -> Preparation:
+    """Clean in the last session by the metadata; its storage was replaced (no session info), or
+    refilled by recover-partition up to `lwm` (its own session id kept)."""
+    return prepare(ReplicaState(L, UNRESOLVED), ReplicaReport(-1, lwm, lwm if top is None else top), L)
+
+
+def test_a_replica_that_lost_its_files_is_known_by_its_older_storage_session() -> None:
+    p = wiped()
+    assert p.forgot and p.proposal is None and p.high_water_mark == -1 and "lost" in p.why
+    assert wiped(lwm=40, top=60).truncate_to == 40
+    # Not the same: restored from a backup of the same session, closed, stale, new, or ahead.
+    assert not prepare(ReplicaState(L), ReplicaReport(L, 0, 10), L).forgot
+    assert not prepare(ReplicaState(3, 50), ReplicaReport(1, 0, 10), L).forgot
+    assert not prepare(ReplicaState(3), ReplicaReport(1, 0, 10), L).forgot
+    assert not prepare(None, ReplicaReport(-1, -1, -1), L).forgot
+    assert not prepare(ReplicaState(L), ReplicaReport(6, 100, 150), L).forgot
+
+
+def test_the_torture_run_that_lost_200_transactions() -> None:
+    """`waltz torture --duration 30m --seed 7`: storage-1 lost its files and was refilled up to a
+    lagging storage-0's low-water mark; storage-2 alone held 43136..43335, acknowledged by
+    storage-1 and storage-2. Counting storage-1 as holding only what it has decided 43135."""
+    prepared = {"s0": clean(43135, lwm=40000), "s1": wiped(lwm=40000), "s2": clean(43335, lwm=40000)}
+    assert vote(["s0", "s1", "s2"], prepared).closing == 43335
+    # Storage-2 unreachable: what it holds may have had storage-1's vote; wait for it.
+    del prepared["s2"]
+    out = vote(["s0", "s1", "s2"], prepared)
+    assert out.closing is None and "lost their files" in out.why
+
+
+def test_a_majority_that_lost_its_files_is_never_decided() -> None:
+    out = vote("abc", {"a": wiped(), "b": wiped(), "c": clean(10)})
+    assert out.closing is None and "cannot be known" in out.why
+
+
+def exhaustive_with_lost_files(n: int, values: range) -> None:
+    """Every holding, reachability and loss of files (fewer than a majority lost, or no decision
+    is possible): the vote is None or at least what may have been committed (with the copies
+    since lost), and never above what a reachable replica that kept its files holds."""
+    q = n // 2 + 1
+    names = [chr(97 + i) for i in range(n)]
+    for holdings in itertools.product(values, repeat=n):
+        may_be_committed = sorted(holdings, reverse=True)[q - 1]
+        for fate in itertools.product(("up", "down", "wiped"), repeat=n):
+            prepared = {a: clean(h) if f == "up" else wiped() for a, h, f in zip(names, holdings, fate) if f != "down"}
+            got = vote(names, prepared).closing
+            lost = fate.count("wiped")
+            if "down" not in fate and lost < q:
+                assert got is not None, (holdings, fate)
+            if got is not None:
+                assert lost < q, (holdings, fate, got)
+                assert got >= may_be_committed, (holdings, fate, got)
+                kept = [h for h, f in zip(holdings, fate) if f == "up"]
+                assert got <= max(kept, default=-1), (holdings, fate, got)
+
+
+def test_vote_exhaustively_with_lost_files_3_replicas() -> None:
+    exhaustive_with_lost_files(3, range(-1, 5))
+
+
+def test_vote_exhaustively_with_lost_files_5_replicas() -> None:
+    exhaustive_with_lost_files(5, range(-1, 3))
+
+
 # -- preparing a replica -------------------------------------------------------------------------
 def test_consistent_and_unresolved_proposes_its_max() -> None:
     p = prepare(ReplicaState(L), ReplicaReport(L, 100, 150), L)

@@ -243,8 +243,8 @@ def recover_partition(out: Output, source: str, destination: str, partition: int
     """Copy a partition's committed records from a healthy replica into another one.
 
     Copies what the destination lacks up to the source's low-water mark (everything at or below
-    it is committed), then gives the destination the source's session info, so that recovery
-    counts it as a replica that has exactly that. The destination is marked unwritable for
+    it is committed), then raises the destination's low-water mark to it (keeping its own session
+    id), so that recovery keeps what was copied. The destination is marked unwritable for
     servers meanwhile and made available again at the end. Stopping it halfway is safe: run it
     again and it continues from the destination's last record."""
     with cluster_metadata() as meta:
@@ -319,8 +319,10 @@ async def _recover(
                     copied += len(batch)
                     nxt = batch[-1].txid + 1
                     bar.advance(task, len(batch))
-            if target >= 0 and (d_status["session_id"], d_status["low_water_mark"]) < (s_status["session_id"], target):
-                await d.set_partition_info(partition, s_status["session_id"], target)
+            if target > d_status["low_water_mark"]:
+                # Its own session id, not the source's: a destination that lost its files must
+                # still look so to recovery (docs/internals.md, "Replicas that lost their files").
+                await d.set_partition_info(partition, d_status["session_id"], target)
             ok = True
         except Failed as e:
             raise Failed(

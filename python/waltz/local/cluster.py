@@ -351,12 +351,19 @@ class LocalCluster:
             self._register(storage)
             self.state["initialized"] = True
             self._save()
-        for m in self.members:
-            if m.role == "server":
-                step(f"starting {m.name} on {m.address}")
-                self.start_member(m.name)
+        servers = [m for m in self.members if m.role == "server"]
+        for m in servers:
+            step(f"starting {m.name} on {m.address}")
+            self.start_member(m.name)
+        deadline = time.monotonic() + timeout
+        for m in servers:
+            self.wait_member(m.name)
         step("waiting until every partition is served")
-        self.wait_served(timeout)
+        self.wait_served(max(1.0, deadline - time.monotonic()))
+        # A server that joined late may still be taking its share of the partitions (a rebalance):
+        # what the caller prints next should be the settled state, not that moment.
+        while any(s.health != "ok" for s in self.status()) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _register(self, storage: list[Member]) -> None:
         with self.metadata() as meta:

@@ -9,7 +9,8 @@ the feed, then its appender is answered. The queue and the in-flight batches are
 appenders wait (back pressure) instead of growing memory.
 
 A new store session replaces the current one every `checkpoint_interval` commits and when the
-replica assignment changes (`request_new_session`): the append loop stops taking batches, waits
+replica assignment changes (`request_new_session`) or a replica that lost its files comes back
+(`StoreSession.successor_wanted`): the append loop stops taking batches, waits
 until every batch in flight committed, opens the next session (whose recovery then finds every
 replica at the same mark) and goes on; appenders only wait.
 
@@ -248,6 +249,8 @@ class Partition:
             if self._open_session is not None:
                 if self.high_water_mark - self._session_start >= self.checkpoint_interval:
                     self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
+                if self.session.successor_wanted is not None:
+                    self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
                 if self._new_session_wanted is not None:
                     await self._new_session(self._new_session_wanted)
             items = [first]

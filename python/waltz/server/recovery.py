@@ -25,6 +25,17 @@ sets its closing mark (never to a later session's mark).
 The electorate is the write set of the last session that recorded clean replicas (`members` in
 the partition metadata): its majority is the one that committed. Replicas outside it (just
 added) do not vote; their low-water marks still count, as every low-water mark is committed.
+
+A replica that lost its files (a replaced disk, files deleted and the partition added again)
+breaks that invariant: recorded clean in the last session, it may have acknowledged anything of
+that session and holds none of it. Its storage betrays it: a replica is told a session (Set
+Low-water Mark, durable) before the metadata records it clean in it, so storage session info
+older than its clean state means it forgot (`Preparation.forgot`). Such a replica votes for every
+candidate, including a higher one no reachable replica holds: what it acknowledged is then still
+decided by the replicas that kept their copies, and undecidable while those may be unreachable.
+A store session does not take it back in its own session either (`StoreSession` asks for a
+successor, whose recovery counts it this way). `waltz storage recover-partition` keeps the
+destination's session id for the same reason: it raises only the low-water mark.
 """
 
 from __future__ import annotations
@@ -56,6 +67,9 @@ class Preparation:
     """What it holds once truncated: it votes for every proposal at or below this."""
     low_water_mark: int
     why: str
+    forgot: bool = False
+    """Clean in the last session by the metadata, its storage remembers only an older one: it lost
+    its files and may have acknowledged anything of that session."""
 
 
 def last_session(meta: PartitionMetadata) -> int | None:
@@ -73,7 +87,11 @@ def prepare(state: ReplicaState | None, report: ReplicaReport, last: int | None)
         # happened: only what it held at its last clean start is known to be committed.
         seen = "no replica state" if state is None else f"replica state in session {state.session_id}{' (stale)' if stale else ''}"
         why = f"{seen}, storage last clean in session {report.last_session}: inconsistent, truncated to its low-water mark {lwm}"
-        return Preparation(lwm if top > lwm else None, None, min(top, lwm), lwm, why)
+        forgot = False
+        if state is not None and not stale and state.closing_high_water_mark == UNRESOLVED and report.last_session < state.session_id:
+            forgot = True
+            why += f"; it lost what it held in session {state.session_id}, so it votes for every mark"
+        return Preparation(lwm if top > lwm else None, None, min(top, lwm), lwm, why, forgot)
     if state.closing_high_water_mark != UNRESOLVED:
         c = state.closing_high_water_mark
         why = f"session {state.session_id} closed at {c}: truncated to it"
@@ -97,12 +115,22 @@ def vote(electorate: Iterable[str], prepared: Mapping[str, Preparation]) -> Outc
     quorum = len(electors) // 2 + 1
     voters = {a: p for a, p in prepared.items() if a in electors}
     unreachable = len(electors) - len(voters)
+    forgot = sum(1 for p in voters.values() if p.forgot)
+    if forgot:
+        # Replicas that lost their files may have acknowledged more than any reachable replica
+        # holds; with the unreachable ones they may have been a majority.
+        if forgot >= quorum:
+            return Outcome(None, f"{forgot} of {len(electors)} replicas lost their files: what the last session committed "
+                                 "cannot be known (restore a replica's files from a backup)")
+        if forgot + unreachable >= quorum:
+            return Outcome(None, f"{forgot} of {len(electors)} replicas lost their files and {unreachable} are unreachable: "
+                                 "a mark above every reachable replica may have had a majority: undecidable")
     # Every low-water mark is committed (set only after a closing mark was decided), so the mark
     # is never below the highest one.
     floor = max((p.low_water_mark for p in prepared.values()), default=-1)
     proposals = {p.proposal for p in voters.values() if p.proposal is not None and p.proposal > floor}
     for candidate in sorted(proposals | {floor}, reverse=True):
-        votes = sum(1 for p in voters.values() if p.high_water_mark >= candidate)
+        votes = sum(1 for p in voters.values() if p.forgot or p.high_water_mark >= candidate)
         if votes >= quorum:
             return Outcome(candidate, f"{candidate} has {votes} of {len(electors)} votes")
         if votes + unreachable >= quorum:

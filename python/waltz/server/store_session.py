@@ -162,6 +162,9 @@ class StoreSession:
         self._failed: errors.StoreSessionError | None = None
         self.recovery_log: list[str] = []
         """How the recovery went, one line a step (for logs, errors and tests)."""
+        self.successor_wanted: str | None = None
+        """Why this session should be replaced by a new one as soon as possible (a replica that
+        lost its files can only rejoin through a new session's recovery)."""
 
     # -- opening: the recovery ---------------------------------------------------------------
     @classmethod
@@ -217,6 +220,8 @@ class StoreSession:
         if prep.truncate_to is not None:
             await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
         self._note(f"{r.address}: max {top}; {prep.why}")
+        if prep.forgot:
+            log.warning("partition %d session %d: %s: %s", self.partition, self.session_id, r.address, prep.why)
         return prep, lsn
 
     async def _reach(self, r: _Replica, meta: PartitionMetadata) -> None:
@@ -485,6 +490,15 @@ class StoreSession:
             raise errors.StaleSessionError(f"the partition metadata is at session {meta.session_id}")
         prep, lsn = await self._prepare(r, meta)
         log.info("partition %d session %d: %s reached: %s", self.partition, self.session_id, r.address, prep.why)
+        if prep.forgot:
+            # It lost its files: what it acknowledged in this session is gone, and caught up here
+            # it would soon vouch for this session again without it. Only a successor's recovery
+            # can count it right (it votes for every mark there); until then it stays out.
+            log.info("partition %d session %d: %s rejoins in the next store session", self.partition, self.session_id, r.address)
+            r.left_because = "lost its files; rejoins in the next store session"
+            if self.successor_wanted is None:
+                self.successor_wanted = f"{r.address} lost its files"
+            return
         nxt = prep.high_water_mark + 1
         clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
         turn = 0  # which write-path member to read from: the next one after a failure or a lag
