@@ -195,7 +195,9 @@ class SimClient:
         if self.closed or node.epoch != self.epoch:
             fut.set_exception(errors.StorageConnectionError(f"connection to {node.address} is closed"))
             return fut
-        at = max(loop.time() + w.latency(node), self._arrives)  # FIFO, like TCP
+        # FIFO, like TCP: strictly after the previous request (timers due at the same instant
+        # may run in any order, which reordered appends on one connection).
+        at = max(loop.time() + w.latency(node), self._arrives + 1e-7)
         self._arrives = at
         if node.cut_off:
             return fut  # dropped: only the timeout ends the wait
@@ -209,6 +211,11 @@ class SimClient:
             except errors.WaltzError as e:
                 loop.call_later(w.latency(node), _fail, fut, e)
                 return
+            if op == "truncate":
+                try:
+                    w.check(f"truncate on {node.address}")
+                except SimulationError as e:
+                    w.fail(e)
             if op == "append":
                 # Replies after the fsync; a crash before it may cut what was written.
                 written, cuts = len(node.log), node.cuts
@@ -339,7 +346,9 @@ class Result:
 
 
 class World:
-    def __init__(self, seed: int, *, replicas: int | None = None, duration: float = 6.0) -> None:
+    def __init__(
+        self, seed: int, *, replicas: int | None = None, duration: float = 6.0, faults: tuple[str, ...] | None = None, max_lag: int = 6,
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.n = replicas or self.rng.choice((3, 3, 5))
@@ -348,6 +357,8 @@ class World:
         self.metadata = SimMetadata([n.address for n in self.nodes])
         self.quorum = self.n // 2 + 1
         self.duration = duration
+        self.max_lag = max_lag
+        self.kinds = faults or ("crash", "crash", "partition", "slow", "failover", "server-crash", "majority-crash", "wipe")
         self.request_timeout = 0.25
         self.acked: dict[int, bytes] = {}
         self.trace: list[str] = []
@@ -384,8 +395,10 @@ class World:
         return fn(*args)
 
     # invariants
-    def check(self, where: str) -> None:
-        for txid, data in self.acked.items():
+    def check(self, where: str, txids: range | None = None) -> None:
+        """Every acknowledged transaction (or those of `txids`) is durable on a majority."""
+        for txid in self.acked if txids is None else txids:
+            data = self.acked[txid]
             # A wiped replica is counted for what it may have held: the loss of its copies is the
             # fault injected, not the system's doing (the nemesis keeps every id on a majority but one).
             holders = sum(1 for n in self.nodes if (txid < n.synced and n.log[txid].data == data) or txid <= n.lost_upto)
@@ -403,13 +416,15 @@ class World:
                 raise SimulationError(f"seed {self.seed}: transaction {txid} acknowledged as {old!r} and as {data!r}: two writers")
             self.acked[txid] = data
         self.log(f"writer {writer} session {session}: acknowledged {first}..{first + len(batch) - 1}")
-        self.check(f"ack {first}")
+        # Only what was just acknowledged: the rest was checked then, and every event that can
+        # take copies away (crash, wipe, truncation) checks everything.
+        self.check(f"ack {first}", range(first, first + len(batch)))
 
     # servers
     async def open(self, writer: int) -> StoreSession | None:
         try:
             s = await StoreSession.open(
-                self.metadata, 0, 1, timeout=self.request_timeout, max_lag=6, recovery_timeout=1.0,
+                self.metadata, 0, 1, timeout=self.request_timeout, max_lag=self.max_lag, recovery_timeout=1.0,
                 connect=self.connect, offload=self.offload, pack=SimBatch.pack,
             )
         except errors.StoreSessionError as e:
@@ -445,6 +460,8 @@ class World:
                         await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     await asyncio.sleep(self.rng.uniform(0, 0.004))
             finally:
+                if s.successor_wanted is not None and s.failed is None:
+                    self.log(f"writer {wid}: session {s.session_id} hands over: {s.successor_wanted}")
                 await s.close()
             self.log(f"writer {wid}: session {s.session_id} ended: {s.failed}")
 
@@ -467,9 +484,9 @@ class World:
         rng = self.rng
         while loop.time() < self.duration and self.failure is None:
             await asyncio.sleep(rng.uniform(0.05, 0.4))
-            kind = rng.choice(("crash", "crash", "partition", "slow", "failover", "server-crash", "majority-crash", "wipe"))
+            kind = rng.choice(self.kinds)
             if kind == "wipe" and not self.wipeable():
-                kind = "crash"
+                continue
             self.faults[kind] = self.faults.get(kind, 0) + 1
             if kind in ("crash", "majority-crash"):
                 count = self.quorum if kind == "majority-crash" else rng.randint(1, self.n - self.quorum)
@@ -489,6 +506,10 @@ class World:
                 v = rng.choice(self.wipeable())
                 v.wipe()
                 self.log(f"nemesis: wipe {v.address}")
+                try:
+                    self.check(kind)
+                except SimulationError as e:
+                    self.fail(e)
                 await asyncio.sleep(rng.uniform(0.02, 0.6))
                 v.restart()
                 self.log(f"nemesis: restart {v.address} empty")

@@ -36,6 +36,20 @@ def test_seeds(request: pytest.FixtureRequest) -> None:
     assert acked > count * 100 and sessions > count and faults.get("majority-crash", 0) > 0
 
 
+def test_disks_lost_one_at_a_time_lose_nothing() -> None:
+    """Only wipes (a node's disk replaced, the node back empty), with the servers' default lag
+    allowance so sessions live long enough for a replica that lost its files to come back while
+    the session that recorded it clean still runs.
+    That session hands over to a successor instead of catching it up; nothing acknowledged is lost
+    (the run checks it) and the wiped nodes end up with the whole log."""
+    handed = 0
+    for seed in range(12):
+        r = sim.run(seed, replicas=3, duration=3.0, faults=("wipe",), max_lag=256)
+        assert r.faults.get("wipe", 0) > 0 and r.acknowledged > 100
+        handed += sum(1 for line in r.trace if "hands over" in line and "lost its files" in line)
+    assert handed > 0, "no session met a replica that lost its files while it ran"
+
+
 def test_a_seed_replays_exactly() -> None:
     a, b = sim.run(7, duration=2.0), sim.run(7, duration=2.0)
     assert a.trace == b.trace and len(a.trace) > 20

@@ -217,7 +217,9 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
         drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout)}
-        _wait(lambda: all(w.proc.poll() is not None for w in workers), workers, o.heal_timeout, "the clients did not consume the log")
+        # Each worker records a read per transaction its feed delivers: growing histories are progress.
+        _wait(lambda: all(w.proc.poll() is not None for w in workers), workers, o.heal_timeout, "the clients did not consume the log",
+              progress=lambda: sum(f.stat().st_size for f in (d / "history").glob("*.jsonl")))
         observer.close()
         observer = None
         for m in cluster.members:  # quiet before the files are read
@@ -269,10 +271,16 @@ def _check_workers(workers: list[_Worker]) -> None:
             raise errors.WaltzError(failure)
 
 
-def _wait(done: Callable[[], bool], workers: list[_Worker], timeout: float, what: str) -> None:
+def _wait(
+    done: Callable[[], bool], workers: list[_Worker], timeout: float, what: str, progress: Callable[[], object] | None = None
+) -> None:
+    """Until `done()`; fails after `timeout` s, counted from the last change of `progress()` when given."""
     deadline = time.monotonic() + timeout
+    seen = progress() if progress is not None else None
     while not done():
         _check_workers(workers)
+        if progress is not None and (now := progress()) != seen:
+            seen, deadline = now, time.monotonic() + timeout
         if time.monotonic() > deadline:
             raise errors.WaltzError(f"{what} within {timeout:.0f} s")
         time.sleep(0.2)
@@ -292,7 +300,9 @@ def _drain_feed(cluster: LocalCluster, targets: dict[int, int], timeout: float) 
     with WaltzClient(feed, cluster.client_config()):
         behind = feed.wait_for(targets, timeout)
     if behind:
-        raise errors.WaltzError(f"a new client's feed of partitions {behind} did not reach {targets} within {timeout:.0f} s")
+        raise errors.WaltzError(
+            f"a new client's feed of partitions {behind} stopped short of {targets} (at {dict(feed.marks)}; nothing for {timeout:.0f} s)"
+        )
     return {p: [r for r in feed.records[p] if r.txid <= targets[p]] for p in targets}
 
 
