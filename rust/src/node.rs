@@ -463,6 +463,16 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     if !mutates && !readable {
         return Ok(ready(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
     }
+    // A partition that failed (an fsync or a write refused) may hold bytes past its durable end
+    // that were written but never confirmed: they can be back after a reopen. Until then it
+    // cannot say what it holds, and taking a session's mark would vouch for a tail it never
+    // truncated (`waltz torture`: a dirty record resurrected at an id another session committed).
+    if matches!(req, Request::MaxTransactionId { .. } | Request::SetLowWaterMark { .. }) {
+        if let Some(reason) = part.is_failed() {
+            let msg = format!("partition {} failed ({reason}): what it holds is unknown until the node reopens it", h.partition_id);
+            return Ok(ready(fail(h, FailureKind::PartitionFailed, msg)));
+        }
+    }
     Ok(match req {
         Request::Append { records, .. } => append(shared, h, part, records),
         Request::MaxTransactionId { .. } => ready(Response::MaxTransactionId { h, txid: part.max_txid() }),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -452,3 +453,76 @@ def test_a_client_that_never_reads_its_answers_is_dropped_and_others_are_served(
     finally:
         node.stop()
         s.close()
+
+
+def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_reopened(tmp_path):
+    """What `waltz torture` found: a node whose fsync failed reported its durable end as its max,
+    took a new session's low-water mark, and after a restart held the unconfirmed record past
+    that end again (it was written, only never confirmed durable): a record another session had
+    committed differently at that id came back. A failed partition now refuses Max Transaction
+    Id and Set Low-water Mark until it is reopened; reopened, it shows the tail, which recovery
+    then truncates like any dirty tail."""
+    strace = shutil.which("strace")
+    assert strace, "strace is required (installed by the project's setup)"
+    key = uuid.uuid4()
+    path = tmp_path / "node"
+    s = Storage.create(path, key, 1)
+    s.add_partition(0)
+    s.close()
+
+    def start():
+        proc = subprocess.Popen([sys.executable, str(NODE_PROCESS), str(path)], stdout=subprocess.PIPE, text=True)
+        return proc, int(proc.stdout.readline())
+
+    proc, port = start()
+    tracer = None
+    try:
+        async def before(c):
+            await c.set_low_water_mark(0, 5, -1)
+            await c.append(0, 5, 0, batch(0, 10))
+
+        async def fail(c):
+            with pytest.raises(errors.StorageError, match="Input/output error"):
+                await c.append(0, 5, 10, batch(10, 3))
+            # Session 5 itself: a newer one would be refused already, its fence not being durable.
+            for request in (lambda: c.max_transaction_id(0, 5), lambda: c.set_low_water_mark(0, 5, 9)):
+                with pytest.raises(errors.PartitionFailedError, match="unknown until the node reopens it"):
+                    await request()
+            assert await c.last_session_info(0, 5) == (5, -1)  # no mark was taken
+
+        def client(fn):
+            async def go():
+                async with await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10) as c:
+                    await fn(c)
+            run(go())
+
+        client(before)
+        tracer = subprocess.Popen(
+            [strace, "-f", "-qq", "-o", "/dev/null", "-p", str(proc.pid), "-e", "trace=fdatasync,fsync",
+             "-e", "inject=fdatasync,fsync:error=EIO:when=1+"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        time.sleep(1.0)  # attached (strace has no signal for it)
+        client(fail)
+    finally:
+        if tracer is not None:
+            tracer.terminate()
+            tracer.wait(timeout=10)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    proc, port = start()
+    try:
+        async def after(c):
+            assert await c.max_transaction_id(0, 6) == 12  # the unconfirmed batch is back: a dirty tail
+            await c.truncate(0, 6, 9)
+            await c.set_low_water_mark(0, 6, 9)
+            assert await c.max_transaction_id(0, 6) == 9
+
+        async def go():
+            async with await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10) as c:
+                await after(c)
+        run(go())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
