@@ -490,29 +490,9 @@ class World:
             self.faults[kind] = self.faults.get(kind, 0) + 1
             if kind in ("crash", "majority-crash"):
                 count = self.quorum if kind == "majority-crash" else rng.randint(1, self.n - self.quorum)
-                victims = rng.sample(self.nodes, count)
-                for v in victims:
-                    v.crash(rng)
-                self.log(f"nemesis: crash {[v.address for v in victims]}")
-                try:
-                    self.check(kind)
-                except SimulationError as e:
-                    self.fail(e)
-                await asyncio.sleep(rng.uniform(0.02, 0.6))
-                for v in victims:
-                    v.restart()
-                self.log(f"nemesis: restart {[v.address for v in victims]}")
+                await self.outage(kind, rng.sample(self.nodes, count), lambda v: v.crash(rng))
             elif kind == "wipe":
-                v = rng.choice(self.wipeable())
-                v.wipe()
-                self.log(f"nemesis: wipe {v.address}")
-                try:
-                    self.check(kind)
-                except SimulationError as e:
-                    self.fail(e)
-                await asyncio.sleep(rng.uniform(0.02, 0.6))
-                v.restart()
-                self.log(f"nemesis: restart {v.address} empty")
+                await self.outage(kind, [rng.choice(self.wipeable())], SimNode.wipe)
             elif kind == "partition":
                 victims = rng.sample(self.nodes, rng.randint(1, self.n - self.quorum + 1))
                 for v in victims:
@@ -539,6 +519,20 @@ class World:
                         break
                 self.log("nemesis: server crash")
                 self.start_writer()
+
+    async def outage(self, kind: str, victims: list[SimNode], stop: Any) -> None:
+        """`stop` each victim (a crash, a lost disk), check the invariants, restart them a little later."""
+        for v in victims:
+            stop(v)
+        self.log(f"nemesis: {kind} {[v.address for v in victims]}")
+        try:
+            self.check(kind)
+        except SimulationError as e:
+            self.fail(e)
+        await asyncio.sleep(self.rng.uniform(0.02, 0.6))
+        for v in victims:
+            v.restart()
+        self.log(f"nemesis: restart {[v.address for v in victims]}")
 
     def wipeable(self) -> list[SimNode]:
         """The nodes whose disk may be lost without losing what was acknowledged: every id stays
