@@ -7,7 +7,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+# free_port: below the ephemeral range, so a port chosen for a daemon is not some outgoing
+# connection's by the time the daemon listens (CI failed on "Address already in use").
+from waltz.local.cluster import free_port  # noqa: F401  (tests import it from here)
 from waltz.local.zookeeper import ZOOKEEPER_JAR, ZooKeeperServer, zookeeper_available  # noqa: F401  (tests import them from here)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def toml_sections(sections: Mapping[str, Mapping[str, Any]] | None) -> str:
