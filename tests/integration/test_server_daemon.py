@@ -108,9 +108,13 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
             c.close()
 
         asyncio.run(phase1())
-        # The server's own view: healthy, and its metrics count what was committed.
-        status, body = get(http_port, "/health")
-        assert status == 200 and json.loads(body)["checks"]["partitions"]["0"] is True
+        # The server's own view: healthy once its other partitions are open too (only partition 0
+        # was waited for), and its metrics count what was committed.
+        deadline = time.monotonic() + 30
+        while (health := get(http_port, "/health"))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        status, body = health
+        assert status == 200 and json.loads(body)["checks"]["partitions"]["0"] is True, body
         status, metrics = get(http_port, "/metrics")
         assert status == 200 and 'waltz_server_committed_total{partition="0"} 10.0' in metrics
         assert 'waltz_server_replicas_in_write_path{partition="0"} 3.0' in metrics
