@@ -1,5 +1,6 @@
 //! Waltz's native core. The modules hold plain Rust; this file is only the Python bindings.
 pub mod control;
+pub mod crc;
 pub mod error;
 pub mod fs;
 pub mod inspect;
