@@ -10,15 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 # free_port: below the ephemeral range, so a port chosen for a daemon is not some outgoing
 # connection's by the time the daemon listens (CI failed on "Address already in use").
-from waltz.local.cluster import free_port  # noqa: F401  (tests import it from here)
+from waltz.local.cluster import free_port, http_get  # noqa: F401  (tests import free_port from here)
 from waltz.local.zookeeper import ZOOKEEPER_JAR, ZooKeeperServer, zookeeper_available  # noqa: F401  (tests import them from here)
 
 
@@ -70,11 +68,7 @@ def start(config: pathlib.Path) -> subprocess.Popen[str]:
 
 
 def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_get(port, path, timeout=5.0)
 
 
 def wait_http(port: int, proc: subprocess.Popen[str]) -> None:

@@ -481,11 +481,24 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
             await c.set_low_water_mark(0, 5, -1)
             await c.append(0, 5, 0, batch(0, 10))
 
+        failed_at = []
+
         async def fail(c):
-            with pytest.raises(errors.StorageError, match="Input/output error"):
-                await c.append(0, 5, 10, batch(10, 3))
+            # Appends until the injected EIO strikes (the attach is seen, but whether strace
+            # already rewrites the node's next fsync is not), at most a handful of batches.
+            nxt = 10
+            for _ in range(20):
+                try:
+                    await c.append(0, 5, nxt, batch(nxt, 3))
+                except errors.StorageError as e:
+                    assert "Input/output error" in str(e), e
+                    break
+                nxt += 3
+            else:
+                pytest.fail("no fsync failed although strace injects EIO into every one")
+            failed_at.append(nxt)
             # Session 5 itself: a newer one would be refused already, its fence not being durable.
-            for request in (lambda: c.max_transaction_id(0, 5), lambda: c.set_low_water_mark(0, 5, 9)):
+            for request in (lambda: c.max_transaction_id(0, 5), lambda: c.set_low_water_mark(0, 5, nxt - 1)):
                 with pytest.raises(errors.PartitionFailedError, match="unknown until the node reopens it"):
                     await request()
             assert await c.last_session_info(0, 5) == (5, -1)  # no mark was taken
@@ -498,11 +511,12 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
 
         client(before)
         tracer = subprocess.Popen(
-            [strace, "-f", "-qq", "-o", "/dev/null", "-p", str(proc.pid), "-e", "trace=fdatasync,fsync",
+            [strace, "-f", "-o", "/dev/null", "-p", str(proc.pid), "-e", "trace=fdatasync,fsync",
              "-e", "inject=fdatasync,fsync:error=EIO:when=1+"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
-        time.sleep(1.0)  # attached (strace has no signal for it)
+        attached = tracer.stderr.readline()
+        assert "attached" in attached, attached
         client(fail)
     finally:
         if tracer is not None:
@@ -514,10 +528,12 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
     proc, port = start()
     try:
         async def after(c):
-            assert await c.max_transaction_id(0, 6) == 12  # the unconfirmed batch is back: a dirty tail
-            await c.truncate(0, 6, 9)
-            await c.set_low_water_mark(0, 6, 9)
-            assert await c.max_transaction_id(0, 6) == 9
+            (unconfirmed,) = failed_at
+            # The unconfirmed batch is back: a dirty tail.
+            assert await c.max_transaction_id(0, 6) == unconfirmed + 2
+            await c.truncate(0, 6, unconfirmed - 1)
+            await c.set_low_water_mark(0, 6, unconfirmed - 1)
+            assert await c.max_transaction_id(0, 6) == unconfirmed - 1
 
         async def go():
             async with await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10) as c:
