@@ -196,9 +196,16 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
             meta.add_storage_node(extra.address, extra.ports["admin_port"], 3)
             meta.assign_partition(extra.address, 0)
             await asyncio.to_thread(extra.admin, lambda c: c.assign(0))
+            before = p.session.session_id
             p.request_new_session("a replica was added")
+            # Idle, the partition still moves on at once (a replica waiting for a new session
+            # should not wait for the next append).
+            for _ in range(200):
+                if p.session.session_id != before:
+                    break
+                await asyncio.sleep(0.05)
+            assert p.session.session_id > before and extra.address in p.session.assigned_replicas
             assert isinstance(await p.append(req(1, 150, -1, b"t150")), Committed)
-            assert extra.address in p.session.assigned_replicas
             for _ in range(200):
                 if extra.address in p.session.replicas_in_write_path:
                     break

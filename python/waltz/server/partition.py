@@ -123,6 +123,10 @@ class Partition:
         self.checkpoint_interval = checkpoint_interval
         self._open_session = open_session
         self._new_session_wanted: str | None = None
+        # Wakes an idle append loop when a new session is due, so that a replica waiting for
+        # one (it lost its files) rejoins without waiting for the partition's next append.
+        self._session_due = asyncio.Event()
+        session.on_successor_wanted = self._session_due.set
         # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
         self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -205,6 +209,7 @@ class Partition:
         """The next batch goes to a new store session (the replica assignment changed)."""
         if self._open_session is not None and self._new_session_wanted is None:
             self._new_session_wanted = why
+            self._session_due.set()
 
     async def _new_session(self, why: str) -> None:
         """Waits for every batch in flight to commit, then replaces the store session. A failure
@@ -236,16 +241,37 @@ class Partition:
                 old._fail(str(broken))
                 return
             self.session, self._session_start = new, new.high_water_mark
+            new.on_successor_wanted = self._session_due.set
             self.stats["store_sessions"] += 1
             await old.close()
         finally:
             self._new_session_wanted = None
+            self._session_due.clear()
             for _ in range(held):
                 self._in_flight.release()
 
+    async def _take(self) -> _Queued | None:
+        """The next queued append; None when a new store session is due and nothing is queued."""
+        if self._open_session is None or not self._queue.empty():
+            return await self._queue.get()
+        getter = asyncio.ensure_future(self._queue.get())
+        due = asyncio.ensure_future(self._session_due.wait())
+        try:
+            await asyncio.wait((getter, due), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the loop is closing: an append already taken is answered
+            if getter.done() and not getter.cancelled() and not getter.result().future.done():
+                getter.result().future.set_exception(self._closed_error())
+            raise
+        finally:
+            due.cancel()
+        if getter.done():
+            return getter.result()
+        getter.cancel()  # a get cancelled before it took an item leaves the item queued
+        return None
+
     async def _append_loop(self) -> None:
         while True:
-            first = await self._queue.get()
+            first = await self._take()
             if self._open_session is not None:
                 if self.high_water_mark - self._session_start >= self.checkpoint_interval:
                     self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
@@ -253,6 +279,9 @@ class Partition:
                     self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
                 if self._new_session_wanted is not None:
                     await self._new_session(self._new_session_wanted)
+                self._session_due.clear()
+            if first is None:
+                continue
             items = [first]
             size = len(first.request.data)
             while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:

@@ -165,6 +165,8 @@ class StoreSession:
         self.successor_wanted: str | None = None
         """Why this session should be replaced by a new one as soon as possible (a replica that
         lost its files can only rejoin through a new session's recovery)."""
+        self.on_successor_wanted: Callable[[], None] | None = None
+        """Called when `successor_wanted` is set (the partition then opens the next session)."""
 
     # -- opening: the recovery ---------------------------------------------------------------
     @classmethod
@@ -498,6 +500,8 @@ class StoreSession:
             r.left_because = "lost its files; rejoins in the next store session"
             if self.successor_wanted is None:
                 self.successor_wanted = f"{r.address} lost its files"
+                if self.on_successor_wanted is not None:
+                    self.on_successor_wanted()
             return
         nxt = prep.high_water_mark + 1
         clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
