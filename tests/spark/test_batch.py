@@ -137,6 +137,8 @@ def test_offsets_partitions_and_splits(spark: Any, tmp_path: pathlib.Path) -> No
     split = spark.read.format("waltz").option("minPartitions", "8").load(d)
     assert split.rdd.getNumPartitions() == 8
     assert split.count() == 200 and split.select("partition", "transaction_id").distinct().count() == 200
+    # Batches of one transaction each (the smallest a batch can be) read the same rows.
+    assert ids(maxBytesPerBatch="1") == ids()
 
 
 def test_a_corrupt_record_fails_the_task_naming_file_and_offset(spark: Any, tmp_path: pathlib.Path) -> None:

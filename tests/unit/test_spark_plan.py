@@ -75,6 +75,7 @@ def test_capped_shares_the_budget_by_backlog() -> None:
         ({"path": "/x", "cluster": "embedded:/m", "zookeeper": "h:1"}, "give only one of"),
         ({"path": "/x", "tlsCa": "ca.pem"}, "needs all of tlsCa"),
         ({"path": "/x", "minPartitions": "0"}, "expected a positive integer"),
+        ({"path": "/x", "maxBytesPerBatch": "1M"}, "maxBytesPerBatch='1M': expected a positive integer"),
         ({"path": "/x", "partitions": "a,b"}, "comma-separated"),
         ({"path": "/x", "startingOffsets": "[1]"}, "must be an object"),
         ({"path": "/x", "startingOffsets": '{"0": -3}'}, "must be a transaction id"),

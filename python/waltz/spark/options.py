@@ -85,6 +85,9 @@ class Options:
     min_partitions: int = 1
     """At least this many input partitions: large partitions are split by id ranges."""
     max_per_split: int = 1_000_000
+    batch_bytes: int = 1 << 20
+    """Transaction data per Arrow batch read from files: small enough that a batch is still in
+    the CPU's cache when the worker sends it to the JVM (see docs/performance.md)."""
     max_per_trigger: int | None = None
     tls: tuple[str, str, str] | None = None
     timeout: float = 30.0
@@ -94,7 +97,7 @@ class Options:
         o = {k.lower(): v for k, v in options.items()}
         known = {"path", "paths", "cluster", "metadata", "zookeeper", "clustername", "partitions", "startingoffsets",
                  "endingoffsets", "committedonly", "minpartitions", "maxtransactionspersplit",
-                 "maxtransactionspertrigger", "tlsca", "tlscert", "tlskey", "timeout"}
+                 "maxtransactionspertrigger", "maxbytesperbatch", "tlsca", "tlscert", "tlskey", "timeout"}
         unknown = sorted(set(o) - known)
         if unknown:
             raise OptionError(f"unknown option(s) of the waltz source: {', '.join(unknown)}")
@@ -132,6 +135,7 @@ class Options:
             committed_only=_bool("committedOnly", o.get("committedonly", "true")),
             min_partitions=_positive("minPartitions", o["minpartitions"]) if "minpartitions" in o else (os.cpu_count() or 1),
             max_per_split=_positive("maxTransactionsPerSplit", o.get("maxtransactionspersplit", "1000000")),
+            batch_bytes=_positive("maxBytesPerBatch", o.get("maxbytesperbatch", str(1 << 20))),
             max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"]) if "maxtransactionspertrigger" in o else None,
             tls=(str(tls_values[0]), str(tls_values[1]), str(tls_values[2])) if all(tls_values) else None,
             timeout=timeout,

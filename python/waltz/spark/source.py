@@ -87,7 +87,7 @@ def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
         nxt = p.start
         with Storage.open(p.path, read_only=True) as storage:
             part = storage.partition(p.partition)
-            for chunk in iter_scan(part, p.start, p.end - 1):
+            for chunk in iter_scan(part, p.start, p.end - 1, chunk_bytes=opts.batch_bytes):
                 assert chunk.first_txid == nxt and chunk.last_txid is not None, (chunk.first_txid, nxt)
                 nxt = chunk.last_txid + 1
                 yield scan_to_arrow(chunk, p.partition)
