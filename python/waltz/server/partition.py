@@ -246,7 +246,6 @@ class Partition:
             await old.close()
         finally:
             self._new_session_wanted = None
-            self._session_due.clear()
             for _ in range(held):
                 self._in_flight.release()
 
@@ -273,13 +272,15 @@ class Partition:
         while True:
             first = await self._take()
             if self._open_session is not None:
+                self._session_due.clear()
                 if self.high_water_mark - self._session_start >= self.checkpoint_interval:
                     self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
                 if self.session.successor_wanted is not None:
                     self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
                 if self._new_session_wanted is not None:
                     await self._new_session(self._new_session_wanted)
-                self._session_due.clear()
+                    if self.session.successor_wanted is not None and self.session.failed is None:
+                        self._session_due.set()  # wanted while it opened: the next turn replaces it too
             if first is None:
                 continue
             items = [first]
