@@ -1,6 +1,7 @@
 """Spark scans of a Waltz log against Parquet of the same rows, in one SparkSession.
 
     python benches/spark_scan.py [--quick] [--json PATH] [--transactions N] [--dir DIR]
+                                 [--batch-bytes SIZES]
 
 Writes N transactions of 1 KiB (random, incompressible data) over 4 partitions into a storage
 directory with the native engine, then the very same rows to Parquet through Spark (snappy,
@@ -14,6 +15,9 @@ cannot prune any) three times after a warm-up, and the best time counts:
 - `ceiling (arrow, no scan)`: a Python data source yielding ready-made record batches of the
   same shape and size (no file, no scan): what moving Arrow batches from Python workers into the
   JVM costs by itself, the most any Python data source can reach on this session.
+
+`--batch-bytes 262144,4194304` adds a `waltz (arrow)` row per size of the source's
+`maxBytesPerBatch` (how much data one Arrow batch holds; the default row uses the default).
 
 Reported: rows/s, MB/s of transaction data, and ours ÷ Parquet. Target: waltz (arrow) ≥ 1.0×
 Parquet. Both run on the same `local[2]` session (2 cores), files in the page cache after the
@@ -122,7 +126,9 @@ def ceiling_source(rows: int) -> Any:
 
             import pyarrow as pa
 
-            n, total = 16_000, partition.value
+            from waltz.spark.options import Options
+
+            n, total = max(1, Options.batch_bytes // RECORD), partition.value  # the source's default batch
             zeros4, zeros8 = pa.py_buffer(bytes(4 * n)), pa.py_buffer(bytes(8 * n))
             offsets = pa.py_buffer(struct.pack(f"={n + 1}i", *range(0, RECORD * (n + 1), RECORD)))
             i32 = pa.Array.from_buffers(pa.int32(), n, [None, zeros4])
@@ -151,7 +157,8 @@ def ceiling_source(rows: int) -> Any:
 
 def best_of(label: str, run: Any, rounds: int) -> tuple[float, list[Any]]:
     run()  # warm-up: Python workers started, files in the page cache
-    times, result = [], None
+    times: list[float] = []
+    result: Any = None
     for _ in range(rounds):
         t = time.perf_counter()
         result = run()
@@ -166,6 +173,7 @@ def main() -> None:
     ap.add_argument("--transactions", type=int, help="how many 1 KiB transactions (default 2M, 300k with --quick)")
     ap.add_argument("--json", type=pathlib.Path, help="results file (default benches/results/spark_scan[-quick].json)")
     ap.add_argument("--dir", type=pathlib.Path, default=default_dir(), help="where the log and the Parquet copy go")
+    ap.add_argument("--batch-bytes", default="", help="comma-separated maxBytesPerBatch values to compare (a row each)")
     args = ap.parse_args()
     n = args.transactions or (300_000 if args.quick else 2_000_000)
     rounds = 1 if args.quick else 3
@@ -197,6 +205,11 @@ def main() -> None:
             "parquet": lambda: spark.read.parquet(str(parquet_dir)),
             "ceiling (arrow, no scan)": lambda: spark.read.format("waltz_ceiling").load(),
         }
+        def batches_of(size: int) -> Any:
+            return lambda: spark.read.format("waltz").option("maxBytesPerBatch", str(size)).load(str(log_dir))
+
+        for size in (int(x) for x in args.batch_bytes.split(",") if x.strip()):
+            systems[f"waltz (arrow, batches of {size:,} B)"] = batches_of(size)
         results: dict[str, dict[str, float]] = {}
         expected = None
         for name, df in systems.items():
