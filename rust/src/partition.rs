@@ -1185,16 +1185,16 @@ mod tests {
     use crate::segment::HEADER_LEN;
     use std::os::unix::fs::FileExt;
 
-    const KEY: [u8; 16] = [3; 16];
+    pub(super) const KEY: [u8; 16] = [3; 16];
 
-    fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
+    pub(super) fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
         let mut o = default_options();
         o.segment_size = segment_size;
         o.recover.checkpoint_interval = cp;
         o
     }
 
-    fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
+    pub(super) fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
         Partition::create(fs.as_ref(), dir, 0, KEY)?;
         Partition::open(fs, dir, 0, KEY, o)
     }

@@ -7,8 +7,7 @@ use crate::segment::HEADER_LEN;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Condvar;
-
-const KEY: [u8; 16] = [3; 16];
+use super::tests::{open_with, opts, KEY};
 
 #[derive(Default)]
 struct GateState {
@@ -137,17 +136,6 @@ impl FileSystem for GateFs {
     }
 }
 
-fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
-    let mut o = default_options();
-    o.segment_size = segment_size;
-    o.recover.checkpoint_interval = cp;
-    o
-}
-
-fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
-    Partition::create(fs.as_ref(), dir, 0, KEY)?;
-    Partition::open(fs, dir, 0, KEY, o)
-}
 
 fn gated(dir: &Path) -> (Arc<Partition>, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
