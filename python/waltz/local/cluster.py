@@ -71,21 +71,34 @@ class MemberStatus:
         return dataclasses.asdict(self)
 
 
+_handed_out: set[int] = set()
+"""Ports `free_port` returned in this process: a member's ports are chosen one after another
+before any listens, so a port still free could be handed out twice (CI saw a storage node fail
+with "Address already in use" on its own second port)."""
+
+
 def free_port() -> int:
-    """A port nothing listens on now, chosen below the kernel's ephemeral range: a port from
-    bind(0) is one outgoing connections also draw from, so one chosen when the cluster is
-    created could be some connection's own port by the time its member listens on it."""
+    """A port nothing listens on now and not returned before by this process, chosen below the
+    kernel's ephemeral range: a port from bind(0) is one outgoing connections also draw from, so
+    one chosen when the cluster is created could be some connection's own port by the time its
+    member listens on it."""
     try:
         low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    first = max(1024, low - 12000)
+    if len(_handed_out) > (low - first) // 2:
+        _handed_out.clear()  # a long-lived process: the oldest members are long gone
     for _ in range(200):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randrange(first, low)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as s:  # a crowded low range: fall back to any free port
         s.bind(("127.0.0.1", 0))
