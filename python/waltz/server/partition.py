@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -117,16 +118,14 @@ class Partition:
         self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
         self._session_start = session.high_water_mark
         self._next = session.high_water_mark + 1
-        self._queue: asyncio.Queue[_Queued] = asyncio.Queue(queue_limit)
+        # None in the queue only wakes the append loop (`_wake`).
+        self._queue: asyncio.Queue[_Queued | None] = asyncio.Queue(queue_limit)
         self._in_flight = asyncio.Semaphore(max_batches_in_flight)
         self._max_in_flight = max_batches_in_flight
         self.checkpoint_interval = checkpoint_interval
         self._open_session = open_session
         self._new_session_wanted: str | None = None
-        # Wakes an idle append loop when a new session is due, so that a replica waiting for
-        # one (it lost its files) rejoins without waiting for the partition's next append.
-        self._session_due = asyncio.Event()
-        session.on_successor_wanted = self._session_due.set
+        session.on_successor_wanted = self._wake
         # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
         self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -155,7 +154,7 @@ class Partition:
             await asyncio.gather(self._task, return_exceptions=True)
         while not self._queue.empty():
             q = self._queue.get_nowait()
-            if not q.future.done():
+            if q is not None and not q.future.done():
                 q.future.set_exception(self._closed_error())
         await self.session.close()
         await self._notify()  # feed readers waiting for a commit learn that the session ended
@@ -209,7 +208,7 @@ class Partition:
         """The next batch goes to a new store session (the replica assignment changed)."""
         if self._open_session is not None and self._new_session_wanted is None:
             self._new_session_wanted = why
-            self._session_due.set()
+            self._wake()
 
     async def _new_session(self, why: str) -> None:
         """Waits for every batch in flight to commit, then replaces the store session. A failure
@@ -241,7 +240,7 @@ class Partition:
                 old._fail(str(broken))
                 return
             self.session, self._session_start = new, new.high_water_mark
-            new.on_successor_wanted = self._session_due.set
+            new.on_successor_wanted = self._wake
             self.stats["store_sessions"] += 1
             await old.close()
         finally:
@@ -249,30 +248,17 @@ class Partition:
             for _ in range(held):
                 self._in_flight.release()
 
-    async def _take(self) -> _Queued | None:
-        """The next queued append; None when a new store session is due and nothing is queued."""
-        if self._open_session is None or not self._queue.empty():
-            return await self._queue.get()
-        getter = asyncio.ensure_future(self._queue.get())
-        due = asyncio.ensure_future(self._session_due.wait())
-        try:
-            await asyncio.wait((getter, due), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the loop is closing: an append already taken is answered
-            if getter.done() and not getter.cancelled() and not getter.result().future.done():
-                getter.result().future.set_exception(self._closed_error())
-            raise
-        finally:
-            due.cancel()
-        if getter.done():
-            return getter.result()
-        getter.cancel()  # a get cancelled before it took an item leaves the item queued
-        return None
+    def _wake(self) -> None:
+        """Wakes an idle append loop when a new session is due (a replica that lost its files,
+        an assignment change), so that it opens without waiting for the partition's next
+        append. A full queue needs no wake-up: the loop is busy."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
 
     async def _append_loop(self) -> None:
         while True:
-            first = await self._take()
+            first = await self._queue.get()
             if self._open_session is not None:
-                self._session_due.clear()
                 if self.high_water_mark - self._session_start >= self.checkpoint_interval:
                     self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
                 if self.session.successor_wanted is not None:
@@ -280,15 +266,16 @@ class Partition:
                 if self._new_session_wanted is not None:
                     await self._new_session(self._new_session_wanted)
                     if self.session.successor_wanted is not None and self.session.failed is None:
-                        self._session_due.set()  # wanted while it opened: the next turn replaces it too
+                        self._wake()  # wanted while it opened: the next turn replaces it too
             if first is None:
                 continue
             items = [first]
             size = len(first.request.data)
             while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:
                 q = self._queue.get_nowait()
-                items.append(q)
-                size += len(q.request.data)
+                if q is not None:
+                    items.append(q)
+                    size += len(q.request.data)
             try:
                 await self._in_flight.acquire()
             except BaseException:  # closed while waiting for room: these were dequeued, answer them
