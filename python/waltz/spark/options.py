@@ -135,7 +135,7 @@ class Options:
             committed_only=_bool("committedOnly", o.get("committedonly", "true")),
             min_partitions=_positive("minPartitions", o["minpartitions"]) if "minpartitions" in o else (os.cpu_count() or 1),
             max_per_split=_positive("maxTransactionsPerSplit", o.get("maxtransactionspersplit", "1000000")),
-            batch_bytes=_positive("maxBytesPerBatch", o.get("maxbytesperbatch", str(1 << 20))),
+            batch_bytes=_positive("maxBytesPerBatch", o.get("maxbytesperbatch", str(Options.batch_bytes))),
             max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"]) if "maxtransactionspertrigger" in o else None,
             tls=(str(tls_values[0]), str(tls_values[1]), str(tls_values[2])) if all(tls_values) else None,
             timeout=timeout,
