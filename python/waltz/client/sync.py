@@ -127,6 +127,19 @@ class WaltzClient:
         if self._thread.is_alive():
             if not self._core._closed:
                 asyncio.run_coroutine_threadsafe(self._core.close(), self._loop).result()
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Cancels what other threads left running on the loop (a `Transaction.data()` fetch of an
+    apply callback) and waits for it, as `asyncio.run` does: a task the closed loop dropped
+    was finalized later by the garbage collector, and its cleanup ran on a closed loop."""
+    me = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    for t in rest:
+        t.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+
