@@ -398,10 +398,18 @@ def test_requests_time_out_when_the_node_stops_answering(tmp_path):
         async def go():
             c = await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=1.0)
             assert await c.max_transaction_id(0, 1) == -1
+            # Pipelined: a plain future with its own timer. It acknowledges once durable, fails
+            # with the node's answer, and times out like any other request.
+            await c.send_append(0, 2, 0, batch(0, 1))
+            with pytest.raises(errors.StaleSessionError):
+                await c.send_append(0, 1, 1, batch(1, 1))
             proc.send_signal(signal.SIGSTOP)
             try:
                 with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
-                    await c.append(0, 1, 0, batch(0, 1))
+                    await c.append(0, 2, 1, batch(1, 1))
+                with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
+                    await asyncio.wait_for(c.send_append(0, 2, 1, batch(1, 1)), 10)
+                assert not c._pending  # a timed-out request leaves nothing behind
             finally:
                 proc.send_signal(signal.SIGCONT)
             await c.close()

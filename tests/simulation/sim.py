@@ -269,7 +269,7 @@ class SimClient:
     async def append(self, partition: int, session: int, first: int, batch: SimBatch) -> None:
         await self._call("append", session, first, list(batch))
 
-    def send_append(self, partition: int, session: int, first: int, batch: SimBatch) -> asyncio.Task[None]:
+    def send_append(self, partition: int, session: int, first: int, batch: SimBatch) -> asyncio.Future[None]:
         return asyncio.ensure_future(self._wait(self._send("append", session, first, list(batch))))
 
     async def records(self, partition: int, session: int, txid: int, count: int = 1000) -> list[SimRecord]:

@@ -399,27 +399,29 @@ class StoreSession:
             except errors.WaltzError as e:
                 self._leave(r, str(e))
                 continue
-            r.in_flight += 1
-            self._spawn(self._await_ack(r, pending, acked))
+            self._on_ack(r, pending, acked)
         return pending.future
 
-    async def _await_ack(self, r: _Replica, pending: _Pending, acked: asyncio.Task[None]) -> None:
-        try:
-            await acked
-        except asyncio.CancelledError:
-            acked.cancel()
-            raise
-        except errors.StaleSessionError as e:
-            self._fail(f"fenced: {r.address} has seen a newer store session ({e})")
-            return
-        except errors.WaltzError as e:
-            self._leave(r, str(e))
-            return
-        finally:
+    def _on_ack(self, r: _Replica, pending: _Pending, acked: asyncio.Future[None]) -> None:
+        """Counts the replica's answer to `pending` when it comes: a callback, not a task per
+        replica per batch (the server's hot path)."""
+        r.in_flight += 1
+
+        def answered(f: asyncio.Future[None]) -> None:
             r.in_flight -= 1
-        # Durable in this session on that replica: it counts even if it has left the write path since.
-        pending.acks.add(r.address)
-        self._advance()
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or self._failed is not None:
+                return  # the session is over: nothing in flight can count any more
+            if isinstance(exc, errors.StaleSessionError):
+                self._fail(f"fenced: {r.address} has seen a newer store session ({exc})")
+            elif exc is not None:
+                self._leave(r, str(exc) or type(exc).__name__)
+            else:
+                # Durable in this session on that replica: it counts even if it has left the write path since.
+                pending.acks.add(r.address)
+                self._advance()
+
+        acked.add_done_callback(answered)
 
     def _advance(self) -> None:
         while self._pending and len(self._pending[0].acks) >= self.quorum:
@@ -576,9 +578,7 @@ class StoreSession:
         if any(p.first < nxt <= p.last for p in self._pending):
             raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
         for pending in (p for p in self._pending if p.first >= nxt):
-            acked = r.client.send_append(self.partition, self.session_id, pending.first, pending.batch)
-            r.in_flight += 1
-            self._spawn(self._await_ack(r, pending, acked))
+            self._on_ack(r, pending, r.client.send_append(self.partition, self.session_id, pending.first, pending.batch))
         r.in_write_path, r.left_because = True, None
         log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
 

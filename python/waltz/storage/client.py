@@ -246,11 +246,37 @@ class StorageClient(_Connection):
         """Returns once the node has the batch durably (fdatasync returned)."""
         await self._call(lambda seq: encode_append(session, seq, partition, first_txid, batch))
 
-    def send_append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> asyncio.Task[None]:
-        """Sends the Append now, so that appends leave in call order, and returns a task that
-        completes once the node has the batch durably. For pipelining many batches."""
+    def send_append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> asyncio.Future[None]:
+        """Sends the Append now, so that appends leave in call order, and returns a future that
+        completes once the node has the batch durably, or fails with the node's error, or with
+        `StorageTimeoutError` when no answer came within `timeout`. For pipelining many batches:
+        a plain future and a timer, no task (this is the server's hot path, three per batch)."""
         seq, fut = self._send(lambda s: encode_append(session, s, partition, first_txid, batch))
-        return asyncio.ensure_future(self._wait(seq, fut))
+        loop = asyncio.get_running_loop()
+        acked: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(self.timeout, self._expire, seq, fut)
+
+        def settle(f: asyncio.Future[tuple[str, Any]]) -> None:
+            timer.cancel()
+            self._pending.pop(seq, None)
+            exc = None if f.cancelled() else f.exception()  # retrieved even when nobody waits any more
+            if acked.done():
+                return
+            if f.cancelled():
+                acked.set_exception(errors.StorageConnectionError(f"connection to {self.address} closed"))
+            elif exc is not None:
+                acked.set_exception(exc)
+            elif (answer := f.result())[0] == "failure":
+                acked.set_exception(_failure(self.address, *answer[1]))
+            else:
+                acked.set_result(None)
+
+        fut.add_done_callback(settle)
+        return acked
+
+    def _expire(self, seq: int, fut: asyncio.Future[tuple[str, Any]]) -> None:
+        if not fut.done():
+            fut.set_exception(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
         return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))
