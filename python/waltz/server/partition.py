@@ -131,7 +131,9 @@ class Partition:
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
-        self._committed = asyncio.Condition()
+        self._commit_waiters: list[asyncio.Future[None]] = []
+        """Feed readers waiting for the next commit (or a failure), a future each."""
+        self._signal_due = False
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
         """Client id → its appends queued or in flight (for `settled`)."""
         self._task: asyncio.Task[None] | None = None
@@ -157,7 +159,7 @@ class Partition:
             if q is not None and not q.future.done():
                 q.future.set_exception(self._closed_error())
         await self.session.close()
-        await self._notify()  # feed readers waiting for a commit learn that the session ended
+        self._signal_commit()  # feed readers waiting for a commit learn that the session ended
 
     # -- appending -------------------------------------------------------------------------
     async def append(self, request: AppendRequest) -> AppendResult:
@@ -348,7 +350,7 @@ class Partition:
             for q, _ in accepted:
                 if not q.future.done():
                     q.future.set_exception(exc)
-            asyncio.ensure_future(self._notify())  # feed readers waiting for a commit must see the failure
+            self._signal_commit()  # feed readers waiting for a commit must see the failure
             return
         first, last = f.result()
         # Invariant, checked in production too (not an assert, which -O strips): commits arrive
@@ -373,11 +375,23 @@ class Partition:
         for q, txid in accepted:
             if not q.future.done():
                 q.future.set_result(Committed(txid))
-        asyncio.ensure_future(self._notify())
+        self._signal_commit()
 
-    async def _notify(self) -> None:
-        async with self._committed:
-            self._committed.notify_all()
+    def _signal_commit(self) -> None:
+        """Wakes every feed reader waiting for a commit, on the loop's next turn: the commits
+        that land in this turn go out in one feed frame per connection. A future per reader: an
+        `asyncio.Condition` cost a task per commit and a lock hand-over per reader, and a reader
+        cancelled while waiting (its client went away) cancels only its own future."""
+        if not self._signal_due:
+            self._signal_due = True
+            asyncio.get_running_loop().call_soon(self._wake_readers)
+
+    def _wake_readers(self) -> None:
+        self._signal_due = False
+        waiters, self._commit_waiters = self._commit_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     def _cache_data(self, txid: int, data: bytes) -> None:
         self._data[txid] = data
@@ -405,8 +419,10 @@ class Partition:
                 start = nxt - cached_from
                 entries = [self._feed[i] for i in range(start, min(start + max_entries, len(self._feed)))]
             else:
-                async with self._committed:
-                    await self._committed.wait_for(lambda: self.high_water_mark >= nxt or self.session.failed is not None)
+                while self.high_water_mark < nxt and self.session.failed is None:
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._commit_waiters.append(waiter)
+                    await waiter
                 if self.session.failed is not None and self.high_water_mark < nxt:
                     raise self.session.failed
                 continue
