@@ -179,6 +179,9 @@ class PartitionSection:
     max_batch_records: int = 1000
     max_batch_bytes: int = 4 << 20
     max_batches_in_flight: int = 16
+    gather_turns: int = 6
+    """At most this many event-loop turns a new store batch waits for more appends, while each
+    turn brings more or none has come yet (0 cuts at once: more store batches under load)."""
     lock_budget_bytes: int = 8 << 20
     feed_cache_bytes: int = 16 << 20
     data_cache_bytes: int = 64 << 20
@@ -210,5 +213,7 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
         host, sep, port = config.server.advertised_address.rpartition(":")
         need(bool(sep and host and port.isdigit() and 0 < int(port) < 65536), "[server] advertised_address must be host:port")
     for f in dataclasses.fields(PartitionSection):
-        need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
+        if f.name != "gather_turns":
+            need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
+    need(0 <= config.partition.gather_turns <= 1000, "[partition] gather_turns must be between 0 and 1000")
     return config

