@@ -76,19 +76,25 @@ def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
     run(meta, body)
 
 
-@pytest.mark.parametrize(("turns", "batches"), [(6, 1), (0, 3)])
-def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, turns: int, batches: int) -> None:  # noqa: F811
+@pytest.mark.parametrize(("turns", "clients", "batches"), [(6, 3, 1), (0, 3, 3), (6, 1, 3)])
+def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, turns: int, clients: int, batches: int) -> None:  # noqa: F811
+    """Several clients' appends, one per loop turn, join one store batch; with gathering off, or
+    with a single client (nobody else to wait for), each goes alone."""
     meta, _ = cluster
 
     async def body(p: Partition) -> None:
+        for c in range(clients):  # every client has appended before, as in a closed loop
+            assert isinstance(await p.append(req(c + 1, 1, -1)), Committed)
+        before = sum(p.commit_seconds[0])  # one commit-latency sample per store batch
+
         async def after(n: int) -> Any:
             for _ in range(n):
                 await asyncio.sleep(0)
-            return await p.append(req(n + 1, 1, -1))
+            return await p.append(req(n % clients + 1, n + 2, -1))
 
-        results = await asyncio.gather(*(after(n) for n in range(3)))  # one append per loop turn
-        assert sorted(r.transaction_id for r in results) == [0, 1, 2]
-        assert sum(p.commit_seconds[0]) == batches  # one commit-latency sample per store batch
+        results = await asyncio.gather(*(after(n) for n in range(3)))
+        assert sorted(r.transaction_id for r in results) == [clients, clients + 1, clients + 2]
+        assert sum(p.commit_seconds[0]) - before == batches
 
     run(meta, body, gather_turns=turns)
 
