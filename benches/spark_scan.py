@@ -183,9 +183,14 @@ def main() -> None:
     ap.add_argument("--json", type=pathlib.Path, help="results file (default benches/results/spark_scan[-quick].json)")
     ap.add_argument("--dir", type=pathlib.Path, default=default_dir(), help="where the log and the Parquet copy go")
     ap.add_argument("--batch-bytes", default="", help="comma-separated maxBytesPerBatch values to compare (a row each)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the session (repeatable), e.g. spark.python.unix.domain.socket.enabled=true")
     args = ap.parse_args()
     n = args.transactions or (300_000 if args.quick else 2_000_000)
     rounds = 1 if args.quick else 5
+    settings = dict(c.split("=", 1) for c in args.conf if "=" in c)
+    if len(settings) != len(args.conf):
+        ap.error("--conf takes KEY=VALUE")
     out = args.json or pathlib.Path(__file__).parent / "results" / f"spark_scan{'-quick' if args.quick else ''}.json"
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -198,9 +203,12 @@ def main() -> None:
     try:
         log_dir, parquet_dir = work / "log", work / "parquet"
         write_log(log_dir, n)
-        spark = (SparkSession.builder.master("local[2]").appName("waltz-spark-bench")
-                 .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "2g").getOrCreate())
+        builder = (SparkSession.builder.master("local[2]").appName("waltz-spark-bench")
+                   .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "2g"))
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         spark.dataSource.register(row_source())
@@ -243,7 +251,7 @@ def main() -> None:
         met = results["waltz (arrow)"]["ratio_to_parquet"] >= 1.0
         print(f"\nTarget waltz (arrow) ≥ 1.0× parquet: {'MET' if met else 'MISSED'}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"transactions": n, "record_bytes": RECORD, "partitions": PARTITIONS, "rounds": rounds,
+        out.write_text(json.dumps({"transactions": n, "record_bytes": RECORD, "partitions": PARTITIONS, "rounds": rounds, "spark_conf": settings,
                                    "results": results, "target_met": met}, indent=2) + "\n")
         console.print(f"results: {out}")
     finally:
