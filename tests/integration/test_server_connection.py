@@ -279,6 +279,31 @@ def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(c
     serve(meta, body)
 
 
+def test_a_flush_never_vouches_for_appends_whose_store_session_ended(cluster) -> None:  # noqa: F811
+    """A client runs again every append the feed has not shown by a FlushResponse's mark. An
+    append whose store session ended has no outcome yet (the next session's recovery may still
+    commit it), so the answer to a Flush is then STORE_UNAVAILABLE, on which clients mount
+    again and let READY settle it; a mark here could commit one transaction twice."""
+    meta, _ = cluster
+
+    async def body(port: int, p: Partition) -> None:
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 7, -1, 1))
+        await c.until(lambda m: isinstance(m, cp.MountResponse))
+        for i in range(1, 3001):
+            c.send(append(7, i, -1, b"in flight %d " % i + bytes(2000)))
+        while p.high_water_mark < 0:  # the server is reading them; most are queued or in flight
+            await asyncio.sleep(0.001)
+        p.session._fail("ended by the test")
+        c.send(cp.Flush(9000, 0))
+        got = await c.until(lambda m: isinstance(m, (cp.Failure, cp.FlushResponse)) and m.seq == 9000)
+        assert isinstance(got[-1], cp.Failure) and got[-1].kind == cp.FailureKind.STORE_UNAVAILABLE, got[-1]
+        assert not any(isinstance(m, cp.FlushResponse) for m in got)
+        c.close()
+
+    serve(meta, body)
+
+
 def test_a_mount_whose_partition_was_replaced_is_told_to_mount_again(cluster) -> None:  # noqa: F811
     """Found by `waltz torture`: the server stops a partition when its metadata session is
     suspended and serves it again (same generation, new store session) when it returns. A feed

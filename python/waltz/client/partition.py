@@ -298,8 +298,9 @@ class ClientPartition:
                 self.finish(attempt.work, errors.RequestFailedError(msg.message, "append_rejected"))
             return
         # The store session ended (appends in flight have an unknown outcome) or the partition
-        # left the server: a new mount settles both.
+        # left the server: a new mount settles both, and no Flush answered before may.
         log.info("partition %d: %s; mounting again", self.pid, msg.message)
+        self._flush = None
         self.request_remount(msg.message)
 
     def on_link_closed(self, link: Link) -> None:
@@ -324,7 +325,7 @@ class ClientPartition:
         finally:
             self._flushing = False
         assert isinstance(resp, cp.FlushResponse)
-        if link is self.link:
+        if link is self.link and not self._remount.is_set():
             self._flush = (link, newest, resp.high_water_mark)
             self._settle_flushed()
 
@@ -332,7 +333,10 @@ class ClientPartition:
         if self._flush is None:
             return
         link, newest, mark = self._flush
-        if link is not self.link:
+        if link is not self.link or self._remount.is_set():
+            # A remount is due (the link closed, the store session ended): the outcome of what
+            # is pending is the next READY's to settle; failing it here could run again an
+            # append that the next session's recovery commits.
             self._flush = None
         elif self.received >= mark:
             self._flush = None

@@ -178,11 +178,19 @@ class ClientConnection:
         # Committed: the client learns it from the feed. Ignored: a stale generation, dropped.
 
     async def _flush(self, msg: cp.Flush) -> None:
+        """Answers once every append this connection sent before is decided. An append whose
+        store session ended has no decided outcome (the next session's recovery may still
+        commit it): then the answer is STORE_UNAVAILABLE, never a mark, since a client runs
+        again whatever the feed has not shown by the mark."""
         waiting = list(self._appends.get(msg.partition, ()))
-        await asyncio.gather(*waiting, return_exceptions=True)
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         p = self.partitions.by_id.get(msg.partition)
         if p is None:
             await self._not_here(msg.seq, msg.partition)
+            return
+        unknown = next((o for o in outcomes if isinstance(o, errors.StoreSessionError)), None) or p.session.failed
+        if unknown is not None:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"flush: {unknown}").frame())
         else:
             await self._send(cp.FlushResponse(msg.seq, msg.partition, p.high_water_mark).frame())
 
