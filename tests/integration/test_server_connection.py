@@ -250,17 +250,24 @@ def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # 
     asyncio.run(go())
 
 
+async def mounted_with_appends(port: int, client: int = 7, count: int = 3000) -> RawClient:
+    """A connection of `client` that mounted partition 0 and sent `count` appends of 2 KB at
+    once (more than one batch can commit before the next message is read)."""
+    c = await RawClient.connect(port)
+    c.send(cp.Mount(1, 0, client, -1, 1))
+    await c.until(lambda m: isinstance(m, cp.MountResponse))
+    for i in range(1, count + 1):
+        c.send(append(client, i, -1, b"in flight %d " % i + bytes(2000)))
+    return c
+
+
 def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(cluster) -> None:  # noqa: F811
     """The client fails every pending append once READY arrives: none of its appends from an
     older connection may commit after that."""
     meta, _ = cluster
 
     async def body(port: int, p: Partition) -> None:
-        old = await RawClient.connect(port)
-        old.send(cp.Mount(1, 0, 7, -1, 1))
-        await old.until(lambda m: isinstance(m, cp.MountResponse))
-        for i in range(1, 3001):
-            old.send(append(7, i, -1, b"in flight %d " % i + bytes(2000)))
+        old = await mounted_with_appends(port)
         await asyncio.sleep(0.05)  # some read by the server and in flight, more queued
         new = await RawClient.connect(port)
         new.send(cp.Mount(2, 0, 7, -1, 2))
@@ -287,11 +294,7 @@ def test_a_flush_never_vouches_for_appends_whose_store_session_ended(cluster) ->
     meta, _ = cluster
 
     async def body(port: int, p: Partition) -> None:
-        c = await RawClient.connect(port)
-        c.send(cp.Mount(1, 0, 7, -1, 1))
-        await c.until(lambda m: isinstance(m, cp.MountResponse))
-        for i in range(1, 3001):
-            c.send(append(7, i, -1, b"in flight %d " % i + bytes(2000)))
+        c = await mounted_with_appends(port)
         while p.high_water_mark < 0:  # the server is reading them; most are queued or in flight
             await asyncio.sleep(0.001)
         p.session._fail("ended by the test")
