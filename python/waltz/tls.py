@@ -16,8 +16,9 @@ import datetime
 import ipaddress
 import logging
 import os
+import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from waltz.errors import ConfigError, TlsError
@@ -215,17 +216,76 @@ def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseExc
     return None
 
 
-async def accept(writer: asyncio.StreamWriter, context: ssl.SSLContext, *, what: str, timeout: float = 10.0) -> bool:
-    """Upgrades an accepted connection to TLS. A failed handshake is one warning line naming the
-    peer and why, and the connection is closed; False then."""
-    peer = writer.get_extra_info("peername")
-    try:
-        await writer.start_tls(context, ssl_handshake_timeout=timeout)
-        return True
-    except (*_HANDSHAKE_FAILURES, OSError, asyncio.TimeoutError) as e:
-        log.warning("TLS handshake with %s %s failed: %s", what, _address(peer), describe(e, client=False))
-        writer.close()
-        return False
+async def start_server(
+    on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    host: str,
+    port: int,
+    context: ssl.SSLContext | None,
+    *,
+    what: str,
+    timeout: float = 10.0,
+) -> asyncio.Server | TlsListener:
+    """`asyncio.start_server`, or with a context a `TlsListener`: every connection is TLS before
+    `on_client` sees it, and a failed handshake is one warning line naming the peer and why."""
+    if context is None:
+        return await asyncio.start_server(on_client, host, port)
+    family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout)
+
+
+class TlsListener:
+    """Accepts connections and has the loop wrap each in TLS as it is accepted, before one byte
+    is read. Upgrading a plain stream afterwards (`StreamWriter.start_tls`) races with a loop
+    that reads as soon as a connection is made (uvloop): the ClientHello lands in the plain
+    stream and the handshake waits for it until it times out. `start_server(ssl=)` has no race
+    but drops a failed handshake without a word, so each connection gets a task of its own here."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        context: ssl.SSLContext,
+        what: str,
+        timeout: float,
+    ) -> None:
+        sock.setblocking(False)
+        self.sockets = [sock]
+        self._on_client, self._context, self._what, self._timeout = on_client, context, what, timeout
+        self._connections: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.ensure_future(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(self.sockets[0])
+            except OSError as e:  # out of file descriptors, say: back off instead of spinning
+                log.warning("accept failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._serve(conn, peer))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _serve(self, conn: socket.socket, peer: object) -> None:
+        loop = asyncio.get_running_loop()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, conn, ssl=self._context, ssl_handshake_timeout=self._timeout
+            )
+        except (*_HANDSHAKE_FAILURES, OSError, asyncio.TimeoutError) as e:
+            log.warning("TLS handshake with %s %s failed: %s", self._what, _address(peer), describe(e, client=False))
+            conn.close()
+            return
+        await self._on_client(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
+
+    def close(self) -> None:
+        """Stops accepting; connections already made go on, as with `asyncio.Server.close`."""
+        self._accepting.cancel()
+        self.sockets[0].close()
 
 
 def _address(peer: object) -> str:

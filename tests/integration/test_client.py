@@ -137,7 +137,7 @@ def test_sync_client_commits_applies_in_order_and_fetches_data(servers) -> None:
     # A new client catches up from -1 and sees the same log; one resuming from 5 sees the rest.
     assert read_log(url) == app.applied
     later = MemoryApp(start={p: 5 for p in range(PARTITIONS)})
-    with WaltzClient(later, config(url)) as client:
+    with WaltzClient(later, config(url, event_loop="asyncio")) as client:  # the standard loop works as well
         deadline = time.monotonic() + 30
         while any(later.marks[p] < 9 for p in range(PARTITIONS)):
             assert time.monotonic() < deadline

@@ -49,13 +49,14 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
 
 
 def start_server(
-    tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None
+    tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None,
+    event_loop: str = "uvloop",
 ) -> subprocess.Popen[str]:
     """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls])."""
     config = tmp_path / f"{name}.toml"
     config.write_text(
-        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n\n'
-        '[logging]\nlevel = "info"\n' + toml_sections(sections)
+        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n'
+        f'event_loop = "{event_loop}"\n\n[logging]\nlevel = "info"\n' + toml_sections(sections)
     )
     log = open(tmp_path / f"{name}.log", "a")
     return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True)
@@ -120,7 +121,7 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
         assert 'waltz_server_replicas_in_write_path{partition="0"} 3.0' in metrics
         assert 'waltz_server_commit_seconds_count{partition="0"}' in metrics
         old_server = next(s.server_id for s in meta.servers() if s.endpoint == endpoint)
-        second = start_server(tmp_path, url, "s2")
+        second = start_server(tmp_path, url, "s2", event_loop="asyncio")  # the standard loop serves as well
         first.send_signal(signal.SIGKILL)
         first.wait()
         endpoint2, gen2 = wait_served(meta, 0, not_by=old_server)
@@ -141,6 +142,8 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
             c.close()
 
         asyncio.run(phase2())
+        assert "event loop uvloop" in (tmp_path / "s1.log").read_text()
+        assert "event loop asyncio" in (tmp_path / "s2.log").read_text()
 
         async def read(c: Any) -> list[bytes]:
             return [bytes(r.data) for r in await c.records(0, 0, 100)]  # admin read: no store session

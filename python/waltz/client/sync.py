@@ -23,6 +23,7 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import TransactionBuilder, TransactionContext
 from waltz.client.partition import ClientPartition, Work
+from waltz.event_loop import loop_factory
 
 T = TypeVar("T")
 
@@ -30,7 +31,7 @@ T = TypeVar("T")
 class WaltzClient:
     def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
         self._core = AsyncWaltzClient(callbacks, config)
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory(config.event_loop, "the client's event_loop")()
         self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client", daemon=True)
         self._thread.start()
         try:

@@ -27,6 +27,7 @@ from waltz.cluster.manager import ServerMembership
 from waltz.cluster.metadata import ClusterMetadata
 from waltz.cluster.store import DataWatch
 from waltz.config import PartitionSection, ServerConfig
+from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
 from waltz.server.connection import ClientConnection, Partitions
 from waltz.server.metrics import ServerCollector, health
@@ -166,13 +167,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         server_ssl = config.tls.server_context() if config.tls.enabled else None
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            # The handshake runs on the connection's own task (start_server's ssl= would too, but
-            # would drop a failed handshake without a word).
-            if server_ssl is not None and not await tls.accept(writer, server_ssl, what="client"):
-                return
             await ClientConnection(reader, writer, partitions).run()
 
-        server = await asyncio.start_server(on_client, s.host, s.port)
+        server = await tls.start_server(on_client, s.host, s.port, server_ssl, what="client")
         port = server.sockets[0].getsockname()[1]
         storage_ssl = config.tls.client_context() if config.tls.enabled else None
         host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition, storage_ssl)
@@ -189,8 +186,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         registry.register(ServerCollector(partitions))
         http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
         log.info(
-            "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s)%s",
+            "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s, event loop %s)%s",
             membership.server_id, s.cluster, s.host, port, s.host, http.server_address[1], store.description,
+            type(asyncio.get_running_loop()).__module__.partition(".")[0],
             f"; clients and storage nodes through mutual TLS (CA {config.tls.ca}), HTTP is plaintext" if config.tls.enabled else "",
         )
         if not config.tls.enabled:
@@ -219,4 +217,5 @@ def run(config: ServerConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(config, stop)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory(config.server.event_loop, "[server] event_loop")) as runner:
+        runner.run(main())
