@@ -229,7 +229,9 @@ async def start_server(
     `on_client` sees it, and a failed handshake is one warning line naming the peer and why."""
     if context is None:
         return await asyncio.start_server(on_client, host, port)
-    family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    # The loop's resolver (a thread), as asyncio.start_server does: a host name must not block the loop.
+    infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = infos[0]
     return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout)
 
 
