@@ -221,6 +221,8 @@ class Segment:
     header: SegmentHeader
     records: list[SpecRecord]
     file_size: int
+    records_end: int
+    """Where the records end: the file size, or less when zeros (preallocated space) follow."""
 
     @property
     def first_txid(self) -> int:
@@ -298,20 +300,24 @@ def read_segment_header(path: os.PathLike[str] | str) -> SegmentHeader:
 
 
 def read_segment(path: os.PathLike[str] | str) -> Segment:
-    """Parses a ``.seg`` file: header, then records back to back to the exact end of the file,
-    with dense txids starting at the header's first transaction id."""
+    """Parses a ``.seg`` file: header, then records back to back with dense txids starting at
+    the header's first transaction id, to the end of the file or to zeros that run to the end of
+    the file (space preallocated in the last segment of an open partition)."""
     path = Path(path)
     buf = path.read_bytes()
     header = _parse_segment_header(path, buf)
     records: list[SpecRecord] = []
     off = HEADER_SIZE
     txid = header.first_txid
-    while off < len(buf):
+    # Records end where only zeros are left (a record's own last bytes may be zeros too: it is
+    # parsed whole from where it starts).
+    data_end = len(buf.rstrip(b"\0"))
+    while off < data_end:
         rec = parse_record(path, buf, off, txid)
         records.append(rec)
         off = rec.end
         txid += 1
-    return Segment(path, header, records, len(buf))
+    return Segment(path, header, records, len(buf), off)
 
 
 def read_index(path: os.PathLike[str] | str) -> Index:
@@ -435,6 +441,8 @@ def read_partition(
     key = cluster_key
     for first in sorted(segs):
         seg = read_segment(segs[first])
+        if first != max(segs) and seg.records_end != seg.file_size:
+            raise SpecViolation(seg.path, seg.records_end, "a sealed segment must end at its last record")
         idx = read_index(idxs[first])
         if pid is not None and seg.header.partition_id != pid:
             raise SpecViolation(

@@ -165,6 +165,7 @@ class Storage:
         segment_size: int = 1 << 30,
         checkpoint_interval: int = 1000,
         max_record_size: int = 16 << 20,
+        preallocate: int = 1 << 20,
     ) -> Storage: ...
     @staticmethod
     def open(
@@ -177,6 +178,7 @@ class Storage:
         segment_size: int = 1 << 30,
         checkpoint_interval: int = 1000,
         max_record_size: int = 16 << 20,
+        preallocate: int = 1 << 20,
     ) -> Storage: ...
     @property
     def path(self) -> str: ...
@@ -361,6 +363,8 @@ class _SegmentReport(TypedDict):
     first_txid: int | None
     last_txid: int | None
     valid_end: int
+    preallocated_bytes: int
+    """Zeros after the valid records up to the end of the file: space preallocated for appends."""
     problem: _RecordProblem | None
     records: list[_RecordSummary]
     index: _IndexReport | None

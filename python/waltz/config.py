@@ -25,6 +25,7 @@ class StorageSection:
     segment_size: int = 1 << 30
     checkpoint_interval: int = 1000
     max_record_size: int = 16 << 20
+    preallocate: int = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,7 @@ def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
     need(st.segment_size >= 4096, "[storage] segment_size must be at least 4096")
     need(st.checkpoint_interval > 0, "[storage] checkpoint_interval must be positive")
     need(0 < st.max_record_size <= 1 << 30, "[storage] max_record_size must be between 1 and 1 GiB")
+    need(0 <= st.preallocate <= 1 << 30, "[storage] preallocate must be between 0 (off) and 1 GiB")
 
 
 def _read_toml(path: pathlib.Path, sections: set[str]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ use crate::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
 use crate::error::{Error, IoContext, Result};
 use crate::fs::{FileHandle, FileSystem};
 use crate::record::{be_i64, ReqId};
-use crate::segment::{find_valid_record_after, ids_fit, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
+use crate::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -130,6 +130,8 @@ pub struct SegmentReport {
     pub record_count: u64,
     /// Where the valid records end.
     pub valid_end: u64,
+    /// Zeros from `valid_end` to the end of the file: space preallocated for later records.
+    pub preallocated: u64,
     pub problem: Option<RecordProblem>,
     /// The first `limit` valid records.
     pub records: Vec<RecordSummary>,
@@ -258,8 +260,13 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
         r.mismatch = c.mismatch.take();
         r.extra_entries = r.entries.saturating_sub(count);
     }
+    let mut preallocated = 0;
     let problem = match stopped {
         None => None,
+        Some((offset, _)) if is_zero_range(&data, path, offset, file_len)? => {
+            preallocated = file_len - offset;
+            None
+        }
         Some((offset, why)) => {
             let txid = header.first_txid + count as i64;
             Some(RecordProblem {
@@ -278,6 +285,7 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
         name_txid,
         record_count: count,
         valid_end,
+        preallocated,
         problem,
         records,
         index,

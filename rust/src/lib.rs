@@ -467,6 +467,7 @@ mod python {
         segment_size: u64,
         checkpoint_interval: u64,
         max_record_size: usize,
+        preallocate: u64,
         read_only: bool,
         recovery: &str,
     ) -> PyResult<PartitionOptions> {
@@ -488,8 +489,12 @@ mod python {
                 )))
             }
         };
+        if preallocate > (1 << 30) {
+            return Err(InvalidArgumentError::new_err("preallocate must be between 0 (off) and 1 GiB"));
+        }
         let mut o = default_options();
         o.segment_size = segment_size;
+        o.preallocate = preallocate;
         o.recover.checkpoint_interval = checkpoint_interval;
         o.recover.max_record_size = max_record_size;
         o.recover.read_only = read_only;
@@ -505,7 +510,8 @@ mod python {
     impl PyStorage {
         /// Initialises `path` as a storage directory of the given cluster.
         #[staticmethod]
-        #[pyo3(signature = (path, cluster_key, partition_count, *, segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20))]
+        #[pyo3(signature = (path, cluster_key, partition_count, *, segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20, preallocate=1<<20))]
+        #[allow(clippy::too_many_arguments)]
         fn create(
             py: Python<'_>,
             path: PathBuf,
@@ -514,9 +520,10 @@ mod python {
             segment_size: u64,
             checkpoint_interval: u64,
             max_record_size: usize,
+            preallocate: u64,
         ) -> PyResult<Self> {
             let key = parse_key(cluster_key)?;
-            let o = options(segment_size, checkpoint_interval, max_record_size, false, "strict")?;
+            let o = options(segment_size, checkpoint_interval, max_record_size, preallocate, false, "strict")?;
             let s = run(py, move || storage::Storage::create(&path, key, partition_count, o))?;
             Ok(PyStorage(Arc::new(s)))
         }
@@ -524,7 +531,7 @@ mod python {
         /// Opens an existing storage directory, checking the cluster key and partition count
         /// when given.
         #[staticmethod]
-        #[pyo3(signature = (path, cluster_key=None, partition_count=None, *, read_only=false, recovery="strict", segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20))]
+        #[pyo3(signature = (path, cluster_key=None, partition_count=None, *, read_only=false, recovery="strict", segment_size=1<<30, checkpoint_interval=1000, max_record_size=16<<20, preallocate=1<<20))]
         #[allow(clippy::too_many_arguments)]
         fn open(
             py: Python<'_>,
@@ -536,9 +543,10 @@ mod python {
             segment_size: u64,
             checkpoint_interval: u64,
             max_record_size: usize,
+            preallocate: u64,
         ) -> PyResult<Self> {
             let key = cluster_key.map(parse_key).transpose()?;
-            let o = options(segment_size, checkpoint_interval, max_record_size, read_only, recovery)?;
+            let o = options(segment_size, checkpoint_interval, max_record_size, preallocate, read_only, recovery)?;
             let s = run(py, move || storage::Storage::open(&path, key, partition_count, o))?;
             Ok(PyStorage(Arc::new(s)))
         }
@@ -913,6 +921,7 @@ mod python {
         d.set_item("first_txid", range.map(|x| x.0))?;
         d.set_item("last_txid", range.map(|x| x.1))?;
         d.set_item("valid_end", r.valid_end)?;
+        d.set_item("preallocated_bytes", r.preallocated)?;
         let problem = match &r.problem {
             None => None,
             Some(p) => {

@@ -49,12 +49,19 @@ impl Drop for ReadBuf {
     }
 }
 const SCRATCH_KEEP: usize = 16 << 20;
+pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
 const INDEX_SYNC_INTERVAL: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
     pub segment_size: u64,
+    /// Bytes of zeros written ahead of the tail's records (0: none). The fdatasync of a write
+    /// that grows the file also writes the inode (its size, its new blocks); that of a write
+    /// into zeros already synced writes the data only. The zeros go out with the sync after the
+    /// write that reaches them, so one commit in `preallocate` bytes pays for the next stretch.
+    pub preallocate: u64,
     pub recover: RecoverOptions,
 }
 
@@ -131,6 +138,8 @@ struct State {
     write_seq: u64,
     /// Encoded batches not yet written to the tail's data file (they end at the tail's `end`).
     queue: Vec<u8>,
+    /// The tail's data file length: its records, then zeros (preallocated) up to here.
+    tail_allocated: u64,
     /// Batches appended but not yet known durable: (ticket sequence, last id), oldest first.
     inflight: std::collections::VecDeque<(u64, i64)>,
     /// Appends in the queue, and whether a sync leader is waiting for more of them.
@@ -375,6 +384,8 @@ impl Partition {
         }
         report.segments = segments.len();
         let next_txid = segments.last().unwrap().next_txid();
+        // A writable recovery cut the tail's file to its records (and any preallocated zeros).
+        let tail_allocated = segments.last().unwrap().end;
         let mut p = Partition {
             id,
             dir: dir.to_path_buf(),
@@ -386,6 +397,7 @@ impl Partition {
                 next_txid,
                 write_seq: 0,
                 queue: Vec::new(),
+                tail_allocated,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
                 leader_waiting: false,
@@ -509,6 +521,57 @@ impl Partition {
         if let Err(e) = self.flush_index() {
             log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
         }
+        if !self.opts.recover.read_only {
+            // A closed log's files end at its last record; recovery would also accept the zeros.
+            let mut st = lock(&self.state);
+            let written_end = st.segments.last().unwrap().end - st.queue.len() as u64;
+            if let Err(e) = self.trim_preallocation(&mut st, written_end) {
+                log::warn!("partition {}: preallocated space not released on close ({e})", self.id);
+            }
+        }
+    }
+
+    /// Cuts the tail's data file back to `end` when zeros were preallocated beyond it, durably.
+    fn trim_preallocation(&self, st: &mut State, end: u64) -> Result<()> {
+        if st.tail_allocated > end {
+            let f = st.segments.last().unwrap().files.clone();
+            f.data.set_len(end).at(&f.data_path)?;
+            f.data.sync_data().at(&f.data_path)?;
+            st.tail_allocated = end;
+        }
+        Ok(())
+    }
+
+    /// Zero-fills the tail's data file from `from` (where its written bytes end) to the next
+    /// preallocation step, when `from` passed the preallocated space. Never fails an append: on
+    /// an error (a disk too full for the zeros) the partial zeros are cut away and the records
+    /// go on with writes that grow the file.
+    fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64) -> Result<()> {
+        let step = self.opts.preallocate;
+        if step == 0 || from <= st.tail_allocated {
+            return Ok(());
+        }
+        // Never far past the segment size: the file is cut back at the roll anyway.
+        let to = from.next_multiple_of(step).min(self.opts.segment_size.max(from));
+        let mut at = from;
+        let mut result = Ok(());
+        while at < to {
+            let n = ((to - at) as usize).min(ZEROS.len());
+            if let Err(e) = files.data.write_all_at(&ZEROS[..n], at) {
+                result = Err(e);
+                break;
+            }
+            at += n as u64;
+        }
+        match result {
+            Ok(()) => st.tail_allocated = to,
+            Err(e) => {
+                log::warn!("partition {}: {}: could not preallocate {} bytes ({e}); writing without", self.id, files.data_path.display(), to - from);
+                files.data.set_len(from).at(&files.data_path)?;
+                st.tail_allocated = from;
+            }
+        }
+        Ok(())
     }
 
     pub fn is_failed(&self) -> Option<String> {
@@ -662,7 +725,9 @@ impl Partition {
         let tail = st.segments.last().unwrap();
         let files = tail.files.clone();
         let at = tail.end - st.queue.len() as u64;
+        let written_end = tail.end;
         let result = files.data.write_all_at(&st.queue, at).at(&files.data_path);
+        let result = result.and_then(|_| self.preallocate(st, &files, written_end));
         st.queue.clear();
         if st.queue.capacity() > SCRATCH_KEEP {
             st.queue = Vec::new();
@@ -682,12 +747,18 @@ impl Partition {
         self.flush_queue(st)?;
         let tail = st.segments.last().unwrap().files.clone();
         tail.write_pending(1, true)?;
+        // A sealed segment ends at its last record (recovery proves it complete by that).
+        let end = st.segments.last().unwrap().end;
+        if st.tail_allocated > end {
+            tail.data.set_len(end).at(&tail.data_path)?;
+        }
         tail.data.sync_data().at(&tail.data_path)?;
         if let Some(idx) = &tail.index {
             idx.sync_data().at(&tail.index_path)?;
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
+        st.tail_allocated = seg.end;
         st.segments.push(seg);
         Ok(())
     }
@@ -884,15 +955,21 @@ impl Partition {
         let max = self.opts.recover.max_record_size;
         let tail = st.segments.last_mut().unwrap();
         let keep = (txid + 1 - tail.first_txid()).max(0) as u64;
-        if keep < tail.count {
-            let new_end = locate(&tail.files, keep, tail.end, max)?;
-            let f = &tail.files;
+        // Cut even when no record goes: preallocated zeros may follow the records, and the
+        // bytes after the new end must be nothing or zeros, never an old record that a new,
+        // shorter one could leave readable behind it.
+        let new_end = if keep < tail.count { locate(&tail.files, keep, tail.end, max)? } else { tail.end };
+        let f = &tail.files;
+        if keep < tail.count || f.data.len().at(&f.data_path)? > new_end {
             f.data.set_len(new_end).at(&f.data_path)?;
             f.data.sync_data().at(&f.data_path)?;
+        }
+        if keep < tail.count {
             f.truncate_index(keep)?;
             tail.count = keep;
             tail.end = new_end;
         }
+        st.tail_allocated = new_end;
         st.next_txid = tail.next_txid();
         self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
         Ok(())
@@ -1164,6 +1241,7 @@ pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64>
 pub fn default_options() -> PartitionOptions {
     PartitionOptions {
         segment_size: 1 << 30,
+        preallocate: DEFAULT_PREALLOCATE,
         recover: RecoverOptions {
             checkpoint_interval: 1000,
             max_record_size: 16 << 20,
@@ -1176,6 +1254,10 @@ pub fn default_options() -> PartitionOptions {
 #[cfg(test)]
 #[path = "partition_faults.rs"]
 mod faults;
+
+#[cfg(test)]
+#[path = "partition_prealloc.rs"]
+mod prealloc;
 
 #[cfg(test)]
 mod tests {

@@ -390,7 +390,19 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     let count = cp + scan.offsets.len() as u64;
     let mut end = scan.end;
     let mut tail = Tail::Clean;
-    if let Some((bad_at, why)) = scan.stopped {
+    let mut stopped = scan.stopped;
+    if let Some((bad_at, _)) = &stopped {
+        // Zeros from the last valid record to the end of the file are preallocated space the
+        // appender had not reached (it zero-fills ahead of its writes): the end of the log, not
+        // a tear. Damage cannot hide here: no valid record is all zeros (see ZERO_PREFIX), and
+        // zeros followed by anything else still go through the checks below.
+        if is_zero_range(&data, &data_path, *bad_at, data_len)? {
+            log::debug!("{}: {} bytes of preallocated space after offset {}", data_path.display(), data_len - bad_at, bad_at);
+            end = *bad_at;
+            stopped = None;
+        }
+    }
+    if let Some((bad_at, why)) = stopped {
         let expected = ctx.first_txid + count as i64;
         let later = find_valid_record_after(&data, &data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
@@ -643,6 +655,28 @@ pub(crate) fn scan_records(
     Ok((pos, None))
 }
 
+/// Whether every byte of [from, to) is zero: preallocated space nothing was written into.
+pub(crate) fn is_zero_range(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64) -> Result<bool> {
+    let mut pos = from;
+    let mut buf = vec![0u8; (to.saturating_sub(from) as usize).min(SCAN_CHUNK)];
+    while pos < to {
+        let want = ((to - pos) as usize).min(buf.len());
+        let got = data.read_full_at(&mut buf[..want], pos).at(path)?;
+        if got == 0 {
+            break;
+        }
+        if buf[..got].iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+        pos += got as u64;
+    }
+    Ok(true)
+}
+
+/// A valid record never starts with this many zero bytes: they would give it data length 0 and
+/// a zero record checksum, and the CRC32 of its 36 zero header bytes is 0x6ab6b2d5.
+const ZERO_PREFIX: usize = RECORD_OVERHEAD;
+
 /// Looks for any valid record at or after `from` whose id could follow `expected`. A hit means
 /// the bad bytes are not an unfinished tail but damage inside written data.
 pub(crate) fn find_valid_record_after(
@@ -665,7 +699,17 @@ pub(crate) fn find_valid_record_after(
         if got < 8 {
             break;
         }
+        // Runs of zeros (preallocated space after a torn record) are skipped without a read
+        // per byte: with expected id 0 every position of them would otherwise be a candidate.
+        let mut zeros_until = 0usize;
         for i in 0..=(got - 8) {
+            if i >= zeros_until {
+                let run = buf[i..got].iter().take_while(|b| **b == 0).count();
+                zeros_until = if run >= ZERO_PREFIX { i + run - ZERO_PREFIX + 1 } else { i };
+            }
+            if i < zeros_until {
+                continue;
+            }
             let txid = be_i64(&buf[i..i + 8]);
             if txid < expected || txid > max_id {
                 continue;

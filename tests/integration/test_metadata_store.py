@@ -301,15 +301,22 @@ def test_embedded_session_suspends_while_the_file_is_locked(tmp_path) -> None:
 
 def test_zookeeper_session_suspends_when_the_server_dies(tmp_path) -> None:
     from processes import ZooKeeperServer
+    from waltz.torture.proxy import FaultProxy, ProxyLoop
 
     server = ZooKeeperServer(tmp_path / "zk")
     server.start()
-    store = open_store(server.url("/s"), session_timeout=6.0)
+    # The store dials through a proxy that refuses connections until the restarted ZooKeeper
+    # serves. A Connect that reaches it while it still loads its data goes unanswered for a
+    # whole session timeout, and the restored session may expire meanwhile (seen in CI).
+    proxies = ProxyLoop()
+    gate = FaultProxy(proxies, "zookeeper", server.port)
+    store = open_store(f"zk://127.0.0.1:{gate.port}/s", session_timeout=6.0)
     store.start()
     states: list[SessionState] = []
     store.add_listener(states.append)
     try:
         session = store.session_id
+        gate.set_mode("reset")
         server.kill()
         wait_for(lambda: SessionState.SUSPENDED in states, what="SUSPENDED")
         assert not store.is_connected
@@ -318,6 +325,8 @@ def test_zookeeper_session_suspends_when_the_server_dies(tmp_path) -> None:
         writer = threading.Thread(target=lambda: done.append(store.create("/written-while-down", b"x")))
         writer.start()
         server.start()
+        assert server.serving()
+        gate.set_mode("pass")
         wait_for(lambda: store.is_connected, what="reconnect")
         writer.join(timeout=30)
         assert done == ["/written-while-down"]
@@ -325,6 +334,8 @@ def test_zookeeper_session_suspends_when_the_server_dies(tmp_path) -> None:
         assert store.session_id == session  # the server kept the session across its restart
     finally:
         store.close()
+        gate.close()
+        proxies.close()
         server.stop()
 
 

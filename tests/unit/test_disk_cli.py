@@ -269,6 +269,26 @@ def test_dump_segment_json_and_human(written, cluster_key):
     assert f"{first}..{first + len(offs) - 1}" in r.stdout
 
 
+def test_an_open_partitions_preallocated_space_is_reported_not_damage(data_dir, cluster_key):
+    s = Storage.create(data_dir, cluster_key, 1, checkpoint_interval=16, preallocate=64 << 10)
+    s.add_partition(0)
+    append_range(s.partition(0), 0, 10)
+    [seg] = segment_files(data_dir / "0")
+    assert seg.stat().st_size == 64 << 10  # zeros ahead of the records while it is open
+    r, doc = run_json("disk", "dump-segment", seg)
+    assert r.exit_code == 0, r.output
+    assert doc["record_count"] == 10 and doc["problem"] is None
+    assert doc["preallocated_bytes"] == doc["file_length"] - doc["valid_end"] > 0
+    r = run("disk", "dump-segment", seg)
+    assert f"preallocated (zeros after the records) │ {doc['preallocated_bytes']}" in r.stdout
+    r, doc = run_json("disk", "verify", data_dir)
+    assert r.exit_code == 0 and doc["ok"] is True, r.output
+    s.close()
+    # A close cuts the zeros off.
+    assert seg.stat().st_size == run_json("disk", "dump-segment", seg)[1]["valid_end"]
+    assert run_json("disk", "dump-segment", seg)[1]["preallocated_bytes"] == 0
+
+
 def test_dump_segment_reports_damage(written):
     seg = segment_files(written / "0")[0]
     offs = record_offsets(written / "0", seg)

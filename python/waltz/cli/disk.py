@@ -157,6 +157,7 @@ def dump_segment(out: Output, path: pathlib.Path, limit: int, max_record_size: i
             ("records", r["record_count"]),
             ("transaction ids", span),
             ("valid records end at", r["valid_end"]),
+            *((("preallocated (zeros after the records)", r["preallocated_bytes"]),) if r["preallocated_bytes"] else ()),
             *(("problem", p) for p in _header_problems(r)),
         ]
         if r["problem"] is not None:

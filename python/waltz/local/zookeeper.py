@@ -61,10 +61,15 @@ class ZooKeeperServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ZooKeeper exited: {(self.directory / 'zookeeper.log').read_text()[-2000:]}")
-            if self.four_letter("ruok") == "imok":
+            if self.serving():
                 return
             time.sleep(0.1)
-        raise RuntimeError("ZooKeeper did not answer ruok in time")
+        raise RuntimeError("ZooKeeper did not start serving in time")
+
+    def serving(self) -> bool:
+        """Whether ZooKeeper serves requests: `ruok` answers as soon as the process listens,
+        while it may still be loading its data (and a client's Connect then waits unanswered)."""
+        return self.four_letter("srvr").startswith("Zookeeper version")
 
     def four_letter(self, word: str) -> str:
         try:

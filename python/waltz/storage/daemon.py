@@ -30,6 +30,7 @@ def open_storage(config: StorageNodeConfig) -> Storage:
             segment_size=s.segment_size,
             checkpoint_interval=s.checkpoint_interval,
             max_record_size=s.max_record_size,
+            preallocate=s.preallocate,
         )
 
     try:

@@ -1,0 +1,220 @@
+//! Preallocated segment tails: zeros written ahead of the records, cut off at a seal and a close,
+//! read as free space by recovery; a "crash" is a copy of the files taken while the partition is
+//! open (what kill -9 leaves: everything written, in the page cache).
+use super::tests::{open_with, opts, KEY};
+use super::*;
+use crate::fs::{FaultFs, StdFs};
+use crate::record::ReqId;
+use crate::segment::{data_name, HEADER_LEN};
+use std::os::unix::fs::FileExt;
+
+const STEP: u64 = 64 << 10;
+
+fn prealloc_opts(segment_size: u64) -> PartitionOptions {
+    let mut o = opts(segment_size, 10);
+    o.preallocate = STEP;
+    o
+}
+
+fn data(t: i64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (t as usize * 31 + i) as u8).collect()
+}
+
+fn append_sized(p: &Partition, from: i64, sizes: &[usize]) {
+    let datas: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, n)| data(from + k as i64, *n)).collect();
+    let recs: Vec<NewRecord<'_>> = datas
+        .iter()
+        .map(|d| NewRecord { req_id: ReqId { client_id: 7, generation: 1, partition_id: 0, sequence: 0 }, header: 0, data: d, data_crc: None })
+        .collect();
+    p.append(from, &recs).unwrap();
+}
+
+fn check(p: &Partition, expect: &[(i64, usize)]) {
+    assert_eq!(p.max_txid(), expect.last().map_or(-1, |e| e.0));
+    for (t, n) in expect {
+        assert_eq!(p.read_record(*t).unwrap().unwrap().data, data(*t, *n), "txid {t}");
+    }
+}
+
+/// Copies the partition folder as it is now, open files and all.
+fn crash_copy(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_dir() {
+            continue;
+        }
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn reopen(dir: &Path, o: PartitionOptions) -> Result<Partition> {
+    Partition::open(Arc::new(StdFs), dir, 0, KEY, o)
+}
+
+fn seg_len(dir: &Path, first: i64) -> u64 {
+    std::fs::metadata(dir.join(data_name(first))).unwrap().len()
+}
+
+#[test]
+fn zeros_run_ahead_of_the_records_and_are_cut_at_close() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    append_sized(&p, 0, &[100, 200]);
+    let end = HEADER_LEN + 2 * RECORD_OVERHEAD as u64 + 300;
+    assert_eq!(seg_len(d.path(), 0), STEP, "the first append preallocates up to the next step");
+    // A batch that crosses the preallocated space extends it by whole steps.
+    append_sized(&p, 2, &[70_000]);
+    assert_eq!(seg_len(d.path(), 0), 2 * STEP);
+    drop(p);
+    assert_eq!(seg_len(d.path(), 0), end + RECORD_OVERHEAD as u64 + 70_000, "close leaves the file at its last record");
+    let p = reopen(d.path(), prealloc_opts(1 << 30)).unwrap();
+    assert_eq!(p.recovery.torn_bytes, 0);
+    check(&p, &[(0, 100), (1, 200), (2, 70_000)]);
+}
+
+#[test]
+fn a_crash_leaves_zeros_that_recovery_reads_as_free_space() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    let mut expect = Vec::new();
+    for t in 0..50 {
+        let n = 1 + (t as usize * 97) % 3000;
+        append_sized(&p, t, &[n]);
+        expect.push((t, n));
+    }
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    assert!(seg_len(&crashed, 0) % STEP == 0);
+    let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();
+    assert_eq!(q.recovery.torn_bytes, 0, "zeros after the last record are not a torn tail");
+    check(&q, &expect);
+    // Appends go on where the records end, and the files survive another crash.
+    append_sized(&q, 50, &[5000, 6]);
+    expect.extend([(50, 5000), (51, 6)]);
+    let again = d.path().join("again");
+    crash_copy(&crashed, &again);
+    let r = reopen(&again, prealloc_opts(1 << 30)).unwrap();
+    check(&r, &expect);
+}
+
+#[test]
+fn a_torn_record_in_preallocated_space_is_a_torn_tail() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    append_sized(&p, 0, &[300, 400]);
+    let end = HEADER_LEN + 2 * RECORD_OVERHEAD as u64 + 700;
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    // Half a record for id 2: its header and part of its data, zeros after.
+    let mut half = Vec::new();
+    crate::record::encode_record(&mut half, 2, &NewRecord { req_id: ReqId::default(), header: 0, data: &[0xEE; 900], data_crc: None });
+    half.truncate(500);
+    std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&half, end).unwrap();
+    let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();
+    assert_eq!(q.recovery.torn_bytes, STEP - end);
+    assert_eq!(seg_len(&crashed, 0), end);
+    check(&q, &[(0, 300), (1, 400)]);
+}
+
+#[test]
+fn a_torn_first_record_before_a_long_run_of_zeros_is_found_quickly() {
+    // With expected id 0 every zero byte could start a record of id 0: the search for a valid
+    // record after the tear skips zero runs instead of reading each position.
+    let d = tempfile::tempdir().unwrap();
+    let mut o = prealloc_opts(1 << 30);
+    o.preallocate = 8 << 20;
+    let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
+    append_sized(&p, 0, &[10]);
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&[0xAB; 7], HEADER_LEN + 4).unwrap();
+    let q = reopen(&crashed, o).unwrap();
+    assert_eq!(q.max_txid(), -1);
+    assert_eq!(q.recovery.torn_bytes, (8 << 20) - HEADER_LEN);
+}
+
+#[test]
+fn zeros_then_a_valid_record_is_still_corruption() {
+    // Lost writes inside the log must not pass for free space: a record after zeros is found.
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    append_sized(&p, 0, &[300, 400, 500]);
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    let second = HEADER_LEN + RECORD_OVERHEAD as u64 + 300;
+    std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&[0; 440], second).unwrap();
+    match reopen(&crashed, prealloc_opts(1 << 30)) {
+        Err(Error::Corruption { offset, .. }) => assert_eq!(offset, second),
+        other => panic!("expected corruption, got {:?}", other.map(|p| p.max_txid())),
+    }
+    let mut repair = prealloc_opts(1 << 30);
+    repair.recover.mode = RecoveryMode::TruncateAtCorruption;
+    let q = reopen(&crashed, repair).unwrap();
+    check(&q, &[(0, 300)]);
+}
+
+#[test]
+fn sealed_segments_end_at_their_last_record() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(STEP)).unwrap();
+    let mut expect = Vec::new();
+    for t in 0..120 {
+        append_sized(&p, t, &[1500]);
+        expect.push((t, 1500));
+    }
+    assert!(p.segment_count() > 2);
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    let q = reopen(&crashed, prealloc_opts(STEP)).unwrap();
+    check(&q, &expect);
+    let segs: Vec<i64> = {
+        let st = lock(&q.state);
+        st.segments.iter().map(|s| s.first_txid()).collect()
+    };
+    let st = lock(&p.state);
+    for s in &st.segments[..st.segments.len() - 1] {
+        assert_eq!(seg_len(d.path(), s.first_txid()), s.end, "sealed segment {} keeps no zeros", s.first_txid());
+    }
+    assert_eq!(segs.len(), st.segments.len());
+}
+
+#[test]
+fn a_truncation_leaves_no_old_record_behind_shorter_new_ones() {
+    // Old records of the same ids and other sizes after the cut could be read back behind new
+    // ones if the cut only moved the end: the file must be zeros or nothing after the records.
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    for t in 0..20 {
+        append_sized(&p, t, &[200]);
+    }
+    p.truncate(9).unwrap();
+    let mut expect: Vec<(i64, usize)> = (0..10).map(|t| (t, 200)).collect();
+    // One shorter record for id 10: an old record 11 would sit right where a scan looks next.
+    append_sized(&p, 10, &[200 - RECORD_OVERHEAD - 1]);
+    expect.push((10, 200 - RECORD_OVERHEAD - 1));
+    let crashed = d.path().join("crashed");
+    crash_copy(d.path(), &crashed);
+    let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();
+    assert_eq!(q.recovery.torn_bytes, 0);
+    check(&q, &expect);
+}
+
+#[test]
+fn a_disk_too_full_for_the_zeros_still_takes_the_records() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = FaultFs::new();
+    let budget = fs.write_budget.clone();
+    let p = open_with(Arc::new(fs), d.path(), prealloc_opts(1 << 30)).unwrap();
+    append_sized(&p, 0, &[100]);
+    let end = HEADER_LEN + RECORD_OVERHEAD as u64 + 100;
+    // Room for records, not for the next stretch of zeros.
+    budget.store(70_000, std::sync::atomic::Ordering::SeqCst);
+    append_sized(&p, 1, &[STEP as usize]);
+    assert!(p.is_failed().is_none());
+    let written = end + RECORD_OVERHEAD as u64 + STEP;
+    assert_eq!(seg_len(d.path(), 0), written, "the partial zeros were cut away");
+    drop(p);
+    let q = reopen(d.path(), prealloc_opts(1 << 30)).unwrap();
+    check(&q, &[(0, 100), (1, STEP as usize)]);
+}
