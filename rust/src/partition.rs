@@ -50,7 +50,8 @@ impl Drop for ReadBuf {
 }
 const SCRATCH_KEEP: usize = 16 << 20;
 pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
-static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+/// Zero pages of the binary's bss: one write per preallocation step of the default size.
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
 const INDEX_SYNC_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -140,6 +141,9 @@ struct State {
     queue: Vec<u8>,
     /// The tail's data file length: its records, then zeros (preallocated) up to here.
     tail_allocated: u64,
+    /// After a failed preallocation, the tail offset before which none is tried again: a full
+    /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
+    prealloc_retry_at: u64,
     /// Batches appended but not yet known durable: (ticket sequence, last id), oldest first.
     inflight: std::collections::VecDeque<(u64, i64)>,
     /// Appends in the queue, and whether a sync leader is waiting for more of them.
@@ -398,6 +402,7 @@ impl Partition {
                 write_seq: 0,
                 queue: Vec::new(),
                 tail_allocated,
+                prealloc_retry_at: 0,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
                 leader_waiting: false,
@@ -548,7 +553,7 @@ impl Partition {
     /// go on with writes that grow the file.
     fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64) -> Result<()> {
         let step = self.opts.preallocate;
-        if step == 0 || from <= st.tail_allocated {
+        if step == 0 || from <= st.tail_allocated || from < st.prealloc_retry_at {
             return Ok(());
         }
         // Never far past the segment size: the file is cut back at the roll anyway.
@@ -569,6 +574,7 @@ impl Partition {
                 log::warn!("partition {}: {}: could not preallocate {} bytes ({e}); writing without", self.id, files.data_path.display(), to - from);
                 files.data.set_len(from).at(&files.data_path)?;
                 st.tail_allocated = from;
+                st.prealloc_retry_at = from + step;
             }
         }
         Ok(())
@@ -759,6 +765,7 @@ impl Partition {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
         st.tail_allocated = seg.end;
+        st.prealloc_retry_at = 0;
         st.segments.push(seg);
         Ok(())
     }
@@ -970,6 +977,7 @@ impl Partition {
             tail.end = new_end;
         }
         st.tail_allocated = new_end;
+        st.prealloc_retry_at = 0;
         st.next_txid = tail.next_txid();
         self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
         Ok(())
