@@ -558,17 +558,16 @@ impl Partition {
         }
         // Never far past the segment size: the file is cut back at the roll anyway.
         let to = from.next_multiple_of(step).min(self.opts.segment_size.max(from));
-        let mut at = from;
-        let mut result = Ok(());
-        while at < to {
-            let n = ((to - at) as usize).min(ZEROS.len());
-            if let Err(e) = files.data.write_all_at(&ZEROS[..n], at) {
-                result = Err(e);
-                break;
+        let zero_fill = || -> std::io::Result<()> {
+            let mut at = from;
+            while at < to {
+                let n = ((to - at) as usize).min(ZEROS.len());
+                files.data.write_all_at(&ZEROS[..n], at)?;
+                at += n as u64;
             }
-            at += n as u64;
-        }
-        match result {
+            Ok(())
+        };
+        match zero_fill() {
             Ok(()) => st.tail_allocated = to,
             Err(e) => {
                 log::warn!("partition {}: {}: could not preallocate {} bytes ({e}); writing without", self.id, files.data_path.display(), to - from);
