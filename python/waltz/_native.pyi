@@ -210,7 +210,9 @@ class Storage:
 
 @final
 class StorageNode:
-    """A storage node serving a Storage over TCP (storage protocol) on its own tokio runtime."""
+    """A storage node serving a Storage over TCP (storage protocol): each connection on a thread
+    of its own, where its appends are queued and made durable together (at most `max_in_flight`
+    before they are answered)."""
     @staticmethod
     def start(
         storage: Storage,

@@ -1,10 +1,14 @@
 //! The storage node's network loop: the storage protocol over TCP on a tokio runtime of its own,
 //! so storage work never waits on the GIL.
 //!
-//! Per connection, a reader task decodes frames in order and a writer task sends responses in
-//! the same order. Appends are queued into the partition in arrival order and their durability is
-//! awaited on blocking threads, so a server can keep many appends in flight on one connection and
-//! they share fsyncs. Truncate and Set Low-water Mark finish before the next request is read.
+//! Each storage-protocol connection is served on a thread of its own (a single-threaded runtime):
+//! it decodes the frames that arrived, queues their appends into the partition in arrival order,
+//! then waits on that same thread for the one fdatasync that covers them all, and answers them in
+//! order with one write. No request crosses to another thread on its way, which a tokio worker
+//! handing each append's wait to the blocking pool and back cost (two thread wake-ups and about
+//! a quarter of the node's CPU per append; `docs/performance.md`). The connections of one
+//! partition are few (one per store session and replica), so threads stay few too. Truncate and
+//! Set Low-water Mark finish before the next request is read.
 //!
 //! With TLS configured, both ports accept only mutual TLS: a connection is served once its
 //! handshake (client certificate checked against the CA) succeeded; a failed one is logged and
@@ -28,8 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
@@ -39,7 +42,7 @@ pub struct NodeOptions {
     pub max_list_bytes: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
-    /// Responses queued per connection before the node stops reading from it (back pressure).
+    /// Appends of one connection queued before the node waits for their sync and answers them.
     pub max_in_flight: usize,
     /// Mutual TLS on both ports (`crate::tls::server_config`); None serves plaintext.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
@@ -80,6 +83,10 @@ struct Shared {
     /// (readable, writable) per partition, set through the admin port; absent means both.
     availability: Mutex<HashMap<i32, (bool, bool)>>,
     stats: NodeStats,
+    /// Set once the node stops: every connection thread ends at its next wait.
+    stopping: tokio::sync::watch::Sender<bool>,
+    /// Connection threads still running, for `stop` to wait on.
+    live: (Mutex<usize>, std::sync::Condvar),
 }
 
 pub struct NodeHandle {
@@ -131,9 +138,11 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
         fences: Mutex::new(HashMap::new()),
         availability: Mutex::new(HashMap::new()),
         stats: NodeStats::default(),
+        stopping: tokio::sync::watch::channel(false).0,
+        live: (Mutex::new(0), std::sync::Condvar::new()),
     });
     let shutdown = Arc::new(Notify::new());
-    let (sh, stop) = (shared.clone(), shutdown.clone());
+    let (sh, stop, conns) = (shared.clone(), shutdown.clone(), shared.clone());
     let acceptor = shared.opts.tls.clone().map(crate::tls::TlsAcceptor::from);
     let thread = std::thread::Builder::new().name("waltz-node-accept".into()).spawn(move || {
         rt.block_on(async move {
@@ -170,20 +179,7 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
                             let _ = stream.set_nodelay(true);
-                            let sh = sh.clone();
-                            match acceptor.clone() {
-                                None => tokio::spawn(async move {
-                                    // Owned halves: no lock between the reader and the writer task.
-                                    let (rd, wr) = stream.into_split();
-                                    serve(rd, wr, peer, sh).await
-                                }),
-                                Some(a) => tokio::spawn(async move {
-                                    if let Some(s) = handshake(&a, stream, peer, "storage", &sh).await {
-                                        let (rd, wr) = tokio::io::split(s);
-                                        serve(rd, wr, peer, sh).await;
-                                    }
-                                }),
-                            };
+                            serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone());
                         }
                         Err(e) => {
                             // Out of file descriptors, say: back off instead of spinning.
@@ -194,7 +190,8 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                 }
             }
         });
-        // Appends already queued finish their fsync on the blocking pool before it stops.
+        // Connection threads finish the fsync they are in (appends already queued) and end.
+        stop_connections(&conns, Duration::from_secs(10));
         rt.shutdown_timeout(Duration::from_secs(10));
     })?;
     Ok(NodeHandle { addr, admin_addr, shared, shutdown, thread: Some(thread) })
@@ -239,20 +236,41 @@ fn encoded(r: &Response) -> Vec<u8> {
     b
 }
 
-fn ready(r: Response) -> JoinHandle<Vec<u8>> {
-    tokio::spawn(async move { encoded(&r) })
+/// A request's answer as `handle` gives it: bytes to send, or an append queued into its
+/// partition that may be acknowledged once the partition's syncs cover `seq`.
+enum Answer {
+    Now(Vec<u8>),
+    Durable { h: MsgHeader, part: Arc<Partition>, seq: u64 },
 }
 
-/// Runs engine work on the blocking pool; its result, encoded there, becomes the response to
-/// request `h`. The writer awaits the blocking task itself: an async task around it cost every
-/// append one more task to schedule and one more wake-up.
-fn blocking(shared: &Arc<Shared>, h: MsgHeader, f: impl FnOnce(&Shared) -> Response + Send + 'static) -> JoinHandle<Vec<u8>> {
-    let sh = shared.clone();
-    tokio::task::spawn_blocking(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&sh)))
+fn now(r: Response) -> Answer {
+    Answer::Now(encoded(&r))
+}
+
+/// Runs engine work (reads, truncation, marks) right here, on the connection's own thread; a
+/// panic becomes an Internal failure of this request instead of ending the connection's thread.
+fn blocking(shared: &Arc<Shared>, h: MsgHeader, f: impl FnOnce(&Shared) -> Response) -> Answer {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(shared)))
+        .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"));
+    now(r)
+}
+
+/// The acknowledgement of a queued append: waits (blocking this connection's thread) until a sync
+/// covers it. Durable is not enough to acknowledge: if a newer session was served meanwhile (its
+/// recovery may have read the log without this batch), the old session must not count this
+/// replica, so the answer is StaleSession.
+fn settle(shared: &Shared, answer: Answer) -> Vec<u8> {
+    match answer {
+        Answer::Now(bytes) => bytes,
+        Answer::Durable { h, part, seq } => {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match part.wait_durable_now(seq) {
+                Ok(()) => gated(&shared.storage, h, || Response::Success { h }),
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            }))
             .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"));
-        encoded(&r)
-    })
+            encoded(&r)
+        }
+    }
 }
 
 /// StaleSession if a session newer than the request's has been seen; call it holding the
@@ -272,9 +290,9 @@ fn gated(storage: &Storage, h: MsgHeader, f: impl FnOnce() -> Response) -> Respo
     fenced_out(storage, h).unwrap_or_else(f)
 }
 
-/// Record-list responses (up to `max_list_bytes` each) a connection may have in flight: with the
-/// default 16 MiB lists a client that never reads its answers pins at most 256 MiB.
-const MAX_LISTS_IN_FLIGHT: usize = 16;
+/// Answers gathered beyond this many bytes are sent before the next request is handled: a peer
+/// that pipelines record-list reads holds at most one list (up to `max_list_bytes`) plus this.
+const FLUSH_BYTES: usize = 1 << 20;
 
 /// A slow or silent peer may hold a task this long, never more, before its handshake is given up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -304,41 +322,88 @@ fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
     }
 }
 
-async fn serve<R, W>(mut rd: R, mut wr: W, peer: SocketAddr, shared: Arc<Shared>)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let (tx, mut rx) = mpsc::channel::<(JoinHandle<Vec<u8>>, Option<OwnedSemaphorePermit>)>(shared.opts.max_in_flight);
-    let lists = Arc::new(Semaphore::new(MAX_LISTS_IN_FLIGHT));
-    let wshared = shared.clone();
-    let writer = tokio::spawn(async move {
-        while let Some((h, _permit)) = rx.recv().await {
-            match h.await {
-                Ok(bytes) => {
-                    count_response(&wshared.stats, &bytes);
-                    // A peer that takes nothing for the idle timeout is gone or hostile. The flush
-                    // is free on TCP; TLS may hold encrypted bytes back until it.
-                    let sent = async {
-                        wr.write_all(&bytes).await?;
-                        wr.flush().await
-                    };
-                    match tokio::time::timeout(wshared.opts.idle_timeout, sent).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => {
-                            log::warn!("closing connection from {peer}: it read nothing for {:?}", wshared.opts.idle_timeout);
-                            break;
+/// Serves one storage-protocol connection on a new thread with a single-threaded runtime of its
+/// own (TLS handshake included), so that its appends' fsyncs run where its frames are decoded. A
+/// node out of threads drops the connection with a warning; the peer reconnects.
+fn serve_on_own_thread(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, acceptor: Option<crate::tls::TlsAcceptor>) {
+    let stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(e) => return log::warn!("connection from {peer} dropped: {e}"),
+    };
+    let mut stopping = shared.stopping.subscribe();
+    *lock(&shared.live.0) += 1;
+    let sh = shared.clone();
+    let spawned = std::thread::Builder::new().name("waltz-conn".into()).spawn(move || {
+        let _live = LiveConnection(sh.clone());
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => return log::warn!("connection from {peer} dropped: no runtime for it ({e})"),
+        };
+        rt.block_on(async move {
+            let work = async {
+                let stream = match TcpStream::from_std(stream) {
+                    Ok(s) => s,
+                    Err(e) => return log::warn!("connection from {peer} dropped: {e}"),
+                };
+                match acceptor {
+                    None => serve(stream, peer, sh).await,
+                    Some(a) => {
+                        if let Some(s) = handshake(&a, stream, peer, "storage", &sh).await {
+                            serve(s, peer, sh).await;
                         }
                     }
                 }
-                Err(_) => break,
+            };
+            tokio::select! {
+                _ = work => {}
+                _ = stopping.wait_for(|stop| *stop) => {}
             }
-        }
-        let _ = wr.shutdown().await;
+        });
     });
+    if let Err(e) = spawned {
+        *lock(&shared.live.0) -= 1;
+        log::warn!("connection from {peer} dropped: no thread for it ({e})");
+    }
+}
+
+/// Counts a connection thread as live until it ends, however it ends.
+struct LiveConnection(Arc<Shared>);
+
+impl Drop for LiveConnection {
+    fn drop(&mut self) {
+        let (count, ended) = &self.0.live;
+        *lock(count) -= 1;
+        ended.notify_all();
+    }
+}
+
+/// Tells every connection thread to end, and waits (at most `timeout`) until they have.
+fn stop_connections(shared: &Shared, timeout: Duration) {
+    shared.stopping.send_replace(true);
+    let (count, ended) = &shared.live;
+    let left = ended
+        .wait_timeout_while(lock(count), timeout, |n| *n > 0)
+        .map(|(n, _)| *n)
+        .unwrap_or_else(|e| *e.into_inner().0);
+    if left > 0 {
+        log::warn!("{left} connection(s) still busy {timeout:?} after the node stopped (a sync that does not return?)");
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One connection, one task: decode every frame that has arrived, queue appends, then settle the
+/// answers in order (the first append's wait makes its partition's sync leader, whose one
+/// fdatasync covers every append queued here) and send them with one write. Any other request
+/// settles the appends before it first, so answers keep request order and no more than
+/// `max_in_flight` appends or about `FLUSH_BYTES` of answers are ever held.
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
     let mut conn = Conn { greeted: false, opened: false };
     let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut waiting: Vec<Answer> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
     let reason = 'conn: loop {
         loop {
             let (size, req) = match split_frame(&buf, MAGIC_STORAGE, shared.opts.max_frame) {
@@ -352,33 +417,71 @@ where
                 Err(e) => break 'conn format!("bad frame: {e}"),
             };
             shared.stats.requests.fetch_add(1, Ordering::Relaxed);
-            // Large responses wait for a slot before being built: back pressure on the reader.
-            let permit = match req {
-                Request::RecordList { .. } => match lists.clone().acquire_owned().await {
-                    Ok(p) => Some(p),
-                    Err(_) => break 'conn "connection closing".to_string(),
-                },
-                _ => None,
-            };
-            match handle(&shared, &mut conn, req).await {
-                Ok(h) => {
-                    if tx.send((h, permit)).await.is_err() {
-                        break 'conn "peer stopped reading".to_string();
-                    }
-                }
+            if !matches!(req, Request::Append { .. }) || waiting.len() >= shared.opts.max_in_flight {
+                settle_all(&shared, &mut waiting, &mut out);
+            }
+            match handle(&shared, &mut conn, req) {
+                Ok(answer @ Answer::Durable { .. }) => waiting.push(answer),
+                Ok(answer) if !waiting.is_empty() => waiting.push(answer),
+                Ok(Answer::Now(bytes)) => push_answer(&shared, &mut out, bytes),
                 Err(why) => break 'conn why,
             }
+            if out.len() >= FLUSH_BYTES {
+                if let Err(why) = send(&mut stream, &mut out, &shared).await {
+                    break 'conn why;
+                }
+            }
         }
-        if let Err(why) = read_more(&mut rd, &mut buf, &shared).await {
+        settle_all(&shared, &mut waiting, &mut out);
+        if let Err(why) = send(&mut stream, &mut out, &shared).await {
+            break why;
+        }
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared).await {
             break why;
         }
     };
+    // What was accepted before the connection ended is still answered, as far as the peer reads.
+    settle_all(&shared, &mut waiting, &mut out);
+    let _ = send(&mut stream, &mut out, &shared).await;
     if !reason.is_empty() {
         shared.stats.closed_bad_frames.fetch_add(reason.starts_with("bad frame") as u64, Ordering::Relaxed);
         log::warn!("closing connection from {peer}: {reason}");
     }
-    drop(tx);
-    let _ = writer.await;
+    let _ = stream.shutdown().await;
+}
+
+fn settle_all(shared: &Shared, waiting: &mut Vec<Answer>, out: &mut Vec<u8>) {
+    for answer in waiting.drain(..) {
+        push_answer(shared, out, settle(shared, answer));
+    }
+}
+
+fn push_answer(shared: &Shared, out: &mut Vec<u8>, bytes: Vec<u8>) {
+    count_response(&shared.stats, &bytes);
+    if out.is_empty() {
+        *out = bytes;
+    } else {
+        out.extend_from_slice(&bytes);
+    }
+}
+
+/// Sends the gathered answers. A peer that takes nothing for the idle timeout is gone or
+/// hostile. The flush is free on TCP; TLS may hold encrypted bytes back until it.
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared) -> Result<(), String> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let sent = async {
+        stream.write_all(out).await?;
+        stream.flush().await
+    };
+    let r = match tokio::time::timeout(shared.opts.idle_timeout, sent).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(String::new()), // the peer went away: nothing to warn about
+        Err(_) => Err(format!("it read nothing for {:?}", shared.opts.idle_timeout)),
+    };
+    out.clear();
+    r
 }
 
 struct Conn {
@@ -404,12 +507,12 @@ async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut Vec<u8>, shar
 }
 
 /// Turns one request into its (future) response. Err closes the connection with that reason.
-async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<JoinHandle<Vec<u8>>, String> {
+fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     if !conn.greeted {
         return match req {
             Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
                 conn.greeted = true;
-                Ok(ready(Response::HelloOk { version: VERSION }))
+                Ok(now(Response::HelloOk { version: VERSION }))
             }
             Request::Hello { min_version, max_version } => {
                 Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
@@ -424,7 +527,7 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     if let Request::Open { cluster_key, partition_count, .. } = req {
         let s = &shared.storage;
         if cluster_key != s.cluster_key {
-            return Ok(ready(fail(
+            return Ok(now(fail(
                 h,
                 FailureKind::ClusterKeyMismatch,
                 format!(
@@ -435,21 +538,21 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
             )));
         }
         if partition_count != s.partition_count {
-            return Ok(ready(fail(
+            return Ok(now(fail(
                 h,
                 FailureKind::PartitionCountMismatch,
                 format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
             )));
         }
         conn.opened = true;
-        return Ok(ready(Response::Success { h }));
+        return Ok(now(Response::Success { h }));
     }
     if !conn.opened {
-        return Ok(ready(fail(h, FailureKind::NotOpened, "send Open first")));
+        return Ok(now(fail(h, FailureKind::NotOpened, "send Open first")));
     }
-    let part = match partition_and_fence(shared, h).await {
+    let part = match partition_and_fence(shared, h) {
         Ok(p) => p,
-        Err(resp) => return Ok(ready(resp)),
+        Err(resp) => return Ok(now(resp)),
     };
     let (readable, writable) = shared
         .availability
@@ -460,10 +563,10 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
         .unwrap_or((true, true));
     let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
     if mutates && !writable {
-        return Ok(ready(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))));
+        return Ok(now(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))));
     }
     if !mutates && !readable {
-        return Ok(ready(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
+        return Ok(now(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
     }
     // A partition that failed (an fsync or a write refused) may hold bytes past its durable end
     // that were written but never confirmed: they can be back after a reopen. Until then it
@@ -472,36 +575,30 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     if matches!(req, Request::MaxTransactionId { .. } | Request::SetLowWaterMark { .. }) {
         if let Some(reason) = part.is_failed() {
             let msg = format!("partition {} failed ({reason}): what it holds is unknown until the node reopens it", h.partition_id);
-            return Ok(ready(fail(h, FailureKind::PartitionFailed, msg)));
+            return Ok(now(fail(h, FailureKind::PartitionFailed, msg)));
         }
     }
     Ok(match req {
         Request::Append { records, .. } => append(shared, h, part, records),
-        Request::MaxTransactionId { .. } => ready(Response::MaxTransactionId { h, txid: part.max_txid() }),
+        Request::MaxTransactionId { .. } => now(Response::MaxTransactionId { h, txid: part.max_txid() }),
         Request::LastSessionInfo { .. } => blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
             Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
-        Request::Truncate { txid, .. } => {
-            let r = blocking(shared, h, move |sh| {
-                gated(&sh.storage, h, || match part.truncate(txid) {
-                    Ok(_) => Response::Success { h },
-                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
-                })
-            });
-            ready_after(r, h).await
-        }
-        Request::SetLowWaterMark { low_water_mark, .. } => {
-            let r = blocking(shared, h, move |sh| {
-                gated(&sh.storage, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
-                    Ok(_) => Response::Success { h },
-                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
-                })
-            });
-            ready_after(r, h).await
-        }
+        Request::Truncate { txid, .. } => blocking(shared, h, move |sh| {
+            gated(&sh.storage, h, || match part.truncate(txid) {
+                Ok(_) => Response::Success { h },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }),
+        Request::SetLowWaterMark { low_water_mark, .. } => blocking(shared, h, move |sh| {
+            gated(&sh.storage, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+                Ok(_) => Response::Success { h },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }),
         Request::RecordHeader { txid, .. } => blocking(shared, h, move |_| match part.read_header(txid) {
             Ok(header) => Response::RecordHeader { h, header },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
@@ -529,17 +626,10 @@ async fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<J
     })
 }
 
-async fn ready_after(task: JoinHandle<Vec<u8>>, h: MsgHeader) -> JoinHandle<Vec<u8>> {
-    let bytes = task
-        .await
-        .unwrap_or_else(|e| encoded(&fail(h, FailureKind::Internal, format!("request task failed: {e}"))));
-    tokio::spawn(async move { bytes })
-}
-
 /// The partition, if this node has it, after the session fence; a Failure response otherwise.
 /// A newer session is made durable (the fence file) before its request is served, so no
 /// restart can let an older session write again.
-async fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partition>, Response> {
+fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partition>, Response> {
     let pid = h.partition_id;
     let cached = shared.storage.open_partition_info(pid).map(|(p, _)| p);
     let newest = shared.fences.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).copied();
@@ -551,15 +641,14 @@ async fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<P
             return Err(stale(h, n));
         }
     }
-    // First use of the partition, or a new session: open and persist the fence off the loop.
-    let sh = shared.clone();
+    // First use of the partition (its recovery), or a new session: open and persist the fence,
+    // on this connection's thread like all its storage work.
     let session = h.session_id;
-    let outcome = tokio::task::spawn_blocking(move || {
-        let p = sh.storage.partition(pid)?;
-        Ok::<_, Error>((p, sh.storage.raise_fence(pid, session)?))
-    })
-    .await
-    .map_err(|e| fail(h, FailureKind::Internal, e.to_string()))?;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let p = shared.storage.partition(pid)?;
+        Ok::<_, Error>((p, shared.storage.raise_fence(pid, session)?))
+    }))
+    .map_err(|_| fail(h, FailureKind::Internal, "opening the partition panicked"))?;
     match outcome {
         Ok((p, Ok(()))) => {
             let mut fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner());
@@ -580,12 +669,13 @@ fn stale(h: MsgHeader, newest: i64) -> Response {
     )
 }
 
-fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec<WireRecord>) -> JoinHandle<Vec<u8>> {
+/// Queues the batch into the partition; its answer waits for the sync that covers it.
+fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec<WireRecord>) -> Answer {
     let Some(first) = records.first().map(|r| r.txid) else {
-        return ready(Response::Success { h });
+        return now(Response::Success { h });
     };
     if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
-        return ready(fail(
+        return now(fail(
             h,
             FailureKind::NonDenseAppend,
             format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64),
@@ -601,22 +691,16 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     let queued = {
         let _shared = gate.read().unwrap_or_else(|e| e.into_inner());
         match fenced_out(&shared.storage, h) {
-            Some(stale) => return ready(stale),
+            Some(stale) => return now(stale),
             None => part.enqueue(Some(first), &recs),
         }
     };
     match queued {
         Ok(ticket) => {
             shared.stats.appended_records.fetch_add(records.len() as u64, Ordering::Relaxed);
-            // Durable is not enough to acknowledge: if a newer session was served meanwhile (its
-            // recovery may have read the log without this batch), the old session must not count
-            // this replica, so the answer is StaleSession.
-            blocking(shared, h, move |sh| match part.wait_durable(ticket.seq) {
-                Ok(()) => gated(&sh.storage, h, || Response::Success { h }),
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
-            })
+            Answer::Durable { h, part, seq: ticket.seq }
         }
-        Err(e) => ready(fail(h, failure_kind(&e), e.to_string())),
+        Err(e) => now(fail(h, failure_kind(&e), e.to_string())),
     }
 }
 

@@ -800,9 +800,9 @@ impl Partition {
     /// MAX_COMMIT_DELAY, until as many appends are queued as the previous sync covered. With
     /// concurrent appenders this lets the woken ones re-enqueue before the snapshot, so each
     /// fsync keeps covering all of them; a lone appender (previous round of one) never waits.
-    fn gather_round<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn gather_round<'a>(&self, mut st: MutexGuard<'a, State>, gather: bool) -> MutexGuard<'a, State> {
         let want = self.last_round.load(Ordering::Relaxed);
-        if want > 1 && st.queued_appends < want {
+        if gather && want > 1 && st.queued_appends < want {
             let delay = Duration::from_nanos(self.last_sync_ns.load(Ordering::Relaxed)).min(MAX_COMMIT_DELAY);
             let deadline = Instant::now() + delay;
             st.leader_waiting = true;
@@ -822,6 +822,17 @@ impl Partition {
 
     /// Blocks until the batch with this ticket sequence is durable (or the partition failed).
     pub fn wait_durable(&self, seq: u64) -> Result<()> {
+        self.wait_durable_gathering(seq, true)
+    }
+
+    /// `wait_durable` for a caller that queued everything it had before waiting, and whose
+    /// appends nobody else joins (a storage node's connection thread): the commit delay would
+    /// only wait for appends that cannot come while it waits.
+    pub fn wait_durable_now(&self, seq: u64) -> Result<()> {
+        self.wait_durable_gathering(seq, false)
+    }
+
+    fn wait_durable_gathering(&self, seq: u64, gather: bool) -> Result<()> {
         let mut s = lock(&self.sync);
         loop {
             if s.cut.remove(&seq) {
@@ -840,7 +851,7 @@ impl Partition {
             s.leader = true;
             drop(s);
             let (written, target_seq, target_txid, files) = {
-                let mut st = self.gather_round(lock(&self.state));
+                let mut st = self.gather_round(lock(&self.state), gather);
                 let w = self.flush_queue(&mut st);
                 (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone())
             };

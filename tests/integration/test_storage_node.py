@@ -18,7 +18,7 @@ import zlib
 import pytest
 
 from waltz import errors
-from waltz._native import encode_request
+from waltz._native import ResponseReader, encode_append, encode_request
 from waltz.storage import RecordBatch, ReqId, Storage, StorageClient, StorageNode
 
 NODE_PROCESS = pathlib.Path(__file__).with_name("node_process.py")
@@ -418,6 +418,72 @@ def test_requests_time_out_when_the_node_stops_answering(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def read_answers(sock: socket.socket, n: int) -> list[tuple]:
+    reader, got = ResponseReader(), []
+    sock.settimeout(10)
+    while len(got) < n:
+        data = sock.recv(1 << 16)
+        assert data, f"the node closed the connection after {len(got)} of {n} answers"
+        reader.feed(data)
+        while (r := reader.next_response()) is not None:
+            got.append(r)
+    return got
+
+
+def test_appends_that_arrive_together_share_a_sync_and_are_answered_in_order(cluster):
+    """One write carrying 40 appends and then a read: the node queues the appends, makes them
+    durable with far fewer fdatasyncs than appends (its connection thread waits once for all),
+    answers in request order, and the read after them sees every one."""
+    key, node, storage, _ = cluster
+    syncs_before = storage.partition(0).stats()["syncs"]
+    with socket.create_connection(node.address) as sock:
+        sock.sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=4))
+        assert [a[0] for a in read_answers(sock, 2)] == ["hello_ok", "success"]
+        requests = b"".join(encode_append(1, 10 + t, 0, t, batch(t, 1)) for t in range(40))
+        sock.sendall(requests + encode_request("max_transaction_id", 1, 50, 0))
+        answers = read_answers(sock, 41)
+    assert [a[1] for a in answers] == [10 + t for t in range(40)] + [50]
+    assert all(a[0] == "success" for a in answers[:40]), answers[:3]
+    assert answers[40][0] == "max_transaction_id" and answers[40][4] == 39
+    assert storage.partition(0).max_transaction_id == 39
+    syncs = storage.partition(0).stats()["syncs"] - syncs_before
+    assert 1 <= syncs < 40, f"{syncs} fdatasyncs for 40 appends sent together"
+
+
+def test_a_failed_append_among_queued_ones_is_answered_in_its_place(cluster):
+    """An append that cannot be queued (not dense) between good ones: its failure comes back
+    between their successes, in request order, and the good ones are durable."""
+    key, node, storage, _ = cluster
+    with socket.create_connection(node.address) as sock:
+        sock.sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=4))
+        read_answers(sock, 2)
+        sock.sendall(encode_append(1, 10, 1, 0, batch(0, 2)) + encode_append(1, 11, 1, 7, batch(7, 1))
+                     + encode_append(1, 12, 1, 2, batch(2, 2)))
+        answers = read_answers(sock, 3)
+    assert [(a[0], a[1]) for a in answers] == [("success", 10), ("failure", 11), ("success", 12)]
+    assert answers[1][4][0] == "non_dense_append"
+    assert storage.partition(1).max_transaction_id == 3
+
+
+def test_stopping_the_node_ends_its_connections(tmp_path):
+    """Every connection has a thread of its own: stop ends them all (idle or not) and returns."""
+    key = uuid.uuid4()
+    s = Storage.create(tmp_path / "node", key, 1)
+    s.add_partition(0)
+    node = StorageNode.start(s)
+    socks = [socket.create_connection(node.address) for _ in range(5)]
+    socks[0].sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=1)
+                     + encode_append(1, 2, 0, 0, batch(0, 3)))
+    assert [a[0] for a in read_answers(socks[0], 3)] == ["hello_ok", "success", "success"]
+    started = time.monotonic()
+    node.stop()
+    assert time.monotonic() - started < 9, "stop waited for its connections' ten-second bound"
+    for sock in socks:
+        assert closed_by_peer(sock)
+        sock.close()
+    s.close()
 
 
 def test_a_client_that_never_reads_its_answers_is_dropped_and_others_are_served(tmp_path):
