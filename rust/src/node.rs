@@ -362,6 +362,7 @@ fn serve_on_own_thread(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>,
     });
     if let Err(e) = spawned {
         *lock(&shared.live.0) -= 1;
+        shared.live.1.notify_all();
         log::warn!("connection from {peer} dropped: no thread for it ({e})");
     }
 }

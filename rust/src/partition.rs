@@ -799,7 +799,8 @@ impl Partition {
     /// Commit delay: a new sync leader waits, at most as long as the last sync took and never more than
     /// MAX_COMMIT_DELAY, until as many appends are queued as the previous sync covered. With
     /// concurrent appenders this lets the woken ones re-enqueue before the snapshot, so each
-    /// fsync keeps covering all of them; a lone appender (previous round of one) never waits.
+    /// fsync keeps covering all of them; a lone appender (previous round of one) never waits, nor
+    /// does a leader that was told nobody can join (`gather` false: `wait_durable_now`).
     fn gather_round<'a>(&self, mut st: MutexGuard<'a, State>, gather: bool) -> MutexGuard<'a, State> {
         let want = self.last_round.load(Ordering::Relaxed);
         if gather && want > 1 && st.queued_appends < want {
