@@ -136,6 +136,16 @@ uvloop.run(main([int(p) for p in sys.argv[2:]]))
 """
 
 
+def _announced_port(proc: subprocess.Popen[str], what: str) -> str:
+    """The port a helper process prints once it listens; its failure (its traceback went to
+    stderr) is an error naming it rather than a parse error."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.isdigit():
+        raise RuntimeError(f"the {what} did not start (exit code {proc.poll()}); its error is above")
+    return line
+
+
 def measure(directory: pathlib.Path, seconds: float) -> dict[str, Any]:
     procs: list[subprocess.Popen[str]] = []
     directory.mkdir(parents=True, exist_ok=True)
@@ -146,14 +156,12 @@ def measure(directory: pathlib.Path, seconds: float) -> dict[str, Any]:
                 [sys.executable, "-c", _REPLICA, str(directory / f"replica{i}"), str(FRAME), str(ACK), str(PREALLOCATED)],
                 stdout=subprocess.PIPE, text=True))
             procs.append(p)
-            assert p.stdout is not None
-            ports.append(p.stdout.readline().strip())
+            ports.append(_announced_port(p, f"replica {i}"))
         relay = loadgen.track(subprocess.Popen(
             [sys.executable, "-c", _RELAY_MAIN, str(pathlib.Path(__file__).resolve().parent), *ports],
             stdout=subprocess.PIPE, text=True))
         procs.append(relay)
-        assert relay.stdout is not None
-        port = int(relay.stdout.readline())
+        port = int(_announced_port(relay, "relay"))
         frame, out = os.urandom(FRAME), []
         with socket.create_connection(("127.0.0.1", port)) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

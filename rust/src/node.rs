@@ -1,12 +1,12 @@
-//! The storage node's network loop: the storage protocol over TCP on a tokio runtime of its own,
-//! so storage work never waits on the GIL.
+//! The storage node's network loop: the storage and admin protocols over TCP on tokio, outside
+//! Python, so storage work never waits on the GIL.
 //!
 //! Each storage-protocol connection is served on a thread of its own (a single-threaded runtime):
 //! it decodes the frames that arrived, queues their appends into the partition in arrival order,
 //! then waits on that same thread for the one fdatasync that covers them all, and answers them in
 //! order with one write. No request crosses to another thread on its way, which a tokio worker
 //! handing each append's wait to the blocking pool and back cost (two thread wake-ups and about
-//! a quarter of the node's CPU per append; `docs/performance.md`). The connections of one
+//! a third of the node's CPU per append; `docs/performance.md`). The connections of one
 //! partition are few (one per store session and replica), so threads stay few too. Truncate and
 //! Set Low-water Mark finish before the next request is read.
 //!
