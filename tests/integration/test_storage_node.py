@@ -469,8 +469,22 @@ def test_a_failed_append_among_queued_ones_is_answered_in_its_place(cluster):
 
 def connection_threads() -> int:
     """Threads of this process named as the node names its connection threads."""
-    tasks = pathlib.Path("/proc/self/task")
-    return sum(1 for t in tasks.iterdir() if (t / "comm").read_text().strip() == "waltz-conn")
+    count = 0
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        try:
+            count += (task / "comm").read_text().strip() == "waltz-conn"
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that exited meanwhile
+    return count
+
+
+def settles_at(count, expected: int) -> int:
+    """`count()` once it equals `expected` or after 10 s: a thread that ended its work may
+    take a moment more to leave the process."""
+    deadline = time.monotonic() + 10
+    while (n := count()) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n
 
 
 def test_stopping_the_node_ends_its_connections(tmp_path):
@@ -485,12 +499,9 @@ def test_stopping_the_node_ends_its_connections(tmp_path):
     socks[0].sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=1)
                      + encode_append(1, 2, 0, 0, batch(0, 3)))
     assert [a[0] for a in read_answers(socks[0], 3)] == ["hello_ok", "success", "success"]
-    deadline = time.monotonic() + 10
-    while connection_threads() < before + 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert connection_threads() == before + 5
+    assert settles_at(connection_threads, before + 5) == before + 5
     node.stop()
-    assert connection_threads() == before
+    assert settles_at(connection_threads, before) == before
     for sock in socks:
         assert closed_by_peer(sock)
         sock.close()
