@@ -18,7 +18,7 @@
 //! fails as stale. The fence starts, after a restart, from the session recorded in the control
 //! file, which every store session writes first (Set Low-water Mark).
 use crate::error::Error;
-use crate::partition::Partition;
+use crate::partition::{lock, Partition};
 use crate::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, MsgHeader, PartitionStatus, Request, Response, WireRecord,
     MAGIC_ADMIN, MAGIC_STORAGE, VERSION,
@@ -247,12 +247,15 @@ fn now(r: Response) -> Answer {
     Answer::Now(encoded(&r))
 }
 
-/// Runs engine work (reads, truncation, marks) right here, on the connection's own thread; a
-/// panic becomes an Internal failure of this request instead of ending the connection's thread.
+/// A panic in engine work becomes an Internal failure of request `h` instead of ending the
+/// connection's thread.
+fn guarded(h: MsgHeader, f: impl FnOnce() -> Response) -> Response {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"))
+}
+
+/// Runs engine work (reads, truncation, marks) right here, on the connection's own thread.
 fn blocking(shared: &Arc<Shared>, h: MsgHeader, f: impl FnOnce(&Shared) -> Response) -> Answer {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(shared)))
-        .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"));
-    now(r)
+    now(guarded(h, || f(shared)))
 }
 
 /// The acknowledgement of a queued append: waits (blocking this connection's thread) until a sync
@@ -262,14 +265,10 @@ fn blocking(shared: &Arc<Shared>, h: MsgHeader, f: impl FnOnce(&Shared) -> Respo
 fn settle(shared: &Shared, answer: Answer) -> Vec<u8> {
     match answer {
         Answer::Now(bytes) => bytes,
-        Answer::Durable { h, part, seq } => {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match part.wait_durable_now(seq) {
-                Ok(()) => gated(&shared.storage, h, || Response::Success { h }),
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
-            }))
-            .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"));
-            encoded(&r)
-        }
+        Answer::Durable { h, part, seq } => encoded(&guarded(h, || match part.wait_durable_now(seq) {
+            Ok(()) => gated(&shared.storage, h, || Response::Success { h }),
+            Err(e) => fail(h, failure_kind(&e), e.to_string()),
+        })),
     }
 }
 
@@ -389,10 +388,6 @@ fn stop_connections(shared: &Shared, timeout: Duration) {
     if left > 0 {
         log::warn!("{left} connection(s) still busy {timeout:?} after the node stopped (a sync that does not return?)");
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One connection, one task: decode every frame that has arrived, queue appends, then settle the
@@ -633,7 +628,7 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
 fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partition>, Response> {
     let pid = h.partition_id;
     let cached = shared.storage.open_partition_info(pid).map(|(p, _)| p);
-    let newest = shared.fences.lock().unwrap_or_else(|e| e.into_inner()).get(&pid).copied();
+    let newest = lock(&shared.fences).get(&pid).copied();
     if let (Some(p), Some(n)) = (&cached, newest) {
         if h.session_id == n {
             return Ok(p.clone());
@@ -652,7 +647,7 @@ fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partiti
     .map_err(|_| fail(h, FailureKind::Internal, "opening the partition panicked"))?;
     match outcome {
         Ok((p, Ok(()))) => {
-            let mut fences = shared.fences.lock().unwrap_or_else(|e| e.into_inner());
+            let mut fences = lock(&shared.fences);
             let newest = fences.entry(pid).or_insert(session);
             *newest = (*newest).max(session);
             Ok(p)
@@ -780,14 +775,14 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
         AdminRequest::Assign { .. } => done(s.add_partition(pid).and_then(|_| s.partition(pid).map(|_| ()))),
         AdminRequest::Unassign { delete_files, .. } => {
             let r = s.remove_partition(pid, delete_files);
-            shared.fences.lock().unwrap_or_else(|e| e.into_inner()).remove(&pid);
+            lock(&shared.fences).remove(&pid);
             done(r)
         }
         AdminRequest::SetAvailability { readable, writable, .. } => {
             if pid < 0 || pid >= s.partition_count {
                 return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
             }
-            shared.availability.lock().unwrap_or_else(|e| e.into_inner()).insert(pid, (readable, writable));
+            lock(&shared.availability).insert(pid, (readable, writable));
             AdminResponse::Success { h }
         }
         AdminRequest::Status { .. } => {
@@ -795,7 +790,7 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
                 Ok(ids) => ids,
                 Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
             };
-            let avail = shared.availability.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let avail = lock(&shared.availability).clone();
             let mut partitions = Vec::new();
             for id in ids {
                 let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));

@@ -255,7 +255,7 @@ fn run_checkpointer(partition: i32, rx: mpsc::Receiver<Arc<SegmentFiles>>, healt
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock is a bug; the state it guards stays usable for reads.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

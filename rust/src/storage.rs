@@ -3,10 +3,10 @@ use crate::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
 
 use crate::error::{Error, IoContext, Result};
 use crate::fs::{parent_dir, FileSystem, StdFs};
-use crate::partition::{Partition, PartitionOptions};
+use crate::partition::{lock, Partition, PartitionOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 pub struct Storage {
     pub path: PathBuf,
@@ -20,10 +20,6 @@ pub struct Storage {
     gates: Mutex<HashMap<i32, Arc<std::sync::RwLock<()>>>>,
     pub cluster_key: [u8; 16],
     pub partition_count: i32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 const DELETING_SUFFIX: &str = ".deleting";
