@@ -32,6 +32,7 @@ def main() -> None:
 def _run_daemon(name: str, config_path: str) -> None:
     """Loads the configuration, sets up logging and runs; a user's mistake is one line, exit 1."""
     from waltz.config import load_server_config, load_storage_node_config
+    from waltz.malloc import release_large_blocks
 
     try:
         if name == "storage":
@@ -39,12 +40,14 @@ def _run_daemon(name: str, config_path: str) -> None:
 
             storage_config = load_storage_node_config(config_path)
             _setup_logging(storage_config.logging.level, storage_config.logging.json)
+            release_large_blocks()
             run_storage(storage_config)
         else:
             from waltz.server.daemon import run as run_server
 
             server_config = load_server_config(config_path)
             _setup_logging(server_config.logging.level, server_config.logging.json)
+            release_large_blocks()
             run_server(server_config)
     except (errors.WaltzError, OSError) as e:
         click.echo(f"waltz-node {name}: {e}", err=True)
