@@ -99,6 +99,29 @@ def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, tur
     run(meta, body, gather_turns=turns)
 
 
+def test_a_batch_does_not_wait_when_no_other_client_can_come(cluster) -> None:  # noqa: F811
+    """Both recent appenders have queued: nobody else is on the way, so the batch is cut at once
+    and a newcomer two turns later goes in a batch of its own (waiting turns for it would have
+    delayed the other two)."""
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        for c in (1, 2):
+            assert isinstance(await p.append(req(c, 1, -1)), Committed)
+        before = sum(p.commit_seconds[0])
+
+        async def after(client: int, turns: int) -> Any:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await p.append(req(client, 2, -1))
+
+        results = await asyncio.gather(after(1, 0), after(2, 0), after(3, 2))
+        assert [r.transaction_id for r in results] == [2, 3, 4]
+        assert sum(p.commit_seconds[0]) - before == 2
+
+    run(meta, body, gather_turns=6)
+
+
 def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
     meta, nodes = cluster
 
