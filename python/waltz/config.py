@@ -186,8 +186,9 @@ class PartitionSection:
     max_batch_bytes: int = 4 << 20
     max_batches_in_flight: int = 16
     gather_turns: int = 6
-    """At most this many event-loop turns a new store batch waits for more appends, while each
-    turn brings more or none has come yet (0 cuts at once: more store batches under load)."""
+    """At most this many event-loop turns a new store batch waits for the partition's other
+    clients, while one that appended in the last second has nothing queued or in flight (0 cuts
+    at once: more store batches under load)."""
     lock_budget_bytes: int = 8 << 20
     feed_cache_bytes: int = 16 << 20
     data_cache_bytes: int = 64 << 20
