@@ -1,6 +1,6 @@
 """A Waltz cluster on loopback against etcd and ZooKeeper, same load generator, same run.
 
-    python benches/cluster.py [--quick] [--json PATH] [--plot PATH] [--systems LIST]
+    python benches/cluster.py [--quick] [--json PATH] [--plot PATH] [--systems LIST] [--event-loop uvloop|asyncio]
 
 Waltz: 1 server (`waltz-node server`) and 3 storage nodes as separate processes, embedded
 metadata, 4 partitions, driven by closed-loop clients speaking the client protocol. Each client
@@ -19,7 +19,9 @@ acknowledgement), installed with apt when missing (as root; a clear message othe
 etcd (Debian `etcd-server`, client `aetcd`, puts of 1 KiB values) and ZooKeeper (Debian
 `zookeeper`, client kazoo, persistent sequential znodes of 1 KiB). See `benches/peers/`.
 
-All systems run through one load generator (`benches/peers/loadgen.py`) at 1, 8, 32 clients:
+All systems run through one load generator (`benches/peers/loadgen.py`), on uvloop (as a
+`WaltzClient` runs; grpc.aio under aetcd runs on it too, kazoo on threads of its own; the
+standard loop with `--event-loop asyncio`), at 1, 8, 32 clients:
 committed operations/s, MB/s, p50/p99/p999 submit-to-commit latency, CPU microseconds per
 committed operation summed over every process of the system plus this one (the clients). In
 the same run: the write + fdatasync p50 of a 1 KiB record on the same disk and a loopback TCP
@@ -67,6 +69,7 @@ from waltz.client import (  # noqa: E402
     WaltzClientCallbacks,
 )
 from waltz.cluster import open_store  # noqa: E402
+from waltz.event_loop import EVENT_LOOPS, loop_factory  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
 from waltz.storage import StorageAdminClient  # noqa: E402
 
@@ -328,20 +331,27 @@ LABELS = {
 
 
 class Timing:
-    def __init__(self, quick: bool) -> None:
+    def __init__(self, quick: bool, event_loop: str = "uvloop") -> None:
         self.seconds = 2.0 if quick else 10.0      # measured window per cell
         self.warmup = 0.5 if quick else 1.0        # per cell, not measured
         self.system_warmup = 1.5 if quick else 5.0  # 8 clients once per system (JIT, caches), not measured
+        self.event_loop = event_loop
+        self.loop_factory = loop_factory(event_loop, "--event-loop")
+
+    def run(self, coro: Any) -> Any:
+        """Runs one cell's clients on the load generator's event loop (every system the same)."""
+        with asyncio.Runner(loop_factory=self.loop_factory) as runner:
+            return runner.run(coro)
 
 
 def run_cells(name: str, open_session: Callable[[int, int], Any], pids: dict[str, int], t: Timing,
               clients: tuple[int, ...]) -> list[dict[str, Any]]:
     """The warm-up pass, then one cell per client count."""
     log(f"{name}: warming up (8 clients, {t.system_warmup:.1f} s)")
-    asyncio.run(closed_loop(lambda i: open_session(8, i), 8, t.system_warmup, pids, warmup=0.0))
+    t.run(closed_loop(lambda i: open_session(8, i), 8, t.system_warmup, pids, warmup=0.0))
     rows = []
     for n in clients:
-        r = asyncio.run(closed_loop(lambda i, n=n: open_session(n, i), n, t.seconds, pids, warmup=t.warmup))
+        r = t.run(closed_loop(lambda i, n=n: open_session(n, i), n, t.seconds, pids, warmup=t.warmup))
         r["load_average_1min"] = round(os.getloadavg()[0], 2)  # other work on the machine shows here
         log(f"{name} {n:>2} clients: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
             f"CPU {r['cpu_us_per_tx']:.0f} us/op" + (f", {r['retries']} lock retries" if r["retries"] else ""))
@@ -585,6 +595,8 @@ def main() -> int:
     ap.add_argument("--plot", type=pathlib.Path, help="PNG (default benches/results/cluster-peers[-quick].png)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts (default 1,8,32)")
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
+                    help="the load generator's loop, for every system's clients (default uvloop, as WaltzClient's)")
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     if bad := set(systems) - set(SYSTEMS):
@@ -593,7 +605,7 @@ def main() -> int:
     suffix = "-quick" if args.quick else ""
     json_path = args.json or RESULTS / f"cluster{suffix}.json"
     plot_path = args.plot or RESULTS / f"cluster-peers{suffix}.png"
-    t = Timing(args.quick)
+    t = Timing(args.quick, args.event_loop)
     load = os.getloadavg()
     log(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     started = time.time()
@@ -608,7 +620,7 @@ def main() -> int:
                 log(f"killed {n} leftover process(es)")
     res["run"] = {
         "command": " ".join(["python", "benches/cluster.py", *sys.argv[1:]]),
-        "quick": args.quick, "seconds_per_cell": t.seconds, "warmup_per_cell": t.warmup,
+        "quick": args.quick, "event_loop": t.event_loop, "seconds_per_cell": t.seconds, "warmup_per_cell": t.warmup,
         "system_warmup": t.system_warmup, "load_average_before": load, "load_average_after": os.getloadavg(),
         "wall_seconds": round(time.time() - started, 1), "cpus": os.cpu_count(),
     }

@@ -420,6 +420,47 @@ def test_requests_time_out_when_the_node_stops_answering(tmp_path):
         proc.wait()
 
 
+def test_an_append_listener_runs_in_the_turn_that_read_the_answer(cluster):
+    """The server's commit path hangs on `send_append`'s listener: it must run as soon as the
+    answer is read (before any done callback, which waits for the next turn), see the future
+    settled, hear failures too, and a listener that raises must not stop the connection."""
+    key, node, _, _ = cluster
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        errors_seen = []
+        loop.set_exception_handler(lambda _loop, ctx: errors_seen.append(ctx))
+        async with await connect(key, node) as c:
+            await c.last_session_info(0, 2)
+            order = []
+
+            def listener(f):
+                # Inside the connection's read loop, not a later turn's callback.
+                assert asyncio.current_task() is c._task
+                order.append(("listener", f.done(), None if f.exception() is None else type(f.exception())))
+
+            acked = c.send_append(0, 2, 0, batch(0, 3), listener)
+            acked.add_done_callback(lambda f: order.append(("done callback",)))
+            await acked
+            await asyncio.sleep(0)
+            assert order == [("listener", True, None), ("done callback",)]
+
+            failed = []
+            with pytest.raises(errors.StaleSessionError):
+                await c.send_append(0, 1, 3, batch(3, 1), lambda f: failed.append(type(f.exception())))
+            assert failed == [errors.StaleSessionError]
+
+            def broken(f):
+                raise RuntimeError("listener bug")
+
+            await c.send_append(0, 2, 3, batch(3, 1), broken)
+            assert await c.max_transaction_id(0, 2) == 3  # the read loop went on
+            assert [type(ctx["exception"]) for ctx in errors_seen] == [RuntimeError]
+            assert "listener" in errors_seen[0]["message"]
+
+    run(go())
+
+
 def read_answers(sock: socket.socket, n: int) -> list[tuple]:
     reader, got = ResponseReader(), []
     sock.settimeout(10)

@@ -33,6 +33,7 @@ import random
 import selectors
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from waltz import errors
@@ -269,8 +270,13 @@ class SimClient:
     async def append(self, partition: int, session: int, first: int, batch: SimBatch) -> None:
         await self._call("append", session, first, list(batch))
 
-    def send_append(self, partition: int, session: int, first: int, batch: SimBatch) -> asyncio.Future[None]:
-        return asyncio.ensure_future(self._wait(self._send("append", session, first, list(batch))))
+    def send_append(
+        self, partition: int, session: int, first: int, batch: SimBatch, listener: Callable[[asyncio.Future[None]], None] | None = None
+    ) -> asyncio.Future[None]:
+        acked = asyncio.ensure_future(self._wait(self._send("append", session, first, list(batch))))
+        if listener is not None:
+            acked.add_done_callback(listener)
+        return acked
 
     async def records(self, partition: int, session: int, txid: int, count: int = 1000) -> list[SimRecord]:
         return await self._call("records", session, txid, count)  # type: ignore[no-any-return]

@@ -135,7 +135,6 @@ class Partition:
         self._data_budget = data_cache_bytes
         self._commit_waiters: list[asyncio.Future[None]] = []
         """Feed readers waiting for the next commit (or a failure), a future each."""
-        self._signal_due = False
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
         """Client id → its appends queued or in flight (for `settled`)."""
         self._appenders: dict[int, float] = {}
@@ -250,7 +249,7 @@ class Partition:
             self.session, self._session_start = new, new.high_water_mark
             new.on_successor_wanted = self._wake
             self.stats["store_sessions"] += 1
-            await old.close()
+            await old.close(drain_seconds=0)  # appends wait meanwhile; the new session has every replica
         finally:
             self._new_session_wanted = None
             for _ in range(held):
@@ -370,8 +369,9 @@ class Partition:
             accepted.append((q, txid))
         if not accepted:
             return False
+        handed = time.perf_counter()
         try:
-            committed = self.session.append(batch)
+            self.session.append(batch, lambda f: self._on_commit(f, accepted, handed))
         except errors.StoreSessionError as e:
             for q, _ in accepted:
                 if not q.future.done():
@@ -379,8 +379,6 @@ class Partition:
             return False
         self._next += len(accepted)
         self.stats["appended"] += len(accepted)
-        handed = time.perf_counter()
-        committed.add_done_callback(lambda f: self._on_commit(f, accepted, handed))
         return True
 
     def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]], handed: float) -> None:
@@ -416,22 +414,19 @@ class Partition:
             self._cache_data(txid, r.data)
         self.high_water_mark = last
         self.stats["committed"] += len(accepted)
+        # Feed readers first: their steps then run first on the next turn, before the appenders'
+        # callbacks (bookkeeping only: a client learns of its commit from the feed).
+        self._signal_commit()
         for q, txid in accepted:
             if not q.future.done():
                 q.future.set_result(Committed(txid))
-        self._signal_commit()
 
     def _signal_commit(self) -> None:
-        """Wakes every feed reader waiting for a commit, on the loop's next turn: the commits
-        that land in this turn go out in one feed frame per connection. A future per reader: an
-        `asyncio.Condition` cost a task per commit and a lock hand-over per reader, and a reader
-        cancelled while waiting (its client went away) cancels only its own future."""
-        if not self._signal_due:
-            self._signal_due = True
-            asyncio.get_running_loop().call_soon(self._wake_readers)
-
-    def _wake_readers(self) -> None:
-        self._signal_due = False
+        """Wakes every feed reader waiting for a commit. A woken reader runs on the loop's next
+        turn, so the commits that land in this turn still go out in one feed frame per
+        connection. A future per reader: an `asyncio.Condition` cost a task per commit and a
+        lock hand-over per reader, and a reader cancelled while waiting (its client went away)
+        cancels only its own future."""
         waiters, self._commit_waiters = self._commit_waiters, []
         for w in waiters:
             if not w.done():

@@ -74,7 +74,25 @@ class _Pending:
     batch: RecordBatch
     """Kept until committed: a replica that catches up is sent the batches still in flight."""
     future: asyncio.Future[tuple[int, int]]
+    listener: Callable[[asyncio.Future[tuple[int, int]]], None] | None = None
     acks: set[str] = dataclasses.field(default_factory=set)
+
+    def settle(self, result: tuple[int, int] | BaseException) -> None:
+        """Completes the future and tells the listener at once (see `StoreSession.append`)."""
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+            self.future.exception()  # a caller that dropped the future has nothing to be warned about
+        else:
+            self.future.set_result(result)
+        if self.listener is not None:
+            try:
+                self.listener(self.future)
+            except Exception as e:  # as the loop does for a failing done callback: the commit path must go on
+                self.future.get_loop().call_exception_handler(
+                    {"message": "store session commit listener failed", "exception": e, "future": self.future}
+                )
 
 
 @dataclasses.dataclass(eq=False)
@@ -377,16 +395,20 @@ class StoreSession:
     def failed(self) -> errors.StoreSessionError | None:
         return self._failed
 
-    def append(self, batch: RecordBatch) -> asyncio.Future[tuple[int, int]]:
+    def append(
+        self, batch: RecordBatch, listener: Callable[[asyncio.Future[tuple[int, int]]], None] | None = None
+    ) -> asyncio.Future[tuple[int, int]]:
         """Gives the batch the next ids and sends it to every replica in the write path now.
-        The future completes with (first, last) once a majority has it durably, in id order."""
+        The future completes with (first, last) once a majority has it durably, in id order.
+        `listener(future)` is called as soon as it completes, within the loop turn that read the
+        deciding acknowledgement (a done callback would wait a turn more)."""
         if self._failed is not None:
             raise self._failed
         if len(batch) == 0:
             raise errors.InvalidArgumentError("an empty batch has no transaction ids")
         first = self._next
         self._next += len(batch)
-        pending = _Pending(first, self._next - 1, batch, asyncio.get_running_loop().create_future())
+        pending = _Pending(first, self._next - 1, batch, asyncio.get_running_loop().create_future(), listener)
         self._pending.append(pending)
         for r in self._replicas:
             if not r.in_write_path:
@@ -395,17 +417,15 @@ class StoreSession:
                 self._leave(r, f"fell {r.in_flight} batches behind", broken=False)
                 continue
             try:
-                acked = r.client.send_append(self.partition, self.session_id, first, batch)
+                self._send(r, pending)
             except errors.WaltzError as e:
                 self._leave(r, str(e))
-                continue
-            self._on_ack(r, pending, acked)
         return pending.future
 
-    def _on_ack(self, r: _Replica, pending: _Pending, acked: asyncio.Future[None]) -> None:
-        """Counts the replica's answer to `pending` when it comes: a callback, not a task per
-        replica per batch (the server's hot path)."""
-        r.in_flight += 1
+    def _send(self, r: _Replica, pending: _Pending) -> None:
+        """Sends `pending` to the replica (raises the connection's error) and counts its answer
+        when it comes: a listener called from the connection's read loop, not a task per replica
+        per batch (the server's hot path)."""
 
         def answered(f: asyncio.Future[None]) -> None:
             r.in_flight -= 1
@@ -421,14 +441,14 @@ class StoreSession:
                 pending.acks.add(r.address)
                 self._advance()
 
-        acked.add_done_callback(answered)
+        r.client.send_append(self.partition, self.session_id, pending.first, pending.batch, answered)
+        r.in_flight += 1
 
     def _advance(self) -> None:
         while self._pending and len(self._pending[0].acks) >= self.quorum:
             p = self._pending.popleft()
             self.high_water_mark = p.last
-            if not p.future.done():
-                p.future.set_result((p.first, p.last))
+            p.settle((p.first, p.last))
 
     def _leave(self, r: _Replica, why: str, *, broken: bool = True) -> None:
         if not r.in_write_path:
@@ -449,10 +469,7 @@ class StoreSession:
         )
         log.log(level, "%s", self._failed)
         while self._pending:
-            p = self._pending.popleft()
-            if not p.future.done():
-                p.future.set_exception(self._failed)
-                p.future.exception()  # a caller that dropped the future has nothing to be warned about
+            self._pending.popleft().settle(self._failed)
 
     # -- replicas outside the write path -------------------------------------------------------
     def _start_replica_task(self, r: _Replica) -> None:
@@ -578,7 +595,7 @@ class StoreSession:
         if any(p.first < nxt <= p.last for p in self._pending):
             raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
         for pending in (p for p in self._pending if p.first >= nxt):
-            self._on_ack(r, pending, r.client.send_append(self.partition, self.session_id, pending.first, pending.batch))
+            self._send(r, pending)
         r.in_write_path, r.left_because = True, None
         log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
 
@@ -631,7 +648,15 @@ class StoreSession:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def close(self) -> None:
+    async def close(self, drain_seconds: float = 2.0) -> None:
+        """Ends the session. A healthy one first gives the replicas in the write path up to
+        `drain_seconds` to answer what they were sent: a commit needs only a majority, and a
+        replica cut off mid-stream would have to be caught up by the next session."""
+        if self._failed is None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + drain_seconds
+            while self._failed is None and loop.time() < deadline and any(r.in_flight for r in self._replicas if r.in_write_path):
+                await asyncio.sleep(0.002)
         if self._failed is None:
             self._fail("closed", level=logging.INFO)
         for t in list(self._tasks):

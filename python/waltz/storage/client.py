@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import ssl as _ssl
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from waltz import errors, tls
@@ -51,6 +51,45 @@ def _failure(address: str, kind: str, message: str) -> errors.StorageError:
     return err
 
 
+class _AppendWait:
+    """An Append in flight: its future, settled straight from the read loop (see `send_append`)."""
+
+    __slots__ = ("address", "acked", "listener", "timer")
+
+    def __init__(self, address: str, acked: asyncio.Future[None], listener: Callable[[asyncio.Future[None]], None] | None) -> None:
+        self.address = address
+        self.acked = acked
+        self.listener = listener
+        self.timer: asyncio.TimerHandle | None = None
+
+    def answer(self, kind: str, value: Any) -> None:
+        if kind == "failure":
+            self.fail(_failure(self.address, *value))
+        else:
+            self._settle(None)
+
+    def fail(self, exc: BaseException) -> None:
+        self._settle(exc)
+
+    def _settle(self, exc: BaseException | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        acked = self.acked
+        if acked.done():  # cancelled by whoever waited for it
+            return
+        if exc is None:
+            acked.set_result(None)
+        else:
+            acked.set_exception(exc)
+        if self.listener is not None:
+            try:
+                self.listener(acked)
+            except Exception as e:  # as the loop does for a failing done callback; the read loop must go on
+                acked.get_loop().call_exception_handler(
+                    {"message": f"storage append listener of {self.address} failed", "exception": e, "future": acked}
+                )
+
+
 C = TypeVar("C", bound="_Connection")
 
 
@@ -68,7 +107,7 @@ class _Connection:
         self.timeout = timeout
         self.tls = tls
         self._decoder = ResponseReader(admin=self.ADMIN)
-        self._pending: dict[int, asyncio.Future[tuple[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[tuple[str, Any]] | _AppendWait] = {}
         self._seq = itertools.count(1)
         self._closed: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -144,9 +183,11 @@ class _Connection:
                 self._decoder.feed(data)
                 while (resp := self._decoder.next_response()) is not None:
                     kind, seq, _session, _partition, value = resp
-                    fut = self._pending.pop(seq, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result((kind, value))
+                    waiting = self._pending.pop(seq, None)
+                    if isinstance(waiting, _AppendWait):
+                        waiting.answer(kind, value)
+                    elif waiting is not None and not waiting.done():
+                        waiting.set_result((kind, value))
         except (errors.WaltzError, OSError) as e:
             self._fail_all(e if isinstance(e, errors.WaltzError) else errors.StorageConnectionError(str(e)))
         except asyncio.CancelledError:
@@ -155,24 +196,29 @@ class _Connection:
 
     def _fail_all(self, exc: BaseException) -> None:
         self._closed = exc
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self._pending.clear()
+        waiting, self._pending = list(self._pending.values()), {}
+        for w in waiting:
+            if isinstance(w, _AppendWait):
+                w.fail(exc)
+            elif not w.done():
+                w.set_exception(exc)
 
     def _send(self, encode: Any) -> tuple[int, asyncio.Future[tuple[str, Any]]]:
         """Writes a request now (requests go out in call order) and returns its response future."""
+        fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
+        return self._write(encode, fut), fut
+
+    def _write(self, encode: Any, waiting: asyncio.Future[tuple[str, Any]] | _AppendWait) -> int:
         if self._closed is not None:
             raise errors.StorageConnectionError(f"connection to {self.address} is closed: {self._closed}")
         seq = next(self._seq)
-        fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = fut
+        self._pending[seq] = waiting
         try:
             self._writer.write(encode(seq))
         except (ConnectionError, OSError) as e:
             self._pending.pop(seq, None)
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
-        return seq, fut
+        return seq
 
     async def _wait(self, seq: int, fut: asyncio.Future[tuple[str, Any]]) -> Any:
         try:
@@ -246,37 +292,27 @@ class StorageClient(_Connection):
         """Returns once the node has the batch durably (fdatasync returned)."""
         await self._call(lambda seq: encode_append(session, seq, partition, first_txid, batch))
 
-    def send_append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> asyncio.Future[None]:
+    def send_append(
+        self, partition: int, session: int, first_txid: int, batch: RecordBatch,
+        listener: Callable[[asyncio.Future[None]], None] | None = None,
+    ) -> asyncio.Future[None]:
         """Sends the Append now, so that appends leave in call order, and returns a future that
         completes once the node has the batch durably, or fails with the node's error, or with
-        `StorageTimeoutError` when no answer came within `timeout`. For pipelining many batches:
-        a plain future and a timer, no task (this is the server's hot path, three per batch)."""
-        seq, fut = self._send(lambda s: encode_append(session, s, partition, first_txid, batch))
+        `StorageTimeoutError` when no answer came within `timeout`. `listener(future)` is called
+        as soon as it completes, in the same loop turn as the answer was read, where a done
+        callback would wait for the next turn: the server's commit path runs there (three
+        appends per batch). No task per append: a plain future and a timer."""
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_later(self.timeout, self._expire, seq, fut)
-
-        def settle(f: asyncio.Future[tuple[str, Any]]) -> None:
-            timer.cancel()
-            self._pending.pop(seq, None)
-            exc = None if f.cancelled() else f.exception()  # retrieved even when nobody waits any more
-            if acked.done():
-                return
-            if f.cancelled():
-                acked.set_exception(errors.StorageConnectionError(f"connection to {self.address} closed"))
-            elif exc is not None:
-                acked.set_exception(exc)
-            elif (answer := f.result())[0] == "failure":
-                acked.set_exception(_failure(self.address, *answer[1]))
-            else:
-                acked.set_result(None)
-
-        fut.add_done_callback(settle)
+        wait = _AppendWait(self.address, acked, listener)
+        seq = self._write(lambda s: encode_append(session, s, partition, first_txid, batch), wait)
+        wait.timer = loop.call_later(self.timeout, self._expire, seq)
         return acked
 
-    def _expire(self, seq: int, fut: asyncio.Future[tuple[str, Any]]) -> None:
-        if not fut.done():
-            fut.set_exception(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
+    def _expire(self, seq: int) -> None:
+        wait = self._pending.pop(seq, None)
+        if isinstance(wait, _AppendWait):
+            wait.fail(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
         return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))
