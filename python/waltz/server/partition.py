@@ -134,6 +134,7 @@ class Partition:
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
         self._commit_waiters: list[asyncio.Future[None]] = []
+        self._signal_due = False
         """Feed readers waiting for the next commit (or a failure), a future each."""
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
         """Client id → its appends queued or in flight (for `settled`)."""
@@ -422,11 +423,21 @@ class Partition:
                 q.future.set_result(Committed(txid))
 
     def _signal_commit(self) -> None:
-        """Wakes every feed reader waiting for a commit. A woken reader runs on the loop's next
-        turn, so the commits that land in this turn still go out in one feed frame per
-        connection. A future per reader: an `asyncio.Condition` cost a task per commit and a
-        lock hand-over per reader, and a reader cancelled while waiting (its client went away)
-        cancels only its own future."""
+        """Wakes every feed reader waiting for a commit: on the loop's next turn while other
+        batches of the partition are in flight, so that the commits landing in this turn go
+        out in one feed frame per connection (woken at once, many clients cost the server more
+        feed frames per transaction: docs/performance.md); at once when none is, as nothing can
+        join and a turn is latency. A future per reader: an `asyncio.Condition` cost a task per commit and a
+        lock hand-over per reader, and a reader cancelled while waiting (its client went
+        away) cancels only its own future."""
+        if self._next - 1 == self.high_water_mark:
+            self._wake_readers()
+        elif not self._signal_due:
+            self._signal_due = True
+            asyncio.get_running_loop().call_soon(self._wake_readers)
+
+    def _wake_readers(self) -> None:
+        self._signal_due = False
         waiters, self._commit_waiters = self._commit_waiters, []
         for w in waiters:
             if not w.done():
