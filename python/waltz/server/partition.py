@@ -134,8 +134,8 @@ class Partition:
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
         self._commit_waiters: list[asyncio.Future[None]] = []
-        self._signal_due = False
         """Feed readers waiting for the next commit (or a failure), a future each."""
+        self._signal_due = False
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
         """Client id → its appends queued or in flight (for `settled`)."""
         self._appenders: dict[int, float] = {}
@@ -426,10 +426,10 @@ class Partition:
         """Wakes every feed reader waiting for a commit: on the loop's next turn while other
         batches of the partition are in flight, so that the commits landing in this turn go
         out in one feed frame per connection (woken at once, many clients cost the server more
-        feed frames per transaction: docs/performance.md); at once when none is, as nothing can
-        join and a turn is latency. A future per reader: an `asyncio.Condition` cost a task per commit and a
-        lock hand-over per reader, and a reader cancelled while waiting (its client went
-        away) cancels only its own future."""
+        feed frames per transaction: docs/performance.md); at once when none is, as nothing
+        can join and a turn is latency. A future per reader: an `asyncio.Condition` cost a
+        task per commit and a lock hand-over per reader, and a reader cancelled while waiting
+        (its client went away) cancels only its own future."""
         if self._next - 1 == self.high_water_mark:
             self._wake_readers()
         elif not self._signal_due:
