@@ -13,7 +13,7 @@ import uvloop
 
 from waltz.client import ClientConfig
 from waltz.config import ConfigError, load_server_config
-from waltz.event_loop import loop_factory
+from waltz.event_loop import loop_factory, tell_listener
 
 
 def _server(tmp_path: pathlib.Path, server: str = "") -> pathlib.Path:
@@ -48,3 +48,26 @@ def test_a_missing_uvloop_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ConfigError, match=r'\[server\] event_loop is "uvloop" but it cannot be imported .*set it to "asyncio"'):
         loop_factory("uvloop", "[server] event_loop")
     assert loop_factory("asyncio", "[server] event_loop") is asyncio.new_event_loop
+
+
+def test_a_listener_is_told_at_once_and_its_failure_goes_to_the_loop() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        reported: list[dict[str, object]] = []
+        loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        fut: asyncio.Future[int] = loop.create_future()
+        fut.set_result(7)
+        seen: list[int] = []
+        tell_listener(lambda f: seen.append(f.result()), fut, "a listener")
+        assert seen == [7]  # called before any loop turn
+        tell_listener(None, fut, "nobody")
+
+        def broken(f: asyncio.Future[int]) -> None:
+            raise RuntimeError("bug in a listener")
+
+        tell_listener(broken, fut, "the commit listener")  # does not raise into the caller
+        assert len(reported) == 1
+        assert reported[0]["message"] == "the commit listener failed"
+        assert isinstance(reported[0]["exception"], RuntimeError) and reported[0]["future"] is fut
+    finally:
+        loop.close()

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from waltz import errors
 from waltz._native import RecordBatch
 from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
+from waltz.event_loop import tell_listener
 from waltz.server import recovery
 from waltz.storage.client import StorageClient
 
@@ -86,13 +87,7 @@ class _Pending:
             self.future.exception()  # a caller that dropped the future has nothing to be warned about
         else:
             self.future.set_result(result)
-        if self.listener is not None:
-            try:
-                self.listener(self.future)
-            except Exception as e:  # as the loop does for a failing done callback: the commit path must go on
-                self.future.get_loop().call_exception_handler(
-                    {"message": "store session commit listener failed", "exception": e, "future": self.future}
-                )
+        tell_listener(self.listener, self.future, "store session commit listener")
 
 
 @dataclasses.dataclass(eq=False)

@@ -25,6 +25,7 @@ from waltz._native import (
     encode_append,
     encode_request,
 )
+from waltz.event_loop import tell_listener
 
 _FAILURES: dict[str, type[errors.StorageError]] = {
     "cluster_key_mismatch": errors.ClusterKeyMismatch,
@@ -81,13 +82,7 @@ class _AppendWait:
             acked.set_result(None)
         else:
             acked.set_exception(exc)
-        if self.listener is not None:
-            try:
-                self.listener(acked)
-            except Exception as e:  # as the loop does for a failing done callback; the read loop must go on
-                acked.get_loop().call_exception_handler(
-                    {"message": f"storage append listener of {self.address} failed", "exception": e, "future": acked}
-                )
+        tell_listener(self.listener, acked, f"storage append listener of {self.address}")
 
 
 C = TypeVar("C", bound="_Connection")
