@@ -64,15 +64,10 @@ class _AppendWait:
         self.timer: asyncio.TimerHandle | None = None
 
     def answer(self, kind: str, value: Any) -> None:
-        if kind == "failure":
-            self.fail(_failure(self.address, *value))
-        else:
-            self._settle(None)
+        self.settle(_failure(self.address, *value) if kind == "failure" else None)
 
-    def fail(self, exc: BaseException) -> None:
-        self._settle(exc)
-
-    def _settle(self, exc: BaseException | None) -> None:
+    def settle(self, exc: BaseException | None) -> None:
+        """Acknowledged (`None`) or failed with `exc`; tells the listener at once."""
         if self.timer is not None:
             self.timer.cancel()
         acked = self.acked
@@ -194,7 +189,7 @@ class _Connection:
         waiting, self._pending = list(self._pending.values()), {}
         for w in waiting:
             if isinstance(w, _AppendWait):
-                w.fail(exc)
+                w.settle(exc)
             elif not w.done():
                 w.set_exception(exc)
 
@@ -307,7 +302,7 @@ class StorageClient(_Connection):
     def _expire(self, seq: int) -> None:
         wait = self._pending.pop(seq, None)
         if isinstance(wait, _AppendWait):
-            wait.fail(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
+            wait.settle(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
         return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))
