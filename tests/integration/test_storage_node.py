@@ -410,8 +410,23 @@ def test_requests_time_out_when_the_node_stops_answering(tmp_path):
                 with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
                     await asyncio.wait_for(c.send_append(0, 2, 1, batch(1, 1)), 10)
                 assert not c._pending  # a timed-out request leaves nothing behind
+                # Appends in flight share one deadline timer: each still fails at its own
+                # deadline, and the later one no sooner than its own.
+                first = c.send_append(0, 2, 1, batch(1, 1))
+                await asyncio.sleep(0.5)
+                second = c.send_append(0, 2, 2, batch(2, 1))
+                with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
+                    await asyncio.wait_for(first, 10)
+                assert not second.done()
+                with pytest.raises(errors.StorageTimeoutError, match="did not answer"):
+                    await asyncio.wait_for(second, 10)
+                assert not c._pending
             finally:
                 proc.send_signal(signal.SIGCONT)
+            # The node answers again, and an append sent now is acknowledged, not left to a timer
+            # that nobody armed.
+            last = await c.max_transaction_id(0, 2)
+            await asyncio.wait_for(c.send_append(0, 2, last + 1, batch(last + 1, 1)), 10)
             await c.close()
 
         run(go())
