@@ -58,9 +58,15 @@ def payload_of(m: cp.Message) -> bytes:
     return m.payload()
 
 
-def test_malformed_payloads_are_refused() -> None:
-    good = cp.Append((1, 2, 3, 4), 9, 7, b"data", (1,), (), (2, 3))
+@pytest.mark.parametrize("locks", [((1,), (), (2, 3)), ((), (), ())], ids=["with-locks", "lockless"])
+def test_malformed_payloads_are_refused(locks) -> None:
+    # Lockless appends take a fast path of their own: it must refuse the same things.
+    good = cp.Append((1, 2, 3, 4), 9, 7, b"data", *locks)
     p = payload_of(good)
+    assert cp.decode(cp.Append.TYPE, p) == good
+    # docs/protocol.md's layout, field by field, whichever path encoded it
+    counted = b"".join(struct.pack(">i", len(v)) + struct.pack(f">{len(v)}q", *v) for v in locks)
+    assert p == struct.pack(">iiiiq", 1, 2, 3, 4, 9) + counted + struct.pack(">ii", 7, 4) + b"data" + struct.pack(">I", zlib.crc32(b"data"))
     with pytest.raises(ProtocolError, match="ends inside"):
         cp.decode(cp.Append.TYPE, p[:-1])
     with pytest.raises(ProtocolError, match="trailing"):
@@ -68,6 +74,9 @@ def test_malformed_payloads_are_refused() -> None:
     bad_crc = p[:-4] + struct.pack(">I", zlib.crc32(b"data") ^ 1)
     with pytest.raises(ProtocolError, match="checksum"):
         cp.decode(cp.Append.TYPE, bad_crc)
+    negative = struct.pack(">iiiiqiiiii", 1, 2, 3, 4, 9, 0, 0, 0, 7, -4) + b"data" + p[-4:]
+    with pytest.raises(ProtocolError, match="does not fit"):
+        cp.decode(cp.Append.TYPE, negative)
     huge = struct.pack(">iiii", 1, 2, 3, 4) + struct.pack(">q", 0) + struct.pack(">i", 1 << 30)
     with pytest.raises(ProtocolError, match="does not fit"):
         cp.decode(cp.Append.TYPE, huge)
