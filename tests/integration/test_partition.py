@@ -173,6 +173,58 @@ def test_feed_order_equals_commit_order_for_every_reader(cluster) -> None:  # no
     run(meta, body)
 
 
+def test_a_pushed_feed_hands_over_every_commit_once_in_order(cluster, caplog) -> None:  # noqa: F811
+    """A waiting reader with `push` takes commits in the commit's turn; whatever it declines or
+    fails on, the iterator yields from there: together, every transaction once, in order."""
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        rng = random.Random(11)
+        pushed: list[Any] = []
+        got: list[Any] = []
+        calls = {"push": 0, "declined": 0, "raised": 0}
+        sizes: list[int] = []
+
+        def push(entries: list[Any]) -> bool:
+            calls["push"] += 1
+            sizes.append(len(entries))
+            roll = rng.random()
+            if roll < 0.2:
+                calls["declined"] += 1
+                return False
+            if roll < 0.25:
+                calls["raised"] += 1
+                raise RuntimeError("a reader's push broke")
+            pushed.extend(entries)
+            got.extend(entries)
+            return True
+
+        total = 120
+
+        async def reader() -> None:
+            async for entries in p.feed(-1, max_entries=3, push=push):
+                got.extend(entries)
+                if len(got) >= total:
+                    return
+
+        r = asyncio.ensure_future(reader())
+        await asyncio.sleep(0)  # parked, waiting for the first commit
+
+        async def client(cid: int) -> None:
+            for seq in range(total // 4):
+                assert isinstance(await p.append(req(cid, seq, p.high_water_mark)), Committed)
+
+        await asyncio.gather(*(client(c) for c in range(4)))
+        await asyncio.wait_for(r, 10)
+        assert [e.transaction_id for e in got] == list(range(total))
+        assert pushed and len(pushed) < total  # both ways were taken
+        assert max(sizes) <= 3
+        assert calls["declined"] and calls["raised"]
+        assert "handing commits to a feed reader failed" in caplog.text
+
+    run(meta, body)
+
+
 def test_readers_behind_the_cache_catch_up_from_storage(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 

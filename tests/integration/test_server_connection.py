@@ -67,14 +67,21 @@ def append(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, 
 
 
 @contextlib.asynccontextmanager
-async def serving(meta: Any) -> AsyncIterator[tuple[int, Partition, Partitions]]:
-    """Partition 0 served on a port: (port, partition, the registry connections look it up in)."""
+async def serving(meta: Any, writers: list[asyncio.StreamWriter] | None = None) -> AsyncIterator[tuple[int, Partition, Partitions]]:
+    """Partition 0 served on a port: (port, partition, the registry connections look it up in).
+    The server's side of each connection goes into `writers`."""
     session = await StoreSession.open(meta, 0, generation=GEN)
     p = Partition(0, GEN, session)
     await p.start()
     parts = Partitions()
     parts.by_id[0] = p
-    server = await asyncio.start_server(lambda r, w: ClientConnection(r, w, parts).run(), "127.0.0.1", 0)
+
+    def connected(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> Awaitable[None]:
+        if writers is not None:
+            writers.append(w)
+        return ClientConnection(r, w, parts).run()
+
+    server = await asyncio.start_server(connected, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1], p, parts
     finally:
@@ -206,6 +213,35 @@ def test_a_large_data_response_never_delays_the_feed(cluster) -> None:  # noqa: 
         rpc.close()
 
     serve(meta, body)
+
+
+def test_a_feed_behind_a_full_socket_waits_and_loses_nothing(cluster) -> None:  # noqa: F811
+    """Commits are written to a waiting feed in their own turn only while nothing is queued on
+    the connection: behind answers the client has not read yet, they wait (the server buffers
+    nothing more for that client) and then all arrive, in order."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        writers: list[asyncio.StreamWriter] = []
+        async with serving(meta, writers) as (port, p, _):
+            await p.append(AppendRequest(ReqId(9, GEN, 0, 0), -1, 0, bytes(8 << 20)))  # 8 MiB of data
+            c = await RawClient.connect(port)
+            c.send(cp.Mount(1, 0, 5, 0, 1))
+            await c.until(lambda m: isinstance(m, cp.MountResponse))
+            for i in range(3):
+                c.send(cp.TransactionDataRequest(i, 0, 0))  # ~24 MiB of answers, not read yet
+            await asyncio.sleep(0.2)
+            buffered = writers[0].transport.get_write_buffer_size()
+            assert buffered > 0
+            for seq in range(20):
+                await p.append(AppendRequest(ReqId(7, GEN, 0, seq), p.high_water_mark, 0, b"s"))
+            assert writers[0].transport.get_write_buffer_size() == buffered
+            got = await c.until(lambda m: isinstance(m, cp.FeedData) and m.entries[-1].transaction_id == 20, timeout=30)
+            assert feed_ids(got) == list(range(1, 21))
+            assert [m.seq for m in got if isinstance(m, cp.TransactionDataResponse)] == [0, 1, 2]
+            c.close()
+
+    asyncio.run(go())
 
 
 def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # noqa: F811

@@ -228,8 +228,22 @@ class ClientConnection:
         ready = mount.client_high_water_mark >= target
         if ready:
             await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
+
+        def push(entries: list[FeedEntry]) -> bool:
+            """Writes a commit's feed frame in the commit's own turn when nothing else is in the
+            way; otherwise the loop below takes it (it does the same checks, and waits for a
+            full socket to drain)."""
+            if (
+                not ready or self._write_lock.locked() or self.writer.is_closing()
+                or self.writer.transport.get_write_buffer_size() > 0
+                or self._stale(mount.partition) or self.partitions.by_id.get(mount.partition) is not p
+            ):
+                return False
+            self.writer.write(self.partitions.feed_frame(p, entries))
+            return True
+
         try:
-            async for entries in p.feed(mount.client_high_water_mark, FEED_BATCH):
+            async for entries in p.feed(mount.client_high_water_mark, FEED_BATCH, push):
                 if self._stale(mount.partition):
                     return  # the client's newer mount has its own feed
                 if self.partitions.by_id.get(mount.partition) is not p:

@@ -88,6 +88,22 @@ class _Queued:
     future: asyncio.Future[AppendResult]
 
 
+FeedPush = Callable[[list[FeedEntry]], bool]
+"""Takes committed entries in the commit's own turn (True), or declines them (False): see `Partition.feed`."""
+
+
+class _Follower:
+    """A feed reader parked until transaction `next` commits."""
+
+    __slots__ = ("next", "max_entries", "push", "woken")
+
+    def __init__(self, nxt: int, max_entries: int, push: FeedPush | None, woken: asyncio.Future[None]) -> None:
+        self.next = nxt
+        self.max_entries = max_entries
+        self.push = push
+        self.woken = woken
+
+
 class Partition:
     """Use `Partition(partition_id, generation, session)`, `await start()`, `append()`, `feed()`."""
 
@@ -133,8 +149,8 @@ class Partition:
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
-        self._commit_waiters: list[asyncio.Future[None]] = []
-        """Feed readers waiting for the next commit (or a failure), a future each."""
+        self._followers: list[_Follower] = []
+        """Feed readers waiting for the next commit (or a failure)."""
         self._signal_due = False
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = collections.defaultdict(set)
         """Client id → its appends queued or in flight (for `settled`)."""
@@ -438,10 +454,35 @@ class Partition:
 
     def _wake_readers(self) -> None:
         self._signal_due = False
-        waiters, self._commit_waiters = self._commit_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        followers, self._followers = self._followers, []
+        for f in followers:
+            if f.woken.done():
+                continue  # its reader went away
+            push = f.push
+            if push is not None and f.next <= self.high_water_mark and self.session.failed is None and self._push(f, push):
+                self._followers.append(f)  # handed over: it stays parked
+            else:
+                f.woken.set_result(None)
+
+    def _push(self, f: _Follower, push: FeedPush) -> bool:
+        """Hands every commit from `f.next` on to `push`, in lists of at most `f.max_entries`;
+        False (the reader is woken and goes on from `f.next`) when it declines or fails one, or
+        the commits are no longer all cached."""
+        cached_from = self._feed[0].transaction_id if self._feed else self.high_water_mark + 1
+        while f.next <= self.high_water_mark:
+            if f.next < cached_from:
+                return False
+            start = f.next - cached_from
+            entries = [self._feed[i] for i in range(start, min(start + f.max_entries, len(self._feed)))]
+            try:
+                taken = push(entries)
+            except Exception:  # the reader's own path then meets the problem; this commit goes on
+                log.exception("partition %d: handing commits to a feed reader failed", self.partition_id)
+                taken = False
+            if not taken:
+                return False
+            f.next = entries[-1].transaction_id + 1
+        return True
 
     def _cache_data(self, txid: int, data: bytes) -> None:
         self._data[txid] = data
@@ -455,9 +496,16 @@ class Partition:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    async def feed(self, after: int, max_entries: int = 1000) -> AsyncIterator[list[FeedEntry]]:
+    async def feed(self, after: int, max_entries: int = 1000, push: FeedPush | None = None) -> AsyncIterator[list[FeedEntry]]:
         """Committed transactions with ids above `after`, in order, in lists of at most
-        `max_entries`, forever (waits for new commits)."""
+        `max_entries`, forever (waits for new commits).
+
+        With `push`, a reader that has caught up and waits is handed each commit within the turn
+        that commits it, `push(entries)`, instead of being woken to take it from this iterator
+        on a later turn (a client's feed frame then leaves a loop turn and a task step sooner).
+        The entries `push` takes are not yielded; when it declines (returns False), the iterator
+        wakes and yields from there on. It may be called again after a True, never once it has
+        declined until the reader waits again."""
         if max_entries < 1:
             raise errors.InvalidArgumentError(f"max_entries must be at least 1, not {max_entries}")
         nxt = after + 1
@@ -469,10 +517,13 @@ class Partition:
                 start = nxt - cached_from
                 entries = [self._feed[i] for i in range(start, min(start + max_entries, len(self._feed)))]
             else:
-                while self.high_water_mark < nxt and self.session.failed is None:
-                    waiter = asyncio.get_running_loop().create_future()
-                    self._commit_waiters.append(waiter)
-                    await waiter
+                follower = _Follower(nxt, max_entries, push, asyncio.get_running_loop().create_future())
+                while self.high_water_mark < follower.next and self.session.failed is None:
+                    if follower.woken.done():
+                        follower.woken = asyncio.get_running_loop().create_future()
+                    self._followers.append(follower)
+                    await follower.woken
+                nxt = follower.next  # past whatever push took
                 if self.session.failed is not None and self.high_water_mark < nxt:
                     raise self.session.failed
                 continue
