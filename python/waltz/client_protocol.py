@@ -24,6 +24,7 @@ ReqIdTuple = tuple[int, int, int, int]
 _I32, _I64, _U32, _U8 = struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">I"), struct.Struct(">B")
 _REQ = struct.Struct(">iiii")
 _ENTRY = struct.Struct(">qiiiii")  # transaction id, ReqId, header
+_FEED_HEAD = struct.Struct(">qii")  # seq, partition, entry count
 _LOCKLESS_APPEND = struct.Struct(">iiiiqiiiii")  # ReqId, high-water mark, three lock counts, header, data length
 
 
@@ -293,13 +294,12 @@ class _Entry(Protocol):
 def feed_payload(seq: int, partition: int, entries: Sequence[_Entry]) -> bytes:
     """A Feed Data payload straight from entries whose `req_id` is a 4-tuple or a native ReqId
     (the server's feed), without building message objects per entry."""
-    out = bytearray(struct.pack(">qii", seq, partition, len(entries)))
-    base = len(out)
-    out.extend(bytes(_ENTRY.size * len(entries)))
-    for i, e in enumerate(entries):
+    parts = [_FEED_HEAD.pack(seq, partition, len(entries))]
+    for e in entries:
         r = e.req_id
-        _ENTRY.pack_into(out, base + i * _ENTRY.size, e.transaction_id, *(r if isinstance(r, tuple) else r.as_tuple()), e.header)
-    return bytes(out)
+        c, g, p, s = r if isinstance(r, tuple) else r.as_tuple()
+        parts.append(_ENTRY.pack(e.transaction_id, c, g, p, s, e.header))
+    return b"".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
