@@ -97,11 +97,11 @@ class _Follower:
 
     __slots__ = ("next", "max_entries", "push", "woken")
 
-    def __init__(self, nxt: int, max_entries: int, push: FeedPush | None, woken: asyncio.Future[None]) -> None:
+    def __init__(self, nxt: int, max_entries: int, push: FeedPush | None) -> None:
         self.next = nxt
         self.max_entries = max_entries
         self.push = push
-        self.woken = woken
+        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
 class Partition:
@@ -468,12 +468,10 @@ class Partition:
         """Hands every commit from `f.next` on to `push`, in lists of at most `f.max_entries`;
         False (the reader is woken and goes on from `f.next`) when it declines or fails one, or
         the commits are no longer all cached."""
-        cached_from = self._feed[0].transaction_id if self._feed else self.high_water_mark + 1
         while f.next <= self.high_water_mark:
-            if f.next < cached_from:
+            if f.next < self._cached_from():
                 return False
-            start = f.next - cached_from
-            entries = [self._feed[i] for i in range(start, min(start + f.max_entries, len(self._feed)))]
+            entries = self._cached(f.next, f.max_entries)
             try:
                 taken = push(entries)
             except Exception:  # the reader's own path then meets the problem; this commit goes on
@@ -483,6 +481,15 @@ class Partition:
                 return False
             f.next = entries[-1].transaction_id + 1
         return True
+
+    def _cached_from(self) -> int:
+        """The first transaction id whose header is still in memory."""
+        return self._feed[0].transaction_id if self._feed else self.high_water_mark + 1
+
+    def _cached(self, nxt: int, max_entries: int) -> list[FeedEntry]:
+        """Up to `max_entries` committed headers from `nxt` on, which must be in memory."""
+        start = nxt - self._cached_from()
+        return [self._feed[i] for i in range(start, min(start + max_entries, len(self._feed)))]
 
     def _cache_data(self, txid: int, data: bytes) -> None:
         self._data[txid] = data
@@ -510,19 +517,17 @@ class Partition:
             raise errors.InvalidArgumentError(f"max_entries must be at least 1, not {max_entries}")
         nxt = after + 1
         while True:
-            cached_from = self._feed[0].transaction_id if self._feed else self.high_water_mark + 1
+            cached_from = self._cached_from()
             if nxt < cached_from:
                 entries = await self._read_headers(nxt, min(max_entries, cached_from - nxt))
             elif nxt <= self.high_water_mark:
-                start = nxt - cached_from
-                entries = [self._feed[i] for i in range(start, min(start + max_entries, len(self._feed)))]
+                entries = self._cached(nxt, max_entries)
             else:
-                follower = _Follower(nxt, max_entries, push, asyncio.get_running_loop().create_future())
+                follower = _Follower(nxt, max_entries, push)
                 while self.high_water_mark < follower.next and self.session.failed is None:
-                    if follower.woken.done():
-                        follower.woken = asyncio.get_running_loop().create_future()
                     self._followers.append(follower)
                     await follower.woken
+                    follower.woken = asyncio.get_running_loop().create_future()
                 nxt = follower.next  # past whatever push took
                 if self.session.failed is not None and self.high_water_mark < nxt:
                     raise self.session.failed

@@ -310,7 +310,6 @@ class StorageClient(_Connection):
         per connection, not one per append: a uvloop timer costs 2-4 µs to arm and cancel, three
         times per batch on the server's commit path. Appends are sent in deadline order and
         `_pending` keeps send order, so the first append not yet due ends the scan."""
-        self._sweep_timer = None
         loop = asyncio.get_running_loop()
         now = loop.time()
         due: list[tuple[int, _AppendWait]] = []
@@ -322,8 +321,10 @@ class StorageClient(_Connection):
         for seq, wait in due:
             if self._pending.pop(seq, None) is wait:
                 wait.settle(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
-        # A listener above may have sent (and armed the timer) already.
-        if self._sweep_timer is None and self._closed is None:
+        # Until here the fired timer still counts as armed, so that an append a listener above sent
+        # waits behind the older ones: the timer goes to the oldest deadline left.
+        self._sweep_timer = None
+        if self._closed is None:
             oldest = next((w for w in self._pending.values() if isinstance(w, _AppendWait)), None)
             if oldest is not None:
                 self._sweep_timer = loop.call_at(oldest.deadline, self._sweep)
