@@ -234,6 +234,71 @@ def test_closing_cancels_a_data_fetch_in_flight(servers) -> None:
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_settles_every_context_and_wakes_threads_waiting_for_room(servers, caplog) -> None:
+    """`max_pending = 1`: a context whose `execute` raised a BaseException (the exception reaches
+    the caller, nothing is sent) and a context whose future was cancelled each free their slot,
+    with no error on the loop; a context held by its own hook (inside a task the close cancels) fails
+    with ClientClosedError, and so does a thread waiting for the partition's slot behind it.
+    Before, the held context's future was never resolved (its caller waited for ever) and the
+    waiting thread got a bare CancelledError."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    hold = threading.Event()
+
+    class Held(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise KeyError("held")
+
+        async def on_exception(self, exc: BaseException) -> None:
+            hold.set()
+            await asyncio.Event().wait()  # until the close cancels it
+
+    class Interrupt(BaseException):
+        pass
+
+    class Interrupted(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise Interrupt()
+
+    app = MemoryApp()
+    client = WaltzClient(app, config(url, max_pending=1))
+    try:
+        with pytest.raises(Interrupt):
+            client.submit(Interrupted("never sent"))
+        first = client.submit(Write("cancelled"))
+        first.cancel()  # pending: the caller no longer wants it; the append still goes
+        assert client.submit(Write("after")).result(30) is True  # the slot was freed
+        deadline = time.monotonic() + 30
+        while app.marks[0] < 1:
+            assert time.monotonic() < deadline, app.marks
+            time.sleep(0.02)
+        held = client.submit(Held("held"))
+        assert hold.wait(30)
+        outcome: list[BaseException | bool] = []
+
+        def waiter() -> None:
+            try:
+                outcome.append(client.submit(Write("waits")).result(30))
+            except BaseException as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)
+        assert not outcome, "the partition has one slot and the held context has it"
+    finally:
+        client.close()
+    t.join(30)
+    assert not t.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError), outcome
+    with pytest.raises(errors.ClientClosedError):
+        held.result(10)
+    assert [d["id"] for _, d in app.applied[0]] == ["cancelled", "after"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     s, _, _, url = servers
     s.start("s1")

@@ -177,11 +177,20 @@ class AsyncWaltzClient:
         the context once and queues its append; returns the future of its completion: True
         committed, False declined; `on_exception`'s error, `TransactionExpiredError`,
         `MountTimeoutError`, `ClientAheadError` otherwise."""
-        part, work = await self.admit(context)
+        part = self.route(context)
+        await part.slots.acquire()
+        if self._closed:
+            part.slots.release()
+            raise errors.ClientClosedError("the client is closed")
+        future = self.loop.create_future()
+        work = Work(context, future, self.deadline_of(context), part.slots.release)
+        part.admit(work)
         await self.execute(part, work)
-        return work.future
+        return future
 
-    async def admit(self, context: TransactionContext) -> tuple[ClientPartition, Work]:
+    def route(self, context: TransactionContext) -> ClientPartition:
+        """The context's partition; raises what `submit` raises before it waits for room. Reads
+        only, so `WaltzClient` calls it from the submitting thread."""
         self._check_open()
         if not isinstance(context, TransactionContext):
             raise TypeError(f"submit takes a TransactionContext, not {type(context).__name__}")
@@ -192,14 +201,25 @@ class AsyncWaltzClient:
         refused = part.error or part.unavailable
         if refused is not None:
             raise refused
-        await part.slots.acquire()
-        if self._closed:
-            part.slots.release()
-            raise errors.ClientClosedError("the client is closed")
+        return part
+
+    def deadline_of(self, context: TransactionContext) -> float:
         timeout = context.timeout if context.timeout is not None else self.config.transaction_timeout
-        work = Work(context, self.loop.create_future(), time.monotonic() + timeout)
-        part.admit()
-        return part, work
+        return time.monotonic() + timeout
+
+    def submitted(self, part: ClientPartition, work: Work, executed: tuple[TransactionBuilder, object] | BaseException | None) -> None:
+        """A context `WaltzClient` admitted and executed in the submitting thread, on the loop:
+        `executed` is what its first execution built and returned, what it raised, or None when
+        the context expired before it could run."""
+        part.admit(work)
+        if self._closed:  # close() failed what it knew of; this one came after
+            part.finish(work, errors.ClientClosedError("the client is closed"))
+        elif executed is None:
+            self.spawn(self.expire(part, work))
+        elif isinstance(executed, BaseException):
+            self.spawn(self.execution_failed(part, work, executed))
+        else:
+            self.built(part, work, *executed)
 
     async def flush(self) -> None:
         """Waits until every context submitted so far has completed and this client has applied

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from waltz import client_protocol as cp
@@ -38,14 +40,22 @@ class Work:
     """One submitted context, from submit to completion."""
 
     context: TransactionContext
-    future: asyncio.Future[bool]
+    future: asyncio.Future[bool] | concurrent.futures.Future[bool]
+    """`AsyncWaltzClient`'s callers await an asyncio future; `WaltzClient`'s block on a
+    concurrent one, resolved right here on the loop (no hop back through the loop to copy it)."""
     deadline: float
+    release: Callable[[], None]
+    """Frees the slot the context took at admission (`max_pending`)."""
     executions: int = 0
     transaction_id: int = -1
     """Its committed transaction, once the feed delivered it."""
     finished: bool = False
     completing: asyncio.Task[None] | None = None
     """`on_completion` running: `on_application` comes after it."""
+
+
+_Built = tuple[int, int, bytes, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+"""An Append's fields after its request id (the id is the send's: generation and sequence)."""
 
 
 class Unavailable(Exception):
@@ -58,8 +68,10 @@ class ClientPartition:
         cfg = client.config
         self.monitor: TransactionMonitor[Work] = TransactionMonitor()
         self.slots = asyncio.Semaphore(cfg.max_pending)
-        self.outbox: collections.deque[tuple[Work, cp.Append]] = collections.deque()
-        self.in_progress = 0
+        self.outbox: collections.deque[tuple[Work, _Built]] = collections.deque()
+        self.works: set[Work] = set()
+        """Admitted and not finished: what `close` fails, wherever each one is (a retry waiting,
+        a hook running)."""
         self.mounted = asyncio.Event()
         self.link: Link | None = None
         self.server: tuple[int, int] | None = None
@@ -190,8 +202,7 @@ class ClientPartition:
                 f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the feed)"
             ))
         while self.outbox:
-            work, _ = self.outbox.popleft()
-            self.finish(work, errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent"))
+            self.finish(self.outbox.popleft()[0], errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent"))
 
     def _refuse(self, e: BaseException) -> None:
         log.error("%s", e)
@@ -211,8 +222,8 @@ class ClientPartition:
         if refused is not None:
             self.finish(work, refused)
             return
-        self.outbox.append((work, cp.Append(
-            (self.client.client_id, 0, self.pid, 0), builder.client_high_water_mark, builder.header, builder.data,
+        self.outbox.append((work, (
+            builder.client_high_water_mark, builder.header, builder.data,
             tuple(lk.hash for lk in builder.write_locks), tuple(lk.hash for lk in builder.read_locks),
             tuple(lk.hash for lk in builder.append_locks),
         )))
@@ -222,14 +233,14 @@ class ClientPartition:
         link, server = self.link, self.server
         if not self.mounted.is_set() or link is None or server is None or self.error is not None:
             return
-        generation = server[1]
+        client_id, generation = self.client.client_id, server[1]
         now = time.monotonic()
         while self.outbox:
-            work, append = self.outbox.popleft()
+            work, built = self.outbox.popleft()
             self.seq += 1
             self.monitor.sent(self.seq, work, now)
             try:
-                link.send(dataclasses.replace(append, req_id=(self.client.client_id, generation, self.pid, self.seq)))
+                link.send(cp.Append((client_id, generation, self.pid, self.seq), *built))
             except ConnectionError:
                 return  # the link is closing: the remount settles what the monitor holds
 
@@ -242,14 +253,19 @@ class ClientPartition:
         if work.finished:
             return
         work.finished = True
-        if not work.future.done():  # the caller may have cancelled its future: the slot is freed all the same
-            if isinstance(result, BaseException):
-                work.future.set_exception(result)
-            else:
-                work.future.set_result(result)
-        self.slots.release()
-        self.in_progress -= 1
-        if self.in_progress == 0:
+        # The caller may have cancelled its future (a concurrent one even from another thread,
+        # between done() and set_*()): the slot is freed all the same.
+        if not work.future.done():
+            try:
+                if isinstance(result, BaseException):
+                    work.future.set_exception(result)
+                else:
+                    work.future.set_result(result)
+            except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
+                pass
+        work.release()
+        self.works.discard(work)
+        if not self.works:
             self._idle.set()
 
     # -- from the stream link --------------------------------------------------------------
@@ -401,8 +417,8 @@ class ClientPartition:
         await self._idle.wait()
         await self.applied_through(self.newest_own)
 
-    def admit(self) -> None:
-        self.in_progress += 1
+    def admit(self, work: Work) -> None:
+        self.works.add(work)
         self._idle.clear()
 
     def close(self, why: BaseException) -> None:
@@ -410,8 +426,9 @@ class ClientPartition:
             t.cancel()
         for attempt in self.monitor.fail_all():
             self.finish(attempt.work, why)
-        while self.outbox:
-            self.finish(self.outbox.popleft()[0], why)
+        self.outbox.clear()
+        for work in list(self.works):  # queued, or in a task the close cancels (a retry, a hook)
+            self.finish(work, why)
         for _, fut in self._applied_waiters:
             if not fut.done():
                 fut.set_exception(why)

@@ -3,6 +3,11 @@ in a background thread; `submit` blocks the calling thread while the partition h
 `max_pending` transactions in flight, runs the context's first `execute` in the calling thread,
 and returns a `concurrent.futures.Future` of the completion.
 
+A submission crosses to the loop once: the calling thread takes the partition's slot from a
+semaphore of its own, executes the context and hands the result to the loop, which resolves the
+returned future itself when the transaction completes (before, admission and the future's copy
+were each a round trip through the loop: four thread crossings per transaction instead of two).
+
     with WaltzClient(callbacks, ClientConfig(metadata="zk://zk1:2181/waltz")) as client:
         ok = client.submit(MyContext(...)).result()
 """
@@ -22,7 +27,7 @@ from waltz.client.aio import AsyncWaltzClient, in_callback_thread
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import TransactionBuilder, TransactionContext
-from waltz.client.partition import ClientPartition, Work
+from waltz.client.partition import Work
 from waltz.event_loop import loop_factory
 
 T = TypeVar("T")
@@ -34,11 +39,16 @@ class WaltzClient:
         self._loop = loop_factory(config.event_loop, "the client's event_loop")()
         self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client", daemon=True)
         self._thread.start()
+        # Set under `_handing_over` once the loop is about to stop: a submission either reached
+        # the loop before its stop (and close() settles it) or is refused, never lost between.
+        self._stopping = False
+        self._handing_over = threading.Lock()
         try:
             self._run(self._core.start())
         except BaseException:
             self._stop_loop()
             raise
+        self._slots = [threading.Semaphore(config.max_pending) for _ in range(self._core.partitions)]
 
     def __enter__(self) -> WaltzClient:
         return self
@@ -72,34 +82,36 @@ class WaltzClient:
     def submit(self, context: TransactionContext) -> concurrent.futures.Future[bool]:
         """Blocks while the partition is full, executes the context here, queues its append and
         returns the future of its completion (see `AsyncWaltzClient.submit`)."""
-        part, work, result = self._run(self._admit(context))
-        if time.monotonic() > work.deadline:
-            self._loop.call_soon_threadsafe(self._core.spawn, self._core.expire(part, work))
-            return result
-        try:
-            builder = TransactionBuilder(part.pid, self._call_here(self._core.callbacks.get_client_high_water_mark, part.pid))
-            work.executions += 1
-            ok = self._call_here(context.execute, builder)
-        except Exception as e:
-            self._loop.call_soon_threadsafe(self._core.spawn, self._core.execution_failed(part, work, e))
-        else:
-            self._loop.call_soon_threadsafe(self._core.built, part, work, builder, ok)
-        return result
-
-    async def _admit(self, context: TransactionContext) -> tuple[ClientPartition, Work, concurrent.futures.Future[bool]]:
-        part, work = await self._core.admit(context)
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking WaltzClient call from the client's own event loop would deadlock")
+        core = self._core
+        part = core.route(context)
+        slots = self._slots[part.pid]
+        slots.acquire()
+        if core._closed or self._stopping:
+            slots.release()  # wakes the next thread waiting here, which finds the same
+            raise errors.ClientClosedError("the client is closed")
         result: concurrent.futures.Future[bool] = concurrent.futures.Future()
-
-        def copy(f: asyncio.Future[bool]) -> None:
-            if f.cancelled():
-                result.cancel()
-            elif f.exception() is not None:
-                result.set_exception(f.exception())
-            else:
-                result.set_result(f.result())
-
-        work.future.add_done_callback(copy)
-        return part, work, result
+        work = Work(context, result, core.deadline_of(context), slots.release)
+        handed_over = False
+        try:
+            executed: tuple[TransactionBuilder, object] | BaseException | None = None
+            if time.monotonic() <= work.deadline:
+                try:
+                    builder = TransactionBuilder(part.pid, self._call_here(core.callbacks.get_client_high_water_mark, part.pid))
+                    work.executions += 1
+                    executed = (builder, self._call_here(context.execute, builder))
+                except Exception as e:
+                    executed = e
+            with self._handing_over:
+                if not self._stopping:
+                    self._loop.call_soon_threadsafe(core.submitted, part, work, executed)
+                    handed_over = True
+                    return result
+            raise errors.ClientClosedError("the client was closed while this context executed (nothing was sent)")
+        finally:
+            if not handed_over:  # the loop never saw it (closed, or a KeyboardInterrupt in execute)
+                slots.release()
 
     def flush(self) -> None:
         """Blocks until every context submitted so far has completed and this client has applied
@@ -128,9 +140,17 @@ class WaltzClient:
         if self._thread.is_alive():
             if not self._core._closed:
                 asyncio.run_coroutine_threadsafe(self._core.close(), self._loop).result()
+            with self._handing_over:
+                self._stopping = True
+            # Submissions handed over before this point are settled by this turn's callbacks
+            # (closed: ClientClosedError) ahead of the stop, which is queued after them.
             asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
+        else:
+            self._stopping = True
+        for slots in getattr(self, "_slots", ()):
+            slots.release()  # a thread still waiting for room wakes, finds the client closed
         self._loop.close()
 
 
