@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from waltz.local import LocalCluster
+from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.torture.proxy import FaultProxy
 
@@ -229,9 +230,14 @@ class Nemesis:
         """Flips one data byte of a committed record (at or below an observed high-water mark)."""
         c = self.cluster
         marks = self.committed()
+        # The repair wipes the replica. Only where all three replicas are in the write path: a
+        # replica repaired earlier counts as having lost its files until a new store session
+        # takes it in clean, and wiping a second one then is wiping a majority, which
+        # docs/operations.md forbids (recovery refuses to decide; seed 38 did it on 2026-11-25).
+        in_path = c.server_metric("waltz_server_replicas_in_write_path")
         c.kill(target)
         data_dir = c.directory / "data" / target
-        candidates = sorted((p, m) for p, m in marks.items() if m >= 0)
+        candidates = sorted((p, m) for p, m in marks.items() if m >= 0 and in_path.get(p, 0) >= REPLICAS)
         detail: dict[str, Any] = {}
         if candidates:
             p, mark = self.rng.choice(candidates)
@@ -254,24 +260,29 @@ class Nemesis:
                 detail = {"partition": p, "txid": r["txid"], "file": pathlib.Path(seg).name, "offset": at}
                 break
         c.start_member(target)
-        return detail or {"skipped": "no committed record yet"}
+        return detail or {"skipped": "no committed record yet, or no partition with every replica in its write path"}
 
     def _repair(self, target: str, partition: int) -> None:
         """The operator's repair of a damaged replica (docs/operations.md), through `waltz`."""
         c = self.cluster
         member = c.member(target)
         address = c.dialed_address(member)
-        source = next(c.dialed_address(c.member(s)) for s in self.storage if s != target and c.pid(s) is not None)
+        # Either other replica may be the one outside the current write set (itself repaired
+        # earlier and not yet caught up by a new store session): recover-partition refuses such a
+        # source ("pick a source from the current session"), so each retry tries the next one.
+        sources = [c.dialed_address(c.member(s)) for s in self.storage if s != target and c.pid(s) is not None]
         steps = [
             ["remove-partition", "--storage", address, "-p", str(partition), "--delete-files", "--force"],
             ["add-partition", "--storage", address, "-p", str(partition)],
-            ["recover-partition", "--source", source, "--destination", address, "-p", str(partition)],
+            ["recover-partition", "--source", "{source}", "--destination", address, "-p", str(partition)],
             ["availability", "--storage", address, "-p", str(partition), "--writable"],
         ]
         env = {**os.environ, **c.environment()}
         deadline = time.monotonic() + 120  # other faults may hold the source or the metadata a while
-        for args in steps:
+        attempt = 0
+        for step in steps:
             while True:
+                args = [a.format(source=sources[attempt % len(sources)]) for a in step]
                 r = subprocess.run([sys.executable, "-m", "waltz.cli.main", "storage", *args], env=env,
                                    capture_output=True, text=True, timeout=120)
                 if r.returncode == 0:
@@ -279,4 +290,5 @@ class Nemesis:
                 if time.monotonic() > deadline:
                     last = r.stderr.strip().splitlines()[-1:] or ["(no output)"]
                     raise RuntimeError(f"`waltz storage {' '.join(args)}` failed: {last[0]}")
+                attempt += 1
                 time.sleep(0.5)
