@@ -11,8 +11,10 @@ drawn from a pool of 1,000 ids (a Lock Failure waits for the feed to pass the wi
 retries the same transaction: latency counts from the first submit); and 2 servers over the 4
 partitions (each client connects to the server of its partition). Then the same cluster through
 the client library: one `WaltzClient` in this process with 1, 8, 32 threads each keeping one
-transaction in flight, reporting submit-to-applied latency and the ratio to the raw-protocol
-clients at the same concurrency (what the library costs).
+transaction in flight, then one `AsyncWaltzClient` with as many tasks and `async def` callbacks,
+each reporting submit-to-applied latency and the ratio to the raw-protocol clients at the same
+concurrency (what the library costs). Both mount from the partitions' tails, as a service that
+is up to date does.
 
 Peers, each a 3-member ensemble on loopback with its default durability (fsync before an
 acknowledgement), installed with apt when missing (as root; a clear message otherwise):
@@ -61,6 +63,7 @@ from processes import free_port, wait_http, write_config  # noqa: E402
 
 from waltz import client_protocol as cp  # noqa: E402
 from waltz.client import (  # noqa: E402
+    AsyncWaltzClient,
     ClientConfig,
     Transaction,
     TransactionBuilder,
@@ -297,6 +300,52 @@ async def high_water_marks(partition_port: dict[int, int]) -> dict[int, int]:
     return marks
 
 
+class _AsyncNoted(_Noted):
+    """The same application in `async def` callbacks: run on the client's loop, no threads."""
+
+    async def get_client_high_water_mark(self, partition: int) -> int:  # type: ignore[override]
+        return super().get_client_high_water_mark(partition)
+
+    async def apply_transaction(self, transaction: Transaction) -> None:  # type: ignore[override]
+        super().apply_transaction(transaction)
+
+
+class _AsyncPut(_Put):
+    async def execute(self, builder: TransactionBuilder) -> bool:  # type: ignore[override]
+        return super().execute(builder)
+
+
+def measure_async_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int],
+                         event_loop: str) -> dict[str, object]:
+    """One AsyncWaltzClient on this process's loop, `concurrency` tasks each keeping one
+    transaction in flight, every callback `async def`: the library without thread crossings."""
+    app = _AsyncNoted()
+    app.marks = asyncio.run(high_water_marks(partition_port))
+    payload = os.urandom(1024)
+    submitted: dict[int, float] = {}
+    counter = iter(range(1, 1 << 31))
+    total_cpu = lambda: sum(cpu_seconds(p) for p in pids)  # noqa: E731
+
+    async def run() -> tuple[float, float]:
+        async with AsyncWaltzClient(app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
+            c0, t0 = total_cpu(), time.perf_counter()
+            deadline = t0 + seconds
+
+            async def one() -> None:
+                while time.perf_counter() < deadline:
+                    n = next(counter)
+                    submitted[n] = time.perf_counter()
+                    await (await client.submit(_AsyncPut(n, payload)))
+
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+            await client.flush()
+            return time.perf_counter() - t0, total_cpu() - c0
+
+    with asyncio.Runner(loop_factory=loop_factory(event_loop, "--event-loop")) as runner:
+        elapsed, cpu = runner.run(run())
+    return _library_row(app, submitted, concurrency, elapsed, cpu)
+
+
 def measure_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int]) -> dict[str, object]:
     """One WaltzClient in this process, `concurrency` threads each keeping one transaction in
     flight (submit, wait for the commit): what the library costs over the raw protocol."""
@@ -327,7 +376,10 @@ def measure_client(url: str, partition_port: dict[int, int], concurrency: int, s
             t.join()
         client.flush()
         elapsed, cpu = time.perf_counter() - t0, total_cpu() - c0
-        own_cpu = cpu_seconds(os.getpid())
+    return _library_row(app, submitted, concurrency, elapsed, cpu)
+
+
+def _library_row(app: _Noted, submitted: dict[int, float], concurrency: int, elapsed: float, cpu: float) -> dict[str, object]:
     lat = sorted(app.applied_at[n] - t for n, t in submitted.items() if n in app.applied_at)
     return {
         "concurrency": concurrency,
@@ -336,7 +388,7 @@ def measure_client(url: str, partition_port: dict[int, int], concurrency: int, s
         "p50_ms": loadgen.percentile(lat, 0.50) * 1e3,
         "p99_ms": loadgen.percentile(lat, 0.99) * 1e3,
         "cpu_us_per_tx": cpu / max(len(lat), 1) * 1e6,
-        "client_process_cpu_s": own_cpu,
+        "client_process_cpu_s": cpu_seconds(os.getpid()),
     }
 
 
@@ -421,6 +473,11 @@ def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...]
                     r = measure_client(c.url, c.partition_port, n, t.seconds, pids)
                     log(f"client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms")
                     out["client_library"].append(r)
+                out["client_library_async"] = []
+                for n in clients:
+                    r = measure_async_client(c.url, c.partition_port, n, t.seconds, pids, t.event_loop)
+                    log(f"async client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms")
+                    out["client_library_async"].append(r)
         finally:
             c.stop()
     if "waltz-2servers" in systems:
@@ -513,10 +570,11 @@ def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
     # The figures issue 5 and 7 reported, under their old keys.
     res["rows"] = sysres.get("waltz", [])
     res["ratios"] = {}
-    for r in res.get("client_library", []):
-        raw = cell(sysres.get("waltz"), r["concurrency"])
-        if raw:
-            res["ratios"][f"client_library_vs_raw_protocol_{r['concurrency']}"] = round(r["tx_per_s"] / raw["tx_per_s"], 3)
+    for key in ("client_library", "client_library_async"):
+        for r in res.get(key, []):
+            raw = cell(sysres.get("waltz"), r["concurrency"])
+            if raw:
+                res["ratios"][f"{key}_vs_raw_protocol_{r['concurrency']}"] = round(r["tx_per_s"] / raw["tx_per_s"], 3)
 
 
 def report(res: dict[str, Any]) -> None:
@@ -530,11 +588,14 @@ def report(res: dict[str, Any]) -> None:
                   f"| {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:.0f} |")
         for r in rows:
             print(r["cpu_us_per_tx_by_process"], file=sys.stderr)
-    if res.get("client_library"):
-        print("\nThe client library (one WaltzClient, N threads each with one transaction in flight; latency submit -> applied)\n")
+    for key, title in (("client_library", "one WaltzClient, N threads each with one transaction in flight"),
+                       ("client_library_async", "one AsyncWaltzClient, N tasks each with one transaction in flight, async callbacks")):
+        if not res.get(key):
+            continue
+        print(f"\nThe client library ({title}; latency submit -> applied)\n")
         print("| in flight | tx/s | p50 ms | p99 ms | CPU us/tx (all processes) | tx/s vs raw protocol |\n|---|---|---|---|---|---|")
-        for r in res["client_library"]:
-            ratio = res["ratios"].get(f"client_library_vs_raw_protocol_{r['concurrency']}")
+        for r in res[key]:
+            ratio = res["ratios"].get(f"{key}_vs_raw_protocol_{r['concurrency']}")
             print(f"| {r['concurrency']} | {r['tx_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_tx']:.0f} | "
                   + (f"{ratio:.2f}x |" if ratio is not None else "- |"))
     print("\nAll systems, the same load generator (1 KiB writes, one in flight per client; latency submit -> commit; "
