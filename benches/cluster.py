@@ -315,59 +315,74 @@ class _AsyncPut(_Put):
         return super().execute(builder)
 
 
+class _LibraryCell:
+    """What both client-library cells share: the application, mounted from the partitions'
+    tails as a service that is up to date is (until 2026-11-25 the cells mounted from -1 and
+    applied every earlier cell's transactions, hundreds of thousands, inside their own measured
+    seconds), the payload, when each transaction was submitted, and the CPU of every process."""
+
+    def __init__(self, app: _Noted, partition_port: dict[int, int], pids: list[int]) -> None:
+        app.marks = asyncio.run(high_water_marks(partition_port))
+        self.app, self.pids = app, pids
+        self.payload = os.urandom(1024)
+        self.submitted: dict[int, float] = {}
+        self.counter = iter(range(1, 1 << 31))
+
+    def cpu(self) -> float:
+        return sum(cpu_seconds(p) for p in self.pids)
+
+    def row(self, concurrency: int, elapsed: float, cpu: float) -> dict[str, object]:
+        lat = sorted(self.app.applied_at[n] - t for n, t in self.submitted.items() if n in self.app.applied_at)
+        return {
+            "concurrency": concurrency,
+            "committed": len(lat),
+            "tx_per_s": len(lat) / elapsed,
+            "p50_ms": loadgen.percentile(lat, 0.50) * 1e3,
+            "p99_ms": loadgen.percentile(lat, 0.99) * 1e3,
+            "cpu_us_per_tx": cpu / max(len(lat), 1) * 1e6,
+            "client_process_cpu_s": cpu_seconds(os.getpid()),
+        }
+
+
 def measure_async_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int],
                          event_loop: str) -> dict[str, object]:
     """One AsyncWaltzClient on this process's loop, `concurrency` tasks each keeping one
     transaction in flight, every callback `async def`: the library without thread crossings."""
-    app = _AsyncNoted()
-    app.marks = asyncio.run(high_water_marks(partition_port))
-    payload = os.urandom(1024)
-    submitted: dict[int, float] = {}
-    counter = iter(range(1, 1 << 31))
-    total_cpu = lambda: sum(cpu_seconds(p) for p in pids)  # noqa: E731
+    cell = _LibraryCell(_AsyncNoted(), partition_port, pids)
 
     async def run() -> tuple[float, float]:
-        async with AsyncWaltzClient(app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
-            c0, t0 = total_cpu(), time.perf_counter()
+        async with AsyncWaltzClient(cell.app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
+            c0, t0 = cell.cpu(), time.perf_counter()
             deadline = t0 + seconds
 
             async def one() -> None:
                 while time.perf_counter() < deadline:
-                    n = next(counter)
-                    submitted[n] = time.perf_counter()
-                    await (await client.submit(_AsyncPut(n, payload)))
+                    n = next(cell.counter)
+                    cell.submitted[n] = time.perf_counter()
+                    await (await client.submit(_AsyncPut(n, cell.payload)))
 
             await asyncio.gather(*(one() for _ in range(concurrency)))
             await client.flush()
-            return time.perf_counter() - t0, total_cpu() - c0
+            return time.perf_counter() - t0, cell.cpu() - c0
 
     with asyncio.Runner(loop_factory=loop_factory(event_loop, "--event-loop")) as runner:
         elapsed, cpu = runner.run(run())
-    return _library_row(app, submitted, concurrency, elapsed, cpu)
+    return cell.row(concurrency, elapsed, cpu)
 
 
 def measure_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int]) -> dict[str, object]:
     """One WaltzClient in this process, `concurrency` threads each keeping one transaction in
     flight (submit, wait for the commit): what the library costs over the raw protocol."""
-    app = _Noted()
-    # The client mounts at the application's marks: from the tail, as a service that is up to
-    # date does. (Until 2026-11-25 it mounted from -1 and applied every earlier cell's
-    # transactions, hundreds of thousands, inside its own measured seconds.)
-    app.marks = asyncio.run(high_water_marks(partition_port))
-    payload = os.urandom(1024)
-    submitted: dict[int, float] = {}
-    counter = iter(range(1, 1 << 31))
-    total_cpu = lambda: sum(cpu_seconds(p) for p in pids)  # noqa: E731
-    with WaltzClient(app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
-        assert {p: client.high_water_mark(p) for p in range(client.partitions)} == app.marks, "the cluster moved before the cell"
-        c0, t0 = total_cpu(), time.perf_counter()
+    cell = _LibraryCell(_Noted(), partition_port, pids)
+    with WaltzClient(cell.app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
+        c0, t0 = cell.cpu(), time.perf_counter()
         deadline = t0 + seconds
 
         def loop() -> None:
             while time.perf_counter() < deadline:
-                n = next(counter)
-                submitted[n] = time.perf_counter()
-                client.submit(_Put(n, payload)).result()
+                n = next(cell.counter)
+                cell.submitted[n] = time.perf_counter()
+                client.submit(_Put(n, cell.payload)).result()
 
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(concurrency)]
         for t in threads:
@@ -375,21 +390,8 @@ def measure_client(url: str, partition_port: dict[int, int], concurrency: int, s
         for t in threads:
             t.join()
         client.flush()
-        elapsed, cpu = time.perf_counter() - t0, total_cpu() - c0
-    return _library_row(app, submitted, concurrency, elapsed, cpu)
-
-
-def _library_row(app: _Noted, submitted: dict[int, float], concurrency: int, elapsed: float, cpu: float) -> dict[str, object]:
-    lat = sorted(app.applied_at[n] - t for n, t in submitted.items() if n in app.applied_at)
-    return {
-        "concurrency": concurrency,
-        "committed": len(lat),
-        "tx_per_s": len(lat) / elapsed,
-        "p50_ms": loadgen.percentile(lat, 0.50) * 1e3,
-        "p99_ms": loadgen.percentile(lat, 0.99) * 1e3,
-        "cpu_us_per_tx": cpu / max(len(lat), 1) * 1e6,
-        "client_process_cpu_s": cpu_seconds(os.getpid()),
-    }
+        elapsed, cpu = time.perf_counter() - t0, cell.cpu() - c0
+    return cell.row(concurrency, elapsed, cpu)
 
 
 # ---- the run --------------------------------------------------------------------------------
