@@ -195,7 +195,8 @@ class WaltzSession:
         self.writer: asyncio.StreamWriter
 
     @classmethod
-    async def open(cls, port: int, partition: int, locks: bool = False) -> WaltzSession:
+    async def connect(cls, port: int, partition: int, locks: bool = False) -> WaltzSession:
+        """Connected, handshaken, and `hwm` the partition's high-water mark; not mounted."""
         self = cls(next(_client_ids), partition, locks)
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
         self.writer.write(cp.Hello().frame())
@@ -204,6 +205,11 @@ class WaltzSession:
         while not isinstance(m := await self.next(), cp.HighWaterMarkResponse):
             pass
         self.hwm = m.high_water_mark
+        return self
+
+    @classmethod
+    async def open(cls, port: int, partition: int, locks: bool = False) -> WaltzSession:
+        self = await cls.connect(port, partition, locks)
         self.writer.write(cp.Mount(2, partition, self.cid, self.hwm, 1).frame())
         while not isinstance(m := await self.next(), cp.MountResponse):
             pass
@@ -286,17 +292,9 @@ async def high_water_marks(partition_port: dict[int, int]) -> dict[int, int]:
     """Each partition's high-water mark, asked of its server over the raw protocol."""
     marks = {}
     for partition, port in partition_port.items():
-        s = WaltzSession(0, partition, False)
-        s.reader, s.writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            s.writer.write(cp.Hello().frame())
-            assert isinstance(await s.next(), cp.HelloOk)
-            s.writer.write(cp.HighWaterMarkRequest(1, partition).frame())
-            while not isinstance(m := await s.next(), cp.HighWaterMarkResponse):
-                pass
-            marks[partition] = m.high_water_mark
-        finally:
-            await s.close()
+        s = await WaltzSession.connect(port, partition)
+        marks[partition] = s.hwm
+        await s.close()
     return marks
 
 
