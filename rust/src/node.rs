@@ -576,7 +576,12 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     }
     Ok(match req {
         Request::Append { records, .. } => append(shared, h, part, records),
-        Request::MaxTransactionId { .. } => now(Response::MaxTransactionId { h, txid: part.max_txid() }),
+        // Waits for the sync of every append already queued (an older session's, accepted just
+        // before this session's fence): the answer is what the replica will hold.
+        Request::MaxTransactionId { .. } => blocking(shared, h, move |_| match part.settled_max_txid() {
+            Ok(txid) => Response::MaxTransactionId { h, txid },
+            Err(e) => fail(h, failure_kind(&e), e.to_string()),
+        }),
         Request::LastSessionInfo { .. } => blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
             Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),

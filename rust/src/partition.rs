@@ -512,38 +512,50 @@ impl Partition {
         Ok(())
     }
 
-    /// Flushes the index tail and refuses further use of this handle.
+    /// Makes everything written durable, flushes the index tail and refuses further use of this
+    /// handle. Appends waiting for a sync are answered by this one. It syncs as the sync leader:
+    /// two concurrent fdatasyncs of one file could each miss the other's error, and a waiter
+    /// whose own sync then succeeded would be acknowledged over a write the kernel lost. A
+    /// failure poisons the partition, so nothing waiting on it is acknowledged.
     pub fn close(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self.health.is_poisoned() {
-            if !self.opts.recover.read_only {
-                self.discard_unsynced();
-            }
+        if self.opts.recover.read_only {
             return;
         }
-        if let Err(e) = self.flush_index() {
-            log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
-        }
-        if !self.opts.recover.read_only {
-            // A closed log's files end at its last record; recovery would also accept the zeros.
-            let mut st = lock(&self.state);
-            let written_end = st.segments.last().unwrap().end - st.queue.len() as u64;
-            if let Err(e) = self.trim_preallocation(&mut st, written_end) {
-                log::warn!("partition {}: preallocated space not released on close ({e})", self.id);
+        self.acquire_leadership();
+        if !self.health.is_poisoned() {
+            if let Err(e) = self.sync_for_close() {
+                log::warn!("partition {}: the sync on close failed ({e}); its unsynced records are discarded", self.id);
             }
         }
+        if self.health.is_poisoned() {
+            self.discard_unsynced();
+        } else if let Err(e) = self.flush_index() {
+            log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
+        }
+        self.release_leadership();
     }
 
-    /// Cuts the tail's data file back to `end` when zeros were preallocated beyond it, durably.
-    fn trim_preallocation(&self, st: &mut State, end: u64) -> Result<()> {
+    /// `close`'s data sync, as the sync leader.
+    fn sync_for_close(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        self.flush_queue(&mut st)?;
+        let files = st.segments.last().unwrap().files.clone();
+        // A closed log's files end at its last record; recovery would also accept the zeros.
+        let end = st.segments.last().unwrap().end;
         if st.tail_allocated > end {
-            let f = st.segments.last().unwrap().files.clone();
-            f.data.set_len(end).at(&f.data_path)?;
-            f.data.sync_data().at(&f.data_path)?;
+            files.data.set_len(end).at(&files.data_path).map_err(|e| self.poison(e))?;
             st.tail_allocated = end;
         }
+        files.data.sync_data().at(&files.data_path).map_err(|e| self.poison(e))?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let mut s = lock(&self.sync);
+        s.synced_seq = s.synced_seq.max(st.write_seq);
+        self.durable.fetch_max(st.next_txid - 1, Ordering::AcqRel);
+        st.inflight.clear();
+        self.synced.notify_all();
         Ok(())
     }
 
@@ -590,6 +602,16 @@ impl Partition {
     /// The highest transaction id that is durable (-1 when empty).
     pub fn max_txid(&self) -> i64 {
         self.durable.load(Ordering::Acquire)
+    }
+
+    /// The highest transaction id once every append accepted so far is durable: what this
+    /// replica holds for good. A recovery asks this after fencing older sessions out; an append
+    /// of theirs accepted just before the fence but not yet synced is then counted (and cut if
+    /// the vote says so), instead of landing after the vote above a log it did not see.
+    pub fn settled_max_txid(&self) -> Result<i64> {
+        let seq = lock(&self.state).write_seq;
+        self.wait_synced(seq, false, false)?;
+        Ok(self.max_txid())
     }
 
     /// The lowest transaction id still held (retention moves it up).
@@ -823,20 +845,23 @@ impl Partition {
 
     /// Blocks until the batch with this ticket sequence is durable (or the partition failed).
     pub fn wait_durable(&self, seq: u64) -> Result<()> {
-        self.wait_durable_gathering(seq, true)
+        self.wait_synced(seq, true, true)
     }
 
     /// `wait_durable` for a caller that queued everything it had before waiting, and whose
     /// appends nobody else joins (a storage node's connection thread): the commit delay would
     /// only wait for appends that cannot come while it waits.
     pub fn wait_durable_now(&self, seq: u64) -> Result<()> {
-        self.wait_durable_gathering(seq, false)
+        self.wait_synced(seq, false, true)
     }
 
-    fn wait_durable_gathering(&self, seq: u64, gather: bool) -> Result<()> {
+    /// Waits until a sync covers ticket `seq`, leading one if nobody is. `own_ticket`: the
+    /// caller holds that append's ticket, and learns here if a truncation cut it (anyone else
+    /// waiting for the same point must not take that answer from it).
+    fn wait_synced(&self, seq: u64, gather: bool, own_ticket: bool) -> Result<()> {
         let mut s = lock(&self.sync);
         loop {
-            if s.cut.remove(&seq) {
+            if own_ticket && s.cut.remove(&seq) {
                 return Err(Error::AppendTruncated { partition: self.id });
             }
             if s.synced_seq >= seq {

@@ -296,14 +296,69 @@ fn r3b_close_write_error_loses_a_queued_record_that_is_then_acknowledged() {
     let a = append_bg(&p, None, b"A-record".to_vec());
     wait_next_txid(&p, 7);
     gate.fail_writes(true);
-    p.close();
-    gate.fail_writes(false);
+    // close() syncs as the sync leader, so it waits for X's gated sync.
+    let closer = {
+        let p = p.clone();
+        std::thread::spawn(move || p.close())
+    };
     gate.release(false);
     let (_xr, ar) = (x.join().unwrap(), a.join().unwrap());
+    closer.join().unwrap();
+    gate.fail_writes(false);
     drop(p);
     let p2 = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
     let after = p2.read_record(6).unwrap();
     assert!(!(ar.is_ok() && after.is_none()), "A acknowledged as {:?}, after reopen txid 6 = {:?}", ar.ok(), after);
+}
+
+/// The sync `close` makes fails (Linux then reports the lost writeback to no later fdatasync of
+/// the file): an append waiting for a sync must fail, not be acknowledged by a sync of its own
+/// that ran beside close's and succeeded. Before, close's failure was only logged.
+#[test]
+fn r3c_close_sync_error_fails_an_append_waiting_for_a_sync() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5);
+    let ticket = p.enqueue(None, &one(b"A-record")).unwrap();
+    gate.arm(1);
+    let closer = {
+        let p = p.clone();
+        std::thread::spawn(move || p.close())
+    };
+    gate.wait_blocked(1);
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || p.wait_durable(ticket.seq))
+    };
+    gate.release(true);
+    closer.join().unwrap();
+    let r = waiter.join().unwrap();
+    assert!(r.is_err(), "the append was acknowledged after the sync covering it failed: {r:?}");
+}
+
+/// A clean close answers the appends waiting for a sync: its own sync covered them.
+#[test]
+fn r3d_close_acknowledges_what_its_sync_covered() {
+    let d = tempfile::tempdir().unwrap();
+    let (p, gate) = gated(d.path());
+    fill(&p, 5);
+    let ticket = p.enqueue(None, &one(b"A-record")).unwrap();
+    gate.arm(1);
+    let closer = {
+        let p = p.clone();
+        std::thread::spawn(move || p.close())
+    };
+    gate.wait_blocked(1);
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || p.wait_durable(ticket.seq))
+    };
+    gate.release(false);
+    closer.join().unwrap();
+    waiter.join().unwrap().unwrap();
+    drop(p);
+    let p2 = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    assert_eq!(p2.read_record(5).unwrap().map(|r| r.data), Some(b"A-record".to_vec()));
 }
 
 fn payload(t: i64) -> Vec<u8> {

@@ -366,8 +366,8 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     assert!(!acked || max >= next + 1, "acknowledged appends {next}..={} are gone after a restart", next + 1);
 }
 
-/// R3. One partition's slow open (recovery / open-time fsync) stalls requests for every other
-/// partition: the fast path takes Storage.partitions' std mutex on a tokio worker.
+/// R6. An append of session 5 is accepted and waits for its sync when session 6 is fenced in:
+/// session 5 must not be told it is durable, and session 6's recovery must see it.
 #[test]
 fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_served() {
     let d = tempfile::tempdir().unwrap();
@@ -383,17 +383,29 @@ fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_ser
     a.send(&Request::Append { h, records: recs(5, 1, 10) });
     gate.wait_blocked(1);
     let mut c = Client::connect(node.addr, 1);
-    let seen = match max_txid(&mut c, 6, 0) {
+    // Session 6 is fenced in (its first request), then asks what the replica holds.
+    let h = c.h(6, 0);
+    assert!(matches!(c.call(Request::LastSessionInfo { h }), Response::LastSessionInfo { .. }));
+    let h = c.h(6, 0);
+    c.send(&Request::MaxTransactionId { h });
+    // The answer waits for the sync covering session 5's accepted append: none may come while
+    // that sync is held (before, the node answered 4 at once, and txid 5 landed after the
+    // vote, above a log the new session believed ended at 4).
+    c.s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let early = c.try_recv();
+    assert!(early.is_err(), "session 6 was told the max before the append it must count was synced: {early:?}");
+    c.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    gate.release();
+    let seen = match c.recv() {
         Response::MaxTransactionId { txid, .. } => txid,
         other => panic!("{other:?}"),
     };
-    // From here on session 6 owns the partition.
-    gate.release();
+    assert_eq!(seen, 5, "the max must count session 5's append accepted before the fence");
     let late = a.recv();
     eprintln!("session 6 saw max txid {seen}; session 5's in-flight append then got {late:?}");
     assert!(
         !matches!(late, Response::Success { .. }),
-        "session 5 was told txid 5 is durable after session 6 was fenced in and saw max {seen}"
+        "session 5 was told txid 5 is durable after session 6 was fenced in"
     );
     drop(node);
     s.close();
