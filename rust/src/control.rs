@@ -216,21 +216,34 @@ impl ControlFile {
     }
 
     /// Writes `info` into the slot not holding the current struct and syncs before returning.
+    /// An open takes the struct with the larger (session, low-water mark, local low-water mark),
+    /// not the one written last, so a lower one (a partition reset to NONE after losing its
+    /// files) overwrites both slots, the current one first: a restart must not bring back the
+    /// struct it replaced (the replica would then claim a session it holds nothing of, and
+    /// recovery would not see that it forgot). Until the second write lands, an open finds the
+    /// other slot's struct, which is older than the one replaced.
     pub fn update(&mut self, pid: i32, info: PartitionInfo) -> Result<()> {
-        self.info(pid)?;
+        let current = self.info(pid)?;
         let entry = self.entries[pid as usize];
-        let slot = match entry.current {
-            Some(0) => 1u8,
-            _ => 0u8,
+        let (now, other) = match entry.current {
+            Some(0) => (0u8, 1u8),
+            _ => (1u8, 0u8),
         };
-        let off = entry_offset(pid) + 4 + STRUCT_LEN * slot as u64;
-        self.file.write_all_at(&info.encode(), off).at(&self.path)?;
-        self.file.sync_data().at(&self.path)?;
+        if info.order_key() < current.order_key() {
+            self.write_slot(pid, now, &info)?;
+        }
+        self.write_slot(pid, other, &info)?;
         self.entries[pid as usize] = Entry {
-            current: Some(slot),
+            current: Some(other),
             info: Some(info),
         };
         Ok(())
+    }
+
+    fn write_slot(&self, pid: i32, slot: u8, info: &PartitionInfo) -> Result<()> {
+        let off = entry_offset(pid) + 4 + STRUCT_LEN * slot as u64;
+        self.file.write_all_at(&info.encode(), off).at(&self.path)?;
+        self.file.sync_data().at(&self.path)
     }
 }
 
@@ -270,5 +283,31 @@ mod tests {
         assert!(matches!(c4.info(1), Err(Error::Corruption { .. })));
         assert_eq!(c4.info(0).unwrap(), PartitionInfo::NONE);
         assert!(matches!(c4.info(3), Err(Error::PartitionOutOfRange { .. })));
+    }
+
+    /// A lower struct (a reset to NONE) survives a reopen: the open picks the larger struct, so
+    /// before, the one it replaced came back from the other slot.
+    #[test]
+    fn a_lower_update_is_not_undone_by_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = ControlFile::create(&StdFs, d.path(), [7; 16], 2).unwrap();
+        let older = PartitionInfo { session_id: 4, low_water_mark: 80, local_low_water_mark: 80 };
+        let newer = PartitionInfo { session_id: 5, low_water_mark: 100, local_low_water_mark: 90 };
+        c.update(1, older).unwrap();
+        c.update(1, newer).unwrap();
+        c.update(1, PartitionInfo::NONE).unwrap();
+        assert_eq!(c.info(1).unwrap(), PartitionInfo::NONE);
+        drop(c);
+        let mut c2 = ControlFile::open(&StdFs, d.path(), false).unwrap();
+        assert_eq!(c2.info(1).unwrap(), PartitionInfo::NONE);
+        // Later updates alternate again from there.
+        c2.update(1, older).unwrap();
+        c2.update(1, newer).unwrap();
+        assert_eq!(ControlFile::open(&StdFs, d.path(), true).unwrap().info(1).unwrap(), newer);
+        // Half way through a reset (the current slot overwritten, not yet the other): the older
+        // struct, never the one replaced.
+        let off = entry_offset(1) + 4 + STRUCT_LEN * c2.entries[1].current.unwrap() as u64;
+        c2.file.write_all_at(&PartitionInfo::NONE.encode(), off).unwrap();
+        assert_eq!(ControlFile::open(&StdFs, d.path(), true).unwrap().info(1).unwrap(), older);
     }
 }

@@ -208,11 +208,12 @@ impl Storage {
             self.fs.sync_dir(&self.path).at(&self.path)?;
             return Ok(());
         }
-        let fresh = !self.fs.exists(&dir);
-        Partition::create(self.fs.as_ref(), &dir, pid, self.cluster_key)?;
-        if fresh && self.with_control(|c| c.info(pid))? != PartitionInfo::NONE {
+        // New files hold no session: the control entry says so before the folder exists, so no
+        // crash between the two leaves empty files beside an old session's info.
+        if !self.fs.exists(&dir) && self.with_control(|c| c.info(pid))? != PartitionInfo::NONE {
             self.with_control(|c| c.update(pid, PartitionInfo::NONE))?;
         }
+        Partition::create(self.fs.as_ref(), &dir, pid, self.cluster_key)?;
         Ok(())
     }
 
@@ -430,5 +431,23 @@ mod tests {
         assert!(matches!(p.read_record(0), Err(Error::Closed { .. })));
         assert!(!d.path().join("0").exists());
         assert!(s.partition_ids().unwrap().is_empty());
+    }
+
+    /// Files deleted and the partition added again: its session info is NONE, and stays so
+    /// across a restart (before, the restart brought back the session it held nothing of, and
+    /// recovery counted the empty replica as clean in it).
+    #[test]
+    fn a_partition_added_again_after_deletion_has_no_session_after_a_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Storage::create(d.path(), [1; 16], 1, default_options()).unwrap();
+        s.add_partition(0).unwrap();
+        s.set_low_water_mark(0, 4, 80).unwrap();
+        s.set_low_water_mark(0, 5, 100).unwrap();
+        s.remove_partition(0, true).unwrap();
+        s.add_partition(0).unwrap();
+        assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
+        drop(s);
+        let s = Storage::open(d.path(), Some([1; 16]), Some(1), default_options()).unwrap();
+        assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
     }
 }
