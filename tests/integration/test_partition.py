@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from waltz import errors
 from waltz.server.lock_table import lock_hash
 from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, Partition
 from waltz.server.store_session import StoreSession
@@ -137,6 +138,49 @@ def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
         return [bytes(r.data) for r in await c.records(0, 50, 0, 10)]
 
     assert nodes[0].run(read) == [b"good", b"good2"]
+
+
+def test_a_broken_commit_order_tells_its_appenders_the_outcome_is_unknown(cluster) -> None:  # noqa: F811
+    """The commit-order invariant failing (forced here by skipping an id) ends the session; the
+    batch may still be on a majority, so its appenders hear StoreSessionError (the client waits
+    for a new mount and finds the outcome in the feed), never a rejection it would take as
+    final and submit again."""
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        assert isinstance(await p.append(req(1, 1, -1, b"first")), Committed)
+        p._next += 1  # the bug the invariant guards against: ids assigned out of step
+        with pytest.raises(errors.StoreSessionError, match="does not follow high-water mark"):
+            await p.append(req(1, 2, -1, b"second"))
+        assert p.session.failed is not None
+
+    run(meta, body)
+
+
+def test_closing_while_the_store_session_switches_answers_the_append_that_waited(cluster) -> None:  # noqa: F811
+    """The append that found a new session due was taken off the queue before the switch: a
+    close during the switch must answer it (before, it waited for ever)."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        switching = asyncio.Event()
+
+        async def stuck() -> StoreSession:
+            switching.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        session = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, session, checkpoint_interval=1, open_session=stuck)
+        await p.start()
+        assert isinstance(await p.append(req(1, 1, -1)), Committed)
+        waiting = asyncio.ensure_future(p.append(req(1, 2, -1)))
+        await asyncio.wait_for(switching.wait(), 10)
+        await p.close()
+        with pytest.raises(errors.StoreSessionError, match="closed before this append was written"):
+            await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(go())
 
 
 def test_feed_order_equals_commit_order_for_every_reader(cluster) -> None:  # noqa: F811

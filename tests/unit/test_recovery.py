@@ -240,3 +240,19 @@ def test_metadata_round_trips_with_members() -> None:
     legacy = meta.to_json()
     del legacy["members"]
     assert PartitionMetadata.from_json(legacy).members == ()
+
+
+def test_reads_fall_back_only_to_replicas_this_session_served() -> None:
+    """A replica connected but never in this session's write path (reached after the vote, its
+    preparation not done or failed) may hold an older session's dirty tail at ids this session
+    committed differently: a read must not fall back to it."""
+    from waltz.server.store_session import StoreSession, _Replica
+
+    s = StoreSession.__new__(StoreSession)
+    s._replicas = [
+        _Replica("never-served", client=object()),
+        _Replica("left", client=object(), served=True),
+        _Replica("in", client=object(), in_write_path=True, served=True),
+        _Replica("gone", served=True),
+    ]
+    assert [r.address for r in s._readers()] == ["in", "left"]

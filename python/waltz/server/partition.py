@@ -288,7 +288,12 @@ class Partition:
                 if self.session.successor_wanted is not None:
                     self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
                 if self._new_session_wanted is not None:
-                    await self._new_session(self._new_session_wanted)
+                    try:
+                        await self._new_session(self._new_session_wanted)
+                    except BaseException:  # closed while the session switched: `first` was dequeued
+                        if first is not None and not first.future.done():
+                            first.future.set_exception(self._closed_error())
+                        raise
                     if self.session.successor_wanted is not None and self.session.failed is None:
                         self._wake()  # wanted while it opened: the next turn replaces it too
             if first is None:
@@ -421,9 +426,13 @@ class Partition:
             )
             log.critical("%s", broken)
             self.session._fail(str(broken))
+            # The batch may be on a majority, for the next session's recovery to commit: its
+            # appenders must hear "outcome unknown" (the client waits for a new mount), never a
+            # rejection the application would take as final and submit again.
+            unknown = errors.StoreSessionError(f"{broken}; whether this append commits is decided by the next store session")
             for q, _ in accepted:
                 if not q.future.done():
-                    q.future.set_exception(broken)
+                    q.future.set_exception(unknown)
             return
         for q, txid in accepted:
             r = q.request

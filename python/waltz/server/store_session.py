@@ -102,6 +102,10 @@ class _Replica:
     broken: bool = False
     """Its connection failed: the replica task reconnects before anything else."""
     prepared: recovery.Preparation | None = None
+    served: bool = False
+    """It has been in this session's write path, so it holds this session's log (it may have
+    left since): reads may fall back to it. One that never was may hold an older session's dirty
+    tail at ids this session committed differently."""
 
 
 def _new_session_id(metadata: Metadata, partition: int, generation: int) -> int:
@@ -342,7 +346,7 @@ class StoreSession:
                     r.prepared = dataclasses.replace(r.prepared, high_water_mark=closing)
                 if r.assigned and r.prepared.high_water_mark == closing:
                     await r.client.set_low_water_mark(self.partition, self.session_id, closing)
-                    r.in_write_path, r.left_because = True, None
+                    r.in_write_path, r.left_because, r.served = True, None, True
             except errors.StaleSessionError:
                 raise
             except errors.WaltzError as e:
@@ -591,14 +595,14 @@ class StoreSession:
             raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
         for pending in (p for p in self._pending if p.first >= nxt):
             self._send(r, pending)
-        r.in_write_path, r.left_because = True, None
+        r.in_write_path, r.left_because, r.served = True, None, True
         log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
-        # Every replica of this session holds the same committed prefix; those still in the write
-        # path are the most complete.
-        return sorted((r for r in self._replicas if r.client is not None), key=lambda r: not r.in_write_path)
+        # Every replica this session served holds the same committed prefix; those still in the
+        # write path are the most complete.
+        return sorted((r for r in self._replicas if r.client is not None and r.served), key=lambda r: not r.in_write_path)
 
     async def read_headers(self, start: int, count: int) -> list[Any]:
         """Headers of committed transactions from `start` (at most `count`; fewer at the end)."""
