@@ -311,13 +311,11 @@ fn r3b_close_write_error_loses_a_queued_record_that_is_then_acknowledged() {
     assert!(!(ar.is_ok() && after.is_none()), "A acknowledged as {:?}, after reopen txid 6 = {:?}", ar.ok(), after);
 }
 
-/// The sync `close` makes fails (Linux then reports the lost writeback to no later fdatasync of
-/// the file): an append waiting for a sync must fail, not be acknowledged by a sync of its own
-/// that ran beside close's and succeeded. Before, close's failure was only logged.
-#[test]
-fn r3c_close_sync_error_fails_an_append_waiting_for_a_sync() {
-    let d = tempfile::tempdir().unwrap();
-    let (p, gate) = gated(d.path());
+/// An append queued (txid 5), then `close` syncs while the gate holds that sync, and a thread
+/// waits for the append meanwhile; the gate then lets the sync fail or succeed. Returns the
+/// waiter's answer.
+fn close_while_an_append_waits(dir: &Path, sync_fails: bool) -> Result<()> {
+    let (p, gate) = gated(dir);
     fill(&p, 5);
     let ticket = p.enqueue(None, &one(b"A-record")).unwrap();
     gate.arm(1);
@@ -330,9 +328,18 @@ fn r3c_close_sync_error_fails_an_append_waiting_for_a_sync() {
         let p = p.clone();
         std::thread::spawn(move || p.wait_durable(ticket.seq))
     };
-    gate.release(true);
+    gate.release(sync_fails);
     closer.join().unwrap();
-    let r = waiter.join().unwrap();
+    waiter.join().unwrap()
+}
+
+/// The sync `close` makes fails (Linux then reports the lost writeback to no later fdatasync of
+/// the file): an append waiting for a sync must fail, not be acknowledged by a sync of its own
+/// that ran beside close's and succeeded. Before, close's failure was only logged.
+#[test]
+fn r3c_close_sync_error_fails_an_append_waiting_for_a_sync() {
+    let d = tempfile::tempdir().unwrap();
+    let r = close_while_an_append_waits(d.path(), true);
     assert!(r.is_err(), "the append was acknowledged after the sync covering it failed: {r:?}");
 }
 
@@ -340,23 +347,7 @@ fn r3c_close_sync_error_fails_an_append_waiting_for_a_sync() {
 #[test]
 fn r3d_close_acknowledges_what_its_sync_covered() {
     let d = tempfile::tempdir().unwrap();
-    let (p, gate) = gated(d.path());
-    fill(&p, 5);
-    let ticket = p.enqueue(None, &one(b"A-record")).unwrap();
-    gate.arm(1);
-    let closer = {
-        let p = p.clone();
-        std::thread::spawn(move || p.close())
-    };
-    gate.wait_blocked(1);
-    let waiter = {
-        let p = p.clone();
-        std::thread::spawn(move || p.wait_durable(ticket.seq))
-    };
-    gate.release(false);
-    closer.join().unwrap();
-    waiter.join().unwrap().unwrap();
-    drop(p);
+    close_while_an_append_waits(d.path(), false).unwrap();
     let p2 = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
     assert_eq!(p2.read_record(5).unwrap().map(|r| r.data), Some(b"A-record".to_vec()));
 }
