@@ -552,11 +552,19 @@ impl Partition {
         files.data.sync_data().at(&files.data_path).map_err(|e| self.poison(e))?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let mut s = lock(&self.sync);
-        s.synced_seq = s.synced_seq.max(st.write_seq);
-        self.durable.fetch_max(st.next_txid - 1, Ordering::AcqRel);
-        st.inflight.clear();
+        let (seq, txid) = (st.write_seq, st.next_txid - 1);
+        self.count_synced(&mut st, &mut s, seq, txid);
         self.synced.notify_all();
         Ok(())
+    }
+
+    /// A sync covering tickets up to `seq` (ids up to `txid`) succeeded: they are durable.
+    fn count_synced(&self, st: &mut State, s: &mut SyncState, seq: u64, txid: i64) {
+        s.synced_seq = s.synced_seq.max(seq);
+        self.durable.fetch_max(txid, Ordering::AcqRel);
+        while st.inflight.front().is_some_and(|(q, _)| *q <= seq) {
+            st.inflight.pop_front();
+        }
     }
 
     /// Zero-fills the tail's data file from `from` (where its written bytes end) to the next
@@ -902,11 +910,7 @@ impl Partition {
             s = lock(&self.sync);
             s.leader = false;
             if !self.health.is_poisoned() {
-                s.synced_seq = s.synced_seq.max(target_seq);
-                self.durable.fetch_max(target_txid, Ordering::AcqRel);
-                while st.inflight.front().is_some_and(|(q, _)| *q <= target_seq) {
-                    st.inflight.pop_front();
-                }
+                self.count_synced(&mut st, &mut s, target_seq, target_txid);
             }
             drop(st);
             self.synced.notify_all();

@@ -282,38 +282,20 @@ class Partition:
     async def _append_loop(self) -> None:
         while True:
             first = await self._queue.get()
-            if self._open_session is not None:
-                if self.high_water_mark - self._session_start >= self.checkpoint_interval:
-                    self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
-                if self.session.successor_wanted is not None:
-                    self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
-                if self._new_session_wanted is not None:
-                    try:
-                        await self._new_session(self._new_session_wanted)
-                    except BaseException:  # closed while the session switched: `first` was dequeued
-                        if first is not None and not first.future.done():
-                            first.future.set_exception(self._closed_error())
-                        raise
-                    if self.session.successor_wanted is not None and self.session.failed is None:
-                        self._wake()  # wanted while it opened: the next turn replaces it too
-            if first is None:
-                continue
+            items: list[_Queued] = [] if first is None else [first]
             try:
+                await self._switch_session_if_due()
+                if first is None:
+                    continue
                 await self._gather()
-            except BaseException:
-                if not first.future.done():
-                    first.future.set_exception(self._closed_error())
-                raise
-            items = [first]
-            size = len(first.request.data)
-            while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:
-                q = self._queue.get_nowait()
-                if q is not None:
-                    items.append(q)
-                    size += len(q.request.data)
-            try:
+                size = len(first.request.data)
+                while not self._queue.empty() and len(items) < self.max_batch_records and size < self.max_batch_bytes:
+                    q = self._queue.get_nowait()
+                    if q is not None:
+                        items.append(q)
+                        size += len(q.request.data)
                 await self._in_flight.acquire()
-            except BaseException:  # closed while waiting for room: these were dequeued, answer them
+            except BaseException:  # closed meanwhile (a session switch, the gather, waiting for room): these were dequeued, answer them
                 for q in items:
                     if not q.future.done():
                         q.future.set_exception(self._closed_error())
@@ -328,6 +310,18 @@ class Partition:
                         q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}"))
             if not handed_over:
                 self._in_flight.release()
+
+    async def _switch_session_if_due(self) -> None:
+        if self._open_session is None:
+            return
+        if self.high_water_mark - self._session_start >= self.checkpoint_interval:
+            self._new_session_wanted = self._new_session_wanted or f"{self.checkpoint_interval} transactions"
+        if self.session.successor_wanted is not None:
+            self._new_session_wanted = self._new_session_wanted or self.session.successor_wanted
+        if self._new_session_wanted is not None:
+            await self._new_session(self._new_session_wanted)
+            if self.session.successor_wanted is not None and self.session.failed is None:
+                self._wake()  # wanted while it opened: the next turn replaces it too
 
     async def _gather(self) -> None:
         """Lets the appends of the partition's other clients join the batch of the first one: the

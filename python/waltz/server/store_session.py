@@ -346,7 +346,7 @@ class StoreSession:
                     r.prepared = dataclasses.replace(r.prepared, high_water_mark=closing)
                 if r.assigned and r.prepared.high_water_mark == closing:
                     await r.client.set_low_water_mark(self.partition, self.session_id, closing)
-                    r.in_write_path, r.left_because, r.served = True, None, True
+                    self._enter(r)
             except errors.StaleSessionError:
                 raise
             except errors.WaltzError as e:
@@ -448,6 +448,10 @@ class StoreSession:
             p = self._pending.popleft()
             self.high_water_mark = p.last
             p.settle((p.first, p.last))
+
+    @staticmethod
+    def _enter(r: _Replica) -> None:
+        r.in_write_path, r.left_because, r.served = True, None, True
 
     def _leave(self, r: _Replica, why: str, *, broken: bool = True) -> None:
         if not r.in_write_path:
@@ -595,7 +599,7 @@ class StoreSession:
             raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
         for pending in (p for p in self._pending if p.first >= nxt):
             self._send(r, pending)
-        r.in_write_path, r.left_because, r.served = True, None, True
+        self._enter(r)
         log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
 
     # -- reading committed transactions ---------------------------------------------------------
