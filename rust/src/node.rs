@@ -691,10 +691,10 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     let gate = shared.storage.fence_gate(h.partition_id);
     let queued = {
         let _shared = gate.read().unwrap_or_else(|e| e.into_inner());
-        match fenced_out(&shared.storage, h) {
-            Some(stale) => return now(stale),
-            None => part.enqueue(Some(first), &recs),
+        if let Some(refused) = fenced_out(&shared.storage, h).or_else(|| not_writable(shared, h)) {
+            return now(refused);
         }
+        part.enqueue(Some(first), &recs)
     };
     match queued {
         Ok(ticket) => {
@@ -705,6 +705,13 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     }
 }
 
+
+/// PartitionNotWritable when an admin marked the partition so (checked again under the fence
+/// gate, which Set Availability takes exclusively).
+fn not_writable(shared: &Shared, h: MsgHeader) -> Option<Response> {
+    let writable = lock(&shared.availability).get(&h.partition_id).is_none_or(|a| a.1);
+    (!writable).then(|| fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id)))
+}
 
 /// The admin port: one request at a time, answered in order.
 async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
@@ -787,7 +794,21 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
             if pid < 0 || pid >= s.partition_count {
                 return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
             }
-            lock(&shared.availability).insert(pid, (readable, writable));
+            {
+                // Under the fence gate: an append checks writability and queues under it (shared).
+                let gate = s.fence_gate(pid);
+                let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+                lock(&shared.availability).insert(pid, (readable, writable));
+            }
+            // Servers kept out: the appends accepted before are synced (or failed) before the
+            // answer, so a status read next says what the replica holds for good.
+            if !writable {
+                if let Some((p, _)) = s.open_partition_info(pid) {
+                    if let Err(e) = p.settled_max_txid() {
+                        return admin_fail(h, failure_kind(&e), e.to_string());
+                    }
+                }
+            }
             AdminResponse::Success { h }
         }
         AdminRequest::Status { .. } => {
