@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use waltz_native::fs::{FileHandle, FileSystem, StdFs};
 use waltz_native::node::{self, NodeOptions};
 use waltz_native::partition::default_options;
-use waltz_native::protocol::{split_frame, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
+use waltz_native::protocol::{
+    split_frame, AdminRequest, AdminResponse, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
+};
 use waltz_native::record::{crc32, ReqId};
 use waltz_native::storage::Storage;
 
@@ -201,6 +203,54 @@ impl Client {
     }
 }
 
+/// The admin port's client: Hello and Open done by `connect`.
+struct Admin {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+impl Admin {
+    fn connect(addr: std::net::SocketAddr) -> Admin {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut a = Admin { s, buf: Vec::new() };
+        assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+        let open = AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 };
+        assert!(matches!(a.call(open), AdminResponse::Success { .. }));
+        a
+    }
+    fn send(&mut self, r: AdminRequest) {
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        self.s.write_all(&b).unwrap();
+    }
+    fn try_recv(&mut self) -> io::Result<AdminResponse> {
+        loop {
+            if let Some(f) = split_frame(&self.buf, MAGIC_ADMIN, 1 << 30).unwrap() {
+                let size = f.size;
+                let r = AdminResponse::decode(&f).unwrap();
+                self.buf.drain(..size);
+                return Ok(r);
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    fn recv(&mut self) -> AdminResponse {
+        self.try_recv().unwrap()
+    }
+    fn call(&mut self, r: AdminRequest) -> AdminResponse {
+        self.send(r);
+        self.recv()
+    }
+}
+fn ah(pid: i32) -> MsgHeader {
+    MsgHeader { session_id: 0, seq: 1, partition_id: pid }
+}
+
 fn recs(first: i64, n: i64, size: usize) -> Vec<WireRecord> {
     (first..first + n)
         .map(|t| {
@@ -281,7 +331,6 @@ fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
 /// they are gone after a restart.
 #[test]
 fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
-    use waltz_native::protocol::{AdminRequest, AdminResponse, MAGIC_ADMIN};
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
     let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
@@ -289,42 +338,11 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     let h = c.h(5, 0);
     assert!(matches!(c.call(Request::Append { h, records: recs(0, 3, 10) }), Response::Success { .. }));
 
-    // Admin client
-    let mut adm = TcpStream::connect(node.admin_addr.unwrap()).unwrap();
-    adm.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut abuf = Vec::new();
-    let mut admin_call = |r: AdminRequest, adm: &mut TcpStream| -> AdminResponse {
-        let mut b = Vec::new();
-        r.encode(&mut b);
-        adm.write_all(&b).unwrap();
-        loop {
-            if let Some(f) = split_frame(&abuf, MAGIC_ADMIN, 1 << 30).unwrap() {
-                let size = f.size;
-                let r = AdminResponse::decode(&f).unwrap();
-                abuf.drain(..size);
-                return r;
-            }
-            let mut chunk = [0u8; 65536];
-            let n = adm.read(&mut chunk).unwrap();
-            assert!(n > 0);
-            abuf.extend_from_slice(&chunk[..n]);
-        }
-    };
-    let ah = |pid| MsgHeader { session_id: 0, seq: 1, partition_id: pid };
-    assert!(matches!(admin_call(AdminRequest::Hello { min_version: 1, max_version: 1 }, &mut adm), AdminResponse::HelloOk { .. }));
-    assert!(matches!(
-        admin_call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }, &mut adm),
-        AdminResponse::Success { .. }
-    ));
+    let mut adm = Admin::connect(node.admin_addr.unwrap());
     // Unassign with delete: hold it after the partition left the map and was closed, before its
     // folder is renamed away (remove_partition's exists(dir) check).
     gate.arm_exists(d.path().join("0"));
-    let mut adm2 = adm.try_clone().unwrap();
-    let unassign = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        AdminRequest::Unassign { h: MsgHeader { session_id: 0, seq: 2, partition_id: 0 }, delete_files: true }.encode(&mut b);
-        adm2.write_all(&b).unwrap();
-    });
+    adm.send(AdminRequest::Unassign { h: ah(0), delete_files: true });
     gate.wait_blocked(1);
     // Any request for the partition now reopens it from the folder that is about to go.
     let mut c2 = Client::connect(node.addr, 1);
@@ -335,16 +353,10 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     let r = c2.recv();
     eprintln!("request during unassign: {r:?}");
     assert!(matches!(r, Response::Failure { .. }), "the partition being deleted must not be served: {r:?}");
-    unassign.join().unwrap();
-    // read the Unassign response
-    let mut chunk = [0u8; 4096];
-    let _ = adm.read(&mut chunk).unwrap();
+    assert!(matches!(adm.recv(), AdminResponse::Success { .. }));
     assert!(!d.path().join("0").exists(), "unassign deleted the folder");
     // Later the partition is assigned here again.
-    let mut b = Vec::new();
-    AdminRequest::Assign { h: ah(0) }.encode(&mut b);
-    adm.write_all(&b).unwrap();
-    let _ = adm.read(&mut chunk).unwrap();
+    assert!(matches!(adm.call(AdminRequest::Assign { h: ah(0) }), AdminResponse::Success { .. }));
     let r = max_txid(&mut c2, 7, 0);
     eprintln!("after re-assign, max txid (new empty partition expected -1): {r:?}");
     // A new session appends from where the node says the log ends.
@@ -407,6 +419,56 @@ fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_ser
         !matches!(late, Response::Success { .. }),
         "session 5 was told txid 5 is durable after session 6 was fenced in"
     );
+    drop(node);
+    s.close();
+}
+
+/// R7. Taking a replica out of the write path (Set Availability, not writable) while an append it
+/// accepted waits for its sync: the answer must wait for that sync, so that the Status read next
+/// (recover-partition's source of the replica's max) counts the append, and no append may be
+/// accepted after the answer. Before, the answer came at once, the status missed the append, and
+/// it landed after the copy was planned from a lower max.
+#[test]
+fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, gate) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let mut a = Client::connect(node.addr, 1);
+    let h = a.h(5, 0);
+    assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    let h = a.h(5, 0);
+    assert!(matches!(a.call(Request::Append { h, records: recs(0, 5, 10) }), Response::Success { .. }));
+    gate.arm("seg");
+    let h = a.h(5, 0);
+    a.send(&Request::Append { h, records: recs(5, 1, 10) });
+    gate.wait_blocked(1);
+
+    let mut adm = Admin::connect(node.admin_addr.unwrap());
+    adm.send(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: false });
+    adm.s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let early = adm.try_recv();
+    assert!(early.is_err(), "Set Availability answered while an append it must wait for was syncing: {early:?}");
+    adm.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    gate.release();
+    assert!(matches!(adm.recv(), AdminResponse::Success { .. }));
+    assert!(matches!(a.recv(), Response::Success { .. }), "the append accepted before is acknowledged once synced");
+    match adm.call(AdminRequest::Status { h: ah(-1) }) {
+        AdminResponse::Status { partitions, .. } => {
+            assert_eq!(partitions.len(), 1);
+            assert_eq!(partitions[0].max_txid, 5, "the status must count the append accepted before");
+            assert!(!partitions[0].writable);
+        }
+        other => panic!("{other:?}"),
+    }
+    let h = a.h(5, 0);
+    match a.call(Request::Append { h, records: recs(6, 1, 10) }) {
+        Response::Failure { message, .. } => assert!(message.contains("not writable"), "{message}"),
+        other => panic!("an append after Set Availability (not writable) was answered {other:?}"),
+    }
+    match adm.call(AdminRequest::Status { h: ah(-1) }) {
+        AdminResponse::Status { partitions, .. } => assert_eq!(partitions[0].max_txid, 5),
+        other => panic!("{other:?}"),
+    }
     drop(node);
     s.close();
 }
