@@ -495,21 +495,47 @@ impl Partition {
         err
     }
 
-    /// Writes the in-memory index tail to the index file and syncs it, so a cleanly closed
-    /// partition has a complete index (a crash instead leaves recovery to rebuild the tail).
+    /// Makes every append so far durable, then writes the in-memory index tail to the index
+    /// file and syncs it: the files are then as complete as after a clean close.
     pub fn flush_index(&self) -> Result<()> {
         if self.opts.recover.read_only || self.health.is_poisoned() {
             return Ok(());
         }
-        let mut st = lock(&self.state);
-        self.flush_queue(&mut st)?;
+        self.settled_max_txid()?;
+        self.write_index_tail()
+    }
+
+    /// Writes and syncs the tail's index entries for every durable record (index entries never
+    /// reach the file before the data they point into is synced: see `write_pending`).
+    fn write_index_tail(&self) -> Result<()> {
+        let st = lock(&self.state);
         let files = &st.segments.last().unwrap().files;
-        if files.write_pending(1, true)? {
+        if files.write_pending(1, true, self.durable_positions(files))? {
             if let Some(idx) = &files.index {
                 idx.sync_data().at(&files.index_path)?;
             }
         }
         Ok(())
+    }
+
+    /// How many of the segment's first records are durable.
+    fn durable_positions(&self, files: &SegmentFiles) -> u64 {
+        (self.max_txid() + 1 - files.first_txid).max(0) as u64
+    }
+
+    /// After a sync: the tail's complete checkpoint windows of durable records go to the index
+    /// file (synced in the background). Called under the state lock, so no append adds entries
+    /// and no truncation cuts them meanwhile. A failed write stops the partition.
+    fn write_checkpoint_windows(&self, st: &State) {
+        let files = &st.segments.last().unwrap().files;
+        let interval = self.opts.recover.checkpoint_interval.max(1);
+        match files.write_pending(interval, false, self.durable_positions(files)) {
+            Ok(true) => self.request_index_sync(files.clone()),
+            Ok(false) => {}
+            Err(e) => {
+                self.poison(e);
+            }
+        }
     }
 
     /// Makes everything written durable, flushes the index tail and refuses further use of this
@@ -532,7 +558,7 @@ impl Partition {
         }
         if self.health.is_poisoned() {
             self.discard_unsynced();
-        } else if let Err(e) = self.flush_index() {
+        } else if let Err(e) = self.write_index_tail() {
             log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
         }
         self.release_leadership();
@@ -750,9 +776,10 @@ impl Partition {
         Ok(())
     }
 
-    /// Writes the queued batches to the tail's data file (one pwrite), then any complete index
-    /// checkpoint windows (synced in the background). Called under the state lock, so file
-    /// writes happen in id order.
+    /// Writes the queued batches to the tail's data file (one pwrite). Called under the state
+    /// lock, so file writes happen in id order. Index entries stay in memory until the records
+    /// are synced (`write_checkpoint_windows`): writing them per append would also make every
+    /// data fdatasync flush the index file's new blocks (ext4 ordered mode).
     fn flush_queue(&self, st: &mut State) -> Result<()> {
         if st.queue.is_empty() {
             return Ok(());
@@ -768,26 +795,21 @@ impl Partition {
             st.queue = Vec::new();
         }
         // The queued bytes are gone whatever happened: nothing queued may be acknowledged now.
-        result.map_err(|e| self.poison(e))?;
-        // Index entries stay in memory until a checkpoint: writing them per append would make
-        // every data fdatasync flush the index file's new blocks too (ext4 ordered mode).
-        if files.write_pending(self.opts.recover.checkpoint_interval.max(1), false).map_err(|e| self.poison(e))? {
-            self.request_index_sync(files);
-        }
-        Ok(())
+        result.map_err(|e| self.poison(e))
     }
 
     /// Seals the tail (its data and index synced whole) and starts the next segment.
     fn roll(&self, st: &mut State) -> Result<()> {
         self.flush_queue(st)?;
         let tail = st.segments.last().unwrap().files.clone();
-        tail.write_pending(1, true)?;
         // A sealed segment ends at its last record (recovery proves it complete by that).
         let end = st.segments.last().unwrap().end;
         if st.tail_allocated > end {
             tail.data.set_len(end).at(&tail.data_path)?;
         }
         tail.data.sync_data().at(&tail.data_path)?;
+        // Its whole index only now: every record it points to is on the disk.
+        tail.write_pending(1, true, u64::MAX)?;
         if let Some(idx) = &tail.index {
             idx.sync_data().at(&tail.index_path)?;
         }
@@ -909,11 +931,17 @@ impl Partition {
             let mut st = lock(&self.state);
             s = lock(&self.sync);
             s.leader = false;
-            if !self.health.is_poisoned() {
+            let counted = !self.health.is_poisoned();
+            if counted {
                 self.count_synced(&mut st, &mut s, target_seq, target_txid);
             }
-            drop(st);
+            drop(s);
             self.synced.notify_all();
+            if counted {
+                self.write_checkpoint_windows(&st);
+            }
+            drop(st);
+            s = lock(&self.sync);
         }
     }
 
@@ -1308,6 +1336,10 @@ mod faults;
 mod prealloc;
 
 #[cfg(test)]
+#[path = "partition_order.rs"]
+mod order;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::fs::{FaultFs, StdFs};
@@ -1331,6 +1363,19 @@ mod tests {
 
     fn open(dir: &Path, o: PartitionOptions) -> Partition {
         open_with(Arc::new(StdFs), dir, o).unwrap()
+    }
+
+    /// Copies the partition folder as it is now, open files and all: what kill -9 leaves
+    /// (everything written, possibly only in the page cache).
+    pub(super) fn crash_copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.path().is_dir() {
+                continue;
+            }
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
     }
 
     fn payload(txid: i64) -> Vec<u8> {

@@ -251,6 +251,7 @@ fn r2b_a_queued_append_cut_by_truncate_fails() {
 
 /// F3: a write failure in `flush_index` (Storage.flush / close) drops the queue without
 /// poisoning; the queued appender is then acknowledged for bytes that were never written.
+/// (flush_index now syncs before writing the index, so the write fails in its sync.)
 #[test]
 fn r3_flush_index_write_error_loses_a_queued_record_that_is_then_acknowledged() {
     let d = tempfile::tempdir().unwrap();
@@ -262,10 +263,16 @@ fn r3_flush_index_write_error_loses_a_queued_record_that_is_then_acknowledged() 
     let a = append_bg(&p, None, b"A-record".to_vec()); // txid 6, queued
     wait_next_txid(&p, 7);
     gate.fail_writes(true);
-    let fl = p.flush_index();
+    // flush_index syncs first, so it waits for the leader held at the gate.
+    let flusher = {
+        let p = p.clone();
+        std::thread::spawn(move || p.flush_index())
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    gate.release(false);
+    let fl = flusher.join().unwrap();
     gate.fail_writes(false);
     let poisoned = p.is_failed();
-    gate.release(false);
     let (_xr, ar) = (x.join().unwrap(), a.join().unwrap());
     let max = p.max_txid();
     drop(p);

@@ -1,7 +1,7 @@
 //! Preallocated segment tails: zeros written ahead of the records, cut off at a seal and a close,
 //! read as free space by recovery; a "crash" is a copy of the files taken while the partition is
 //! open (what kill -9 leaves: everything written, in the page cache).
-use super::tests::{open_with, opts, KEY};
+use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
 use crate::fs::{FaultFs, StdFs};
 use crate::record::ReqId;
@@ -33,18 +33,6 @@ fn check(p: &Partition, expect: &[(i64, usize)]) {
     assert_eq!(p.max_txid(), expect.last().map_or(-1, |e| e.0));
     for (t, n) in expect {
         assert_eq!(p.read_record(*t).unwrap().unwrap().data, data(*t, *n), "txid {t}");
-    }
-}
-
-/// Copies the partition folder as it is now, open files and all.
-fn crash_copy(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.path().is_dir() {
-            continue;
-        }
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
 }
 

@@ -129,14 +129,17 @@ impl SegmentFiles {
     }
 
     /// Writes pending entries up to the last multiple of `interval` (all of them when `all`) to
-    /// the index file. Returns whether anything was written; the caller syncs the index.
-    pub fn write_pending(&self, interval: u64, all: bool) -> Result<bool> {
+    /// the index file, never for positions at or past `synced`: the records there may not be on
+    /// the disk yet, and recovery checks a window's record prefixes and its last record, not
+    /// every byte between, so a window must never outlive the data it points into.
+    /// Returns whether anything was written; the caller syncs the index.
+    pub fn write_pending(&self, interval: u64, all: bool, synced: u64) -> Result<bool> {
         let idx = match &self.index {
             Some(i) => i,
             None => return Ok(false),
         };
         let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
-        let end = p.base + p.offsets.len() as u64;
+        let end = (p.base + p.offsets.len() as u64).min(synced);
         let upto = if all { end } else { (end / interval) * interval };
         if upto <= p.base {
             return Ok(false);
@@ -490,14 +493,18 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     if !opts.read_only {
         if end < data_len {
             data.set_len(end).at(&data_path)?;
-            data.sync_data().at(&data_path)?;
         }
         let idx = index.as_ref().expect("writable opens always have an index file");
         let mut changed = index_len != HEADER_LEN + 8 * base;
+        // What the scan read may be page cache a crashed process left unsynced: it is made
+        // durable (with the cut) before any index entry that points into it is written.
+        if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
+            data.sync_data().at(&data_path)?;
+        }
         if changed {
             idx.set_len(HEADER_LEN + 8 * base).at(&index_path)?;
         }
-        changed |= files.write_pending(n, ctx.next_first.is_some())?;
+        changed |= files.write_pending(n, ctx.next_first.is_some(), u64::MAX)?;
         if changed {
             idx.sync_data().at(&index_path)?;
         }
