@@ -19,6 +19,8 @@ struct Disk {
     /// Index entries written while their record was not yet synced, as "file: entry -> range".
     early: Vec<String>,
     entries_written: u64,
+    /// Index writes still to fail with ENOSPC (after writing half of their bytes).
+    failing_index_writes: u32,
 }
 
 impl Disk {
@@ -61,6 +63,14 @@ impl FileHandle for OrderFile {
         self.inner.read_at(buf, offset)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.is("idx") && offset >= HEADER_LEN {
+            let mut d = self.disk.lock().unwrap();
+            if d.failing_index_writes > 0 {
+                d.failing_index_writes -= 1;
+                self.inner.write_all_at(&buf[..buf.len() / 2], offset)?;
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
         self.inner.write_all_at(buf, offset)?;
         let mut d = self.disk.lock().unwrap();
         if self.is("seg") {
@@ -238,4 +248,29 @@ fn recovery_syncs_the_records_it_scanned_before_indexing_them() {
     r.close();
     assert_in_order(&disk);
     check_reads(&crashed, last);
+}
+
+/// A checkpoint window the disk refuses (full) stops nothing: its half-written bytes are cut
+/// off, the entries stay in memory, and the next checkpoint (or the close) writes them.
+#[test]
+fn a_failed_checkpoint_write_is_retried_and_loses_no_entry() {
+    let d = tempfile::tempdir().unwrap();
+    let (fs, disk) = order_fs();
+    let p = open_with(fs, d.path(), opts(1 << 20, 4)).unwrap();
+    append_batch(&p, 5);
+    disk.lock().unwrap().failing_index_writes = 2;
+    for _ in 0..6 {
+        append_batch(&p, 1);
+    }
+    assert_eq!(disk.lock().unwrap().failing_index_writes, 0, "the test must hit the index writes it fails");
+    assert!(p.is_failed().is_none(), "a failed index write must not stop the partition");
+    for _ in 0..9 {
+        append_batch(&p, 1);
+    }
+    let last = p.max_txid();
+    p.close();
+    assert_in_order(&disk);
+    let idx = d.path().join(crate::segment::index_name(0));
+    assert_eq!(std::fs::metadata(&idx).unwrap().len(), HEADER_LEN + 8 * (last as u64 + 1), "a closed partition has its whole index");
+    check_reads(d.path(), last);
 }

@@ -157,7 +157,12 @@ impl SegmentFiles {
         for o in &p.offsets[..n] {
             buf.extend_from_slice(&(*o as i64).to_be_bytes());
         }
-        idx.write_all_at(&buf, HEADER_LEN + 8 * p.base).at(&self.index_path)?;
+        if let Err(e) = idx.write_all_at(&buf, HEADER_LEN + 8 * p.base) {
+            // Part of the window may be in the file: cut it back, so the file keeps ending at
+            // `base` and a later write can retry these entries.
+            let _ = idx.set_len(file_len);
+            return Err(e).at(&self.index_path);
+        }
         p.offsets.drain(..n);
         p.base = upto;
         Ok(true)
