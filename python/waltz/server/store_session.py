@@ -593,14 +593,21 @@ class StoreSession:
             await asyncio.gather(*writes, return_exceptions=True)
 
     def _join(self, r: _Replica, nxt: int) -> None:
-        # Everything committed is on r. Of the batches in flight it is sent those it lacks; the
-        # ones it has it acknowledged before leaving (acks cover whole batches).
+        # Everything committed is on r. Of the batches in flight it is sent those it lacks, and
+        # counts for those it holds: durably (its max is what it synced), and from this session's
+        # appends (nothing else puts ids above the committed prefix on a replica clean in this
+        # session). Its acknowledgement of them may have been lost (a timeout, a dropped
+        # connection); two such losses would hold a batch short of a quorum for good.
         if any(p.first < nxt <= p.last for p in self._pending):
             raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
-        for pending in (p for p in self._pending if p.first >= nxt):
-            self._send(r, pending)
+        for pending in self._pending:
+            if pending.first >= nxt:
+                self._send(r, pending)
+            else:
+                pending.acks.add(r.address)
         self._enter(r)
         log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
+        self._advance()
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
