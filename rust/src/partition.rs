@@ -1276,7 +1276,8 @@ impl Drop for Partition {
 /// Byte offset of the record at position `i` of a segment, proven against the data: the index
 /// entry when the record there carries the right id, otherwise found by walking forward from the
 /// nearest earlier entry that does (or from the segment start). A damaged index entry thus costs
-/// a short scan instead of a record. `end` is where the segment's records end.
+/// a short scan instead of a record. `end` is where the segment's records end; the record at `i`
+/// must exist (every caller asks for one), so an entry equal to `end` is damaged, not the end.
 pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64> {
     let want = files.first_txid + i as i64;
     let id_at = |off: u64| -> Option<(i64, u64)> {
@@ -1289,7 +1290,7 @@ pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64>
         Some((h.txid, off + (RECORD_OVERHEAD + len) as u64))
     };
     if let Ok(off) = files.offset_of(i) {
-        if off == end || id_at(off).is_some_and(|(t, _)| t == want) {
+        if id_at(off).is_some_and(|(t, _)| t == want) {
             return Ok(off);
         }
     }

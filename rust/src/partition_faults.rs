@@ -483,3 +483,27 @@ fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
         std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len()
     );
 }
+
+/// F10: an index entry damaged to the exact end of the records passed as proven (it was taken
+/// for "the position after the last record"), so a truncation through it cut nothing: the
+/// records it dropped stayed in the file ahead of the next appends.
+#[test]
+fn r10_truncate_through_an_entry_equal_to_the_end_cuts_the_records() {
+    let d = tempfile::tempdir().unwrap();
+    write_250(d.path(), 100);
+    let data_len = std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len();
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    // Entry 50 := the end, in a window below the last checkpoint (recovery proves only that one).
+    idx.write_all_at(&(data_len as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
+    assert_eq!(p.truncate(49).unwrap(), 49);
+    assert!(std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len() < data_len, "nothing was cut");
+    for t in 50..55 {
+        p.append(t, &one(format!("new-{t}").as_bytes())).unwrap();
+    }
+    drop(p);
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
+    assert_eq!(p.max_txid(), 54);
+    assert_eq!(p.read_record(49).unwrap().unwrap().data, payload(49));
+    assert_eq!(p.read_record(50).unwrap().unwrap().data, b"new-50");
+}
