@@ -110,6 +110,8 @@ class SimNode:
         self.log: list[SimRecord] = []
         self.synced = 0
         """Records below this index are durable; the rest are written but not yet synced."""
+        self.sync_due = 0.0
+        """When the sync of the last append accepted so far completes."""
         self.fence = -1
         self.cuts = 0
         self.info = (-1, -1)
@@ -217,10 +219,17 @@ class SimClient:
                     w.check(f"truncate on {node.address}")
                 except SimulationError as e:
                     w.fail(e)
+            if op == "max_transaction_id":
+                # Like the real node's: answered once every append accepted before it is synced
+                # (or cut), with what is durable then. The session counts a rejoining replica
+                # for the batches below this answer.
+                loop.call_later(max(node.sync_due - loop.time(), 0.0) + 1e-7, lambda: reply(node.synced - 1))
+                return
             if op == "append":
                 # Replies after the fsync; a crash before it may cut what was written.
                 written, cuts = len(node.log), node.cuts
                 sync_at = w.latency(node) * 2
+                node.sync_due = max(node.sync_due, loop.time() + sync_at)
 
                 def synced() -> None:
                     if node.epoch != self.epoch:
