@@ -144,6 +144,9 @@ struct State {
     /// After a failed preallocation, the tail offset before which none is tried again: a full
     /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
     prealloc_retry_at: u64,
+    /// After a failed checkpoint window write, the tail position before which none is tried
+    /// again: one attempt per checkpoint interval, not one per sync.
+    index_retry_at: u64,
     /// Batches appended but not yet known durable: (ticket sequence, last id), oldest first.
     inflight: std::collections::VecDeque<(u64, i64)>,
     /// Appends in the queue, and whether a sync leader is waiting for more of them.
@@ -403,6 +406,7 @@ impl Partition {
                 queue: Vec::new(),
                 tail_allocated,
                 prealloc_retry_at: 0,
+                index_retry_at: 0,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
                 leader_waiting: false,
@@ -528,13 +532,20 @@ impl Partition {
     /// and no truncation cuts them meanwhile. A failed write (a full disk) only leaves the
     /// entries in memory for the next checkpoint: recovery proves every window it uses, and the
     /// appends themselves report the disk's state.
-    fn write_checkpoint_windows(&self, st: &State) {
-        let files = &st.segments.last().unwrap().files;
+    fn write_checkpoint_windows(&self, st: &mut State) {
+        let files = st.segments.last().unwrap().files.clone();
         let interval = self.opts.recover.checkpoint_interval.max(1);
-        match files.write_pending(interval, false, self.durable_positions(files)) {
-            Ok(true) => self.request_index_sync(files.clone()),
+        let synced = self.durable_positions(&files);
+        if synced < st.index_retry_at {
+            return;
+        }
+        match files.write_pending(interval, false, synced) {
+            Ok(true) => self.request_index_sync(files),
             Ok(false) => {}
-            Err(e) => log::warn!("partition {}: index checkpoint not written ({e}); kept in memory", self.id),
+            Err(e) => {
+                log::warn!("partition {}: index checkpoint not written ({e}); kept in memory, tried again in {interval} records", self.id);
+                st.index_retry_at = synced + interval;
+            }
         }
     }
 
@@ -817,6 +828,7 @@ impl Partition {
         let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
         st.tail_allocated = seg.end;
         st.prealloc_retry_at = 0;
+        st.index_retry_at = 0;
         st.segments.push(seg);
         Ok(())
     }
@@ -938,7 +950,7 @@ impl Partition {
             drop(s);
             self.synced.notify_all();
             if counted {
-                self.write_checkpoint_windows(&st);
+                self.write_checkpoint_windows(&mut st);
             }
             drop(st);
             s = lock(&self.sync);
@@ -1046,6 +1058,7 @@ impl Partition {
         }
         st.tail_allocated = new_end;
         st.prealloc_retry_at = 0;
+        st.index_retry_at = 0;
         st.next_txid = tail.next_txid();
         self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
         Ok(())

@@ -19,8 +19,9 @@ struct Disk {
     /// Index entries written while their record was not yet synced, as "file: entry -> range".
     early: Vec<String>,
     entries_written: u64,
-    /// Index writes still to fail with ENOSPC (after writing half of their bytes).
+    /// Index writes still to fail with ENOSPC (after writing half of their bytes), and how many did.
     failing_index_writes: u32,
+    failed_index_writes: u32,
 }
 
 impl Disk {
@@ -67,6 +68,7 @@ impl FileHandle for OrderFile {
             let mut d = self.disk.lock().unwrap();
             if d.failing_index_writes > 0 {
                 d.failing_index_writes -= 1;
+                d.failed_index_writes += 1;
                 self.inner.write_all_at(&buf[..buf.len() / 2], offset)?;
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
@@ -251,20 +253,22 @@ fn recovery_syncs_the_records_it_scanned_before_indexing_them() {
 }
 
 /// A checkpoint window the disk refuses (full) stops nothing: its half-written bytes are cut
-/// off, the entries stay in memory, and the next checkpoint (or the close) writes them.
+/// off, the entries stay in memory, and the write is tried again a checkpoint interval later
+/// (not at every sync), or by the close.
 #[test]
 fn a_failed_checkpoint_write_is_retried_and_loses_no_entry() {
     let d = tempfile::tempdir().unwrap();
     let (fs, disk) = order_fs();
     let p = open_with(fs, d.path(), opts(1 << 20, 4)).unwrap();
-    append_batch(&p, 5);
-    disk.lock().unwrap().failing_index_writes = 2;
-    for _ in 0..6 {
-        append_batch(&p, 1);
+    append_batch(&p, 5); // window [0, 4) written
+    disk.lock().unwrap().failing_index_writes = 100;
+    for _ in 0..12 {
+        append_batch(&p, 1); // one sync each; windows complete at 8, 12 and 16
     }
-    assert_eq!(disk.lock().unwrap().failing_index_writes, 0, "the test must hit the index writes it fails");
+    assert_eq!(disk.lock().unwrap().failed_index_writes, 3, "one attempt per checkpoint interval");
     assert!(p.is_failed().is_none(), "a failed index write must not stop the partition");
-    for _ in 0..9 {
+    disk.lock().unwrap().failing_index_writes = 0;
+    for _ in 0..6 {
         append_batch(&p, 1);
     }
     let last = p.max_txid();
