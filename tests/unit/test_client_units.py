@@ -112,3 +112,27 @@ def test_a_data_fetch_that_times_out_raises_instead_of_spinning() -> None:
         assert Transaction(0, 8, 0, (1, 1, 0, 2), slow, loop).data() == b"data of 8"
     finally:
         loop.call_soon_threadsafe(loop.stop)
+
+
+def test_an_append_rejection_goes_to_its_partition_not_to_a_request_with_the_same_number() -> None:
+    """An APPEND_REJECTED Failure carries the append's sequence (counted per partition), which
+    collides with the link's request numbers (Mount, Flush): the waiting request took it and
+    failed, and the refused append stayed pending, to be executed again later."""
+    import asyncio
+
+    from waltz import client_protocol as cp
+    from waltz.client.network import Link
+
+    async def go() -> None:
+        pushed: list[cp.Message] = []
+        link = Link("127.0.0.1:1", "server", lambda _link, m: pushed.append(m), lambda _link, _why: None)
+        flush: asyncio.Future[cp.Message] = asyncio.get_running_loop().create_future()
+        link._waiting[3] = flush
+        rejected = cp.Failure(3, 0, cp.FailureKind.APPEND_REJECTED, "append (1, 1, 0, 3): too large")
+        link._dispatch(rejected)
+        assert pushed == [rejected] and not flush.done()
+        other = cp.Failure(3, 0, cp.FailureKind.NOT_COMMITTED, "not committed")
+        link._dispatch(other)
+        assert flush.done() and isinstance(flush.exception(), Exception) and pushed == [rejected]
+
+    asyncio.run(go())

@@ -109,6 +109,11 @@ class Link:
 
     def _dispatch(self, msg: cp.Message) -> None:
         seq = getattr(msg, "seq", -1)
+        if isinstance(msg, cp.Failure) and msg.kind == cp.FailureKind.APPEND_REJECTED:
+            # Its seq is the append's sequence (per partition), not a request's on this link: a
+            # Mount or Flush waiting with the same number must not take it, and the partition
+            # must learn its append was refused.
+            seq = -1
         waiter = self._waiting.pop(seq, None) if seq >= 0 else None
         if waiter is None:
             self._on_push(self, msg)
