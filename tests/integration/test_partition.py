@@ -157,6 +157,27 @@ def test_a_broken_commit_order_tells_its_appenders_the_outcome_is_unknown(cluste
     run(meta, body)
 
 
+def test_a_batch_that_fails_midway_ends_the_session(cluster) -> None:  # noqa: F811
+    """A bug raising while a batch is handed to the replicas (here one replica's send) leaves the
+    batch possibly sent to the others, to be committed by the next recovery. Its appenders hear
+    "outcome unknown", and the session must end: a healthy session would answer the client's next
+    mount READY, the client would submit again, and the transaction could commit twice."""
+    meta, _ = cluster
+
+    async def body(p: Partition) -> None:
+        assert isinstance(await p.append(req(1, 1, -1, b"first")), Committed)
+
+        def broken_send(*_args: object, **_kwargs: object) -> None:
+            raise RuntimeError("a bug in the storage client")
+
+        p.session._replicas[-1].client.send_append = broken_send
+        with pytest.raises(errors.StoreSessionError, match="a bug in the storage client"):
+            await p.append(req(1, 2, -1, b"second"))
+        assert p.session.failed is not None and "writing a batch failed" in str(p.session.failed)
+
+    run(meta, body)
+
+
 def test_closing_while_the_store_session_switches_answers_the_append_that_waited(cluster) -> None:  # noqa: F811
     """The append that found a new session due was taken off the queue before the switch: a
     close during the switch must answer it (before, it waited for ever)."""

@@ -305,6 +305,10 @@ class Partition:
             except Exception as e:  # never let one batch kill the loop (every later append would hang)
                 log.exception("partition %d: writing a batch failed", self.partition_id)
                 handed_over = False
+                # The batch may already be on replicas and commit in the next session's recovery:
+                # this session ends, so no mount answers READY (and no client resubmits) until
+                # that recovery has decided.
+                self.session._fail(f"writing a batch failed: {e!r}")
                 for q in items:
                     if not q.future.done():
                         q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}"))
