@@ -68,6 +68,24 @@ def cluster(metadata_url: str) -> Iterator[tuple[MetadataStore, ClusterMetadata]
     store.close()
 
 
+def test_auto_assign_only_adds_replicas(cluster) -> None:
+    """Nodes added without `--group` all sit in group 0. Auto-assign used to keep one replica per
+    partition there and unassign the others in one change, silently leaving one copy."""
+    _, meta = cluster
+    nodes = [f"127.0.0.1:{7100 + i}" for i in range(4)]
+    for a in nodes[:3]:
+        meta.add_storage_node(a, 9000)
+        for p in range(PARTITIONS):
+            meta.assign_partition(a, p)
+    full = list(range(PARTITIONS))
+    assert meta.auto_assign(0) == {a: full for a in nodes[:3]}
+    meta.add_storage_node(nodes[3], 9000, group=1)
+    assert meta.auto_assign(1) == {nodes[3]: full}
+    assert meta.auto_assign(1) == {nodes[3]: full}  # idempotent
+    assert {r.address for p in range(PARTITIONS) for r in meta.replicas_of(p)} == set(nodes)
+    assert all(len(meta.replicas_of(p)) == 4 for p in range(PARTITIONS))
+
+
 def served(log: pathlib.Path) -> dict[int, dict[int, int]]:
     """The last reported serving set of every server, from the members' log."""
     last: dict[int, dict[int, int]] = {}

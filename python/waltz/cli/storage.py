@@ -94,7 +94,8 @@ def unassign(out: Output, address: str, partitions: tuple[int, ...]) -> None:
 @pass_output
 @user_errors
 def auto_assign(out: Output, group: int) -> None:
-    """Give every partition one replica in the group, balanced over its nodes (idempotent)."""
+    """Give every partition without a replica in the group one, on its least loaded node
+    (idempotent; never removes a replica)."""
     with cluster_metadata() as meta:
         placement = meta.auto_assign(group)
     out.emit(

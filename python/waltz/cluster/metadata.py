@@ -347,8 +347,11 @@ class ClusterMetadata:
         return self._change_storage(change)
 
     def auto_assign(self, group: int) -> dict[str, list[int]]:
-        """Spreads every partition over the group's nodes (one replica per partition in the group,
-        balanced, keeping existing placements). Returns the group's new placement."""
+        """Gives every partition without a replica in the group one, on the group's least loaded
+        node. Never removes a placement: unassigning several replicas at once would silently
+        leave partitions with fewer copies (nodes added without `--group` all sit in group 0),
+        and a replica is moved one at a time, after the new one is filled (docs/operations.md).
+        Returns the group's placement."""
         info = self.info()
         result: dict[str, list[int]] = {}
 
@@ -357,28 +360,19 @@ class ClusterMetadata:
             if not members:
                 raise errors.ClusterError(f"group {group} has no storage nodes")
             placed = {a: [p for p in ra["nodes"].get(a, []) if p < info.partitions] for a in members}
-            owner: dict[int, str] = {}
-            for a in members:
-                for p in sorted(placed[a]):
-                    if p in owner:  # two replicas of one partition in one group: keep the first
-                        placed[a].remove(p)
-                    else:
-                        owner[p] = a
-            cap = -(-info.partitions // len(members))
-            for a in members:  # shed above the ceiling, highest partitions first
-                while len(placed[a]) > cap:
-                    owner.pop(placed[a].pop())
+            covered = {p for ps in placed.values() for p in ps}
+            added = False
             for p in range(info.partitions):
-                if p not in owner:
+                if p not in covered:
                     a = min(members, key=lambda m: (len(placed[m]), m))
                     placed[a].append(p)
-                    owner[p] = a
+                    added = True
             result.clear()
             result.update({a: sorted(v) for a, v in placed.items()})
-            if all(sorted(ra["nodes"].get(a, [])) == result[a] for a in members):
+            if not added:
                 return False
             for a in members:
-                ra["nodes"][a] = result[a]
+                ra["nodes"][a] = sorted(set(ra["nodes"].get(a, [])) | set(result[a]))
             return True
 
         self._change_storage(change)
