@@ -289,6 +289,13 @@ fn gated(storage: &Storage, h: MsgHeader, f: impl FnOnce() -> Response) -> Respo
     fenced_out(storage, h).unwrap_or_else(f)
 }
 
+/// `gated` for a server's Truncate or Set Low-water Mark: refused, too, when an admin marked the
+/// partition not writable. Checked under the gate, which Set Availability takes exclusively, so
+/// none of them passes the check before that answer and runs after it (recover-partition's copy).
+fn gated_mutation(shared: &Shared, h: MsgHeader, f: impl FnOnce() -> Response) -> Response {
+    gated(&shared.storage, h, || not_writable(shared, h).unwrap_or_else(f))
+}
+
 /// Answers gathered beyond this many bytes are sent before the next request is handled: a peer
 /// that pipelines record-list reads holds at most one list (up to `max_list_bytes`) plus this.
 const FLUSH_BYTES: usize = 1 << 20;
@@ -589,13 +596,13 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
         Request::Truncate { txid, .. } => blocking(shared, h, move |sh| {
-            gated(&sh.storage, h, || match part.truncate(txid) {
+            gated_mutation(sh, h, || match part.truncate(txid) {
                 Ok(_) => Response::Success { h },
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
         }),
         Request::SetLowWaterMark { low_water_mark, .. } => blocking(shared, h, move |sh| {
-            gated(&sh.storage, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+            gated_mutation(sh, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
                 Ok(_) => Response::Success { h },
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })

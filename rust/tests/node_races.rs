@@ -465,8 +465,18 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
         Response::Failure { message, .. } => assert!(message.contains("not writable"), "{message}"),
         other => panic!("an append after Set Availability (not writable) was answered {other:?}"),
     }
+    let h = a.h(5, 0);
+    match a.call(Request::Truncate { h, txid: 2 }) {
+        Response::Failure { message, .. } => assert!(message.contains("not writable"), "{message}"),
+        other => panic!("a truncate after Set Availability (not writable) was answered {other:?}"),
+    }
+    let h = a.h(5, 0);
+    match a.call(Request::SetLowWaterMark { h, low_water_mark: 5 }) {
+        Response::Failure { message, .. } => assert!(message.contains("not writable"), "{message}"),
+        other => panic!("a mark set after Set Availability (not writable) was answered {other:?}"),
+    }
     match adm.call(AdminRequest::Status { h: ah(-1) }) {
-        AdminResponse::Status { partitions, .. } => assert_eq!(partitions[0].max_txid, 5),
+        AdminResponse::Status { partitions, .. } => assert_eq!((partitions[0].max_txid, partitions[0].low_water_mark), (5, -1)),
         other => panic!("{other:?}"),
     }
     drop(node);
