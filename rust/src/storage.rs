@@ -219,12 +219,22 @@ impl Storage {
 
     /// Unassigns the partition: closes it and either deletes its files or parks them as
     /// `<id>.unassigned` (kept, not served, restored by `add_partition`). Renamed aside first,
-    /// under the partition map's lock, so no request can reopen it half way.
+    /// under the partition map's lock, so no request can reopen it half way. Deleting also
+    /// deletes files parked before: `add_partition` would otherwise bring them back (the
+    /// damaged copy a repair meant to replace).
     pub fn remove_partition(&self, pid: i32, delete_files: bool) -> Result<()> {
         self.check_pid(pid)?;
         let mut map = lock(&self.partitions);
         if let Some(p) = map.remove(&pid) {
             p.close();
+        }
+        let parked = self.path.join(format!("{pid}{UNASSIGNED_SUFFIX}"));
+        if delete_files && self.fs.exists(&parked) {
+            if self.opts.recover.read_only {
+                return Err(Error::ReadOnly);
+            }
+            self.fs.remove_dir_all(&parked).at(&parked)?;
+            self.fs.sync_dir(&self.path).at(&self.path)?;
         }
         let dir = self.partition_dir(pid);
         if !self.fs.exists(&dir) {
@@ -448,6 +458,25 @@ mod tests {
         assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
         drop(s);
         let s = Storage::open(d.path(), Some([1; 16]), Some(1), default_options()).unwrap();
+        assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
+    }
+
+    /// Parked, then deleted (the repair in docs/operations.md run on a node where the partition
+    /// was already unassigned): the parked files go too, and adding it again starts empty.
+    #[test]
+    fn deleting_a_parked_partition_deletes_its_files() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Storage::create(d.path(), [1; 16], 1, default_options()).unwrap();
+        s.add_partition(0).unwrap();
+        s.set_low_water_mark(0, 5, -1).unwrap();
+        let rec = crate::record::NewRecord { req_id: Default::default(), header: 0, data: b"old", data_crc: None };
+        s.partition(0).unwrap().append(0, &[rec]).unwrap();
+        s.remove_partition(0, false).unwrap();
+        assert!(d.path().join(format!("0{UNASSIGNED_SUFFIX}")).exists());
+        s.remove_partition(0, true).unwrap();
+        assert!(!d.path().join(format!("0{UNASSIGNED_SUFFIX}")).exists(), "the parked files are still there");
+        s.add_partition(0).unwrap();
+        assert_eq!(s.partition(0).unwrap().max_txid(), -1);
         assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
     }
 }
