@@ -178,6 +178,42 @@ def test_a_batch_that_fails_midway_ends_the_session(cluster) -> None:  # noqa: F
     run(meta, body)
 
 
+def test_an_assignment_change_during_a_session_switch_gets_a_switch_of_its_own(cluster) -> None:  # noqa: F811
+    """A switch reads the replica assignment when it opens the new session; a change arriving
+    after that read was dropped (the switch under way cleared the request), so the partition
+    kept a session on the old replica set until something else replaced it."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        opened: list[int] = []
+        p: Partition | None = None
+
+        async def open_session() -> StoreSession:
+            opened.append(1)
+            new = await StoreSession.open(meta, 0, generation=GEN)
+            if len(opened) == 1:
+                assert p is not None
+                p.request_new_session("the assignment changed after the switch read it")
+            return new
+
+        session = await StoreSession.open(meta, 0, generation=GEN)
+        p = Partition(0, GEN, session, open_session=open_session)
+        await p.start()
+        try:
+            assert isinstance(await p.append(req(1, 1, -1)), Committed)
+            p.request_new_session("replicas changed")
+            for _ in range(400):  # a liveness bound: the second switch needs no append to start
+                if len(opened) == 2 and p.stats["store_sessions"] == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(opened) == 2, "the change that came during the switch was dropped"
+            assert isinstance(await p.append(req(1, 2, 0)), Committed)
+        finally:
+            await p.close()
+
+    asyncio.run(go())
+
+
 def test_closing_while_the_store_session_switches_answers_the_append_that_waited(cluster) -> None:  # noqa: F811
     """The append that found a new session due was taken off the queue before the switch: a
     close during the switch must answer it (before, it waited for ever)."""

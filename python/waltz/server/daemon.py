@@ -120,6 +120,8 @@ class PartitionHost:
                 self.partitions.by_id[pid] = served = part
                 part = None  # from here on whoever takes it out of the registry closes it
                 log.info("partition %d (generation %d): serving from high-water mark %d", pid, gen, served.high_water_mark)
+                # A change while the session opened reached no registered partition: look again.
+                await self._check_replicas(only=pid)
                 while served.session.failed is None and self.partitions.by_id.get(pid) is served:
                     await asyncio.sleep(0.2)
                 if self.partitions.by_id.get(pid) is not served:
@@ -136,19 +138,20 @@ class PartitionHost:
     def replicas_changed(self) -> None:
         """From the metadata store's thread: the replica assignment changed; partitions whose
         replica set differs from their session's move to a new session."""
+        asyncio.run_coroutine_threadsafe(self._check_replicas(), self.loop)
 
-        async def check() -> None:
-            try:
-                nodes = await asyncio.to_thread(self.metadata.storage_nodes)  # one read for every partition
-            except errors.WaltzError as e:
-                log.warning("cannot read the replica assignment: %s", e)
-                return
-            for pid, part in list(self.partitions.by_id.items()):
-                now = sorted(n.address for n in nodes if pid in n.partitions)
-                if now != sorted(part.session.assigned_replicas):
-                    part.request_new_session(f"replicas now {', '.join(now)}")
-
-        asyncio.run_coroutine_threadsafe(check(), self.loop)
+    async def _check_replicas(self, only: int | None = None) -> None:
+        try:
+            nodes = await asyncio.to_thread(self.metadata.storage_nodes)  # one read for every partition
+        except errors.WaltzError as e:
+            log.warning("cannot read the replica assignment: %s", e)
+            return
+        for pid, part in list(self.partitions.by_id.items()):
+            if only is not None and pid != only:
+                continue
+            now = sorted(n.address for n in nodes if pid in n.partitions)
+            if now != sorted(part.session.assigned_replicas):
+                part.request_new_session(f"replicas now {', '.join(now)}")
 
     async def close(self) -> None:
         await self._apply({})

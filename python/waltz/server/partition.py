@@ -143,6 +143,8 @@ class Partition:
         self.checkpoint_interval = checkpoint_interval
         self._open_session = open_session
         self._new_session_wanted: str | None = None
+        self._wanted_again: str | None = None
+        """Asked for while a switch was under way, which may have read the replicas before the change."""
         session.on_successor_wanted = self._wake
         # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
         self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
@@ -229,10 +231,16 @@ class Partition:
             await asyncio.gather(*waiting, return_exceptions=True)
 
     def request_new_session(self, why: str) -> None:
-        """The next batch goes to a new store session (the replica assignment changed)."""
-        if self._open_session is not None and self._new_session_wanted is None:
+        """The next batch goes to a new store session (the replica assignment changed). Asked
+        for during a switch, it is another switch after that one: the one under way may have
+        read the replica assignment before the change."""
+        if self._open_session is None:
+            return
+        if self._new_session_wanted is None:
             self._new_session_wanted = why
             self._wake()
+        else:
+            self._wanted_again = why
 
     async def _new_session(self, why: str) -> None:
         """Waits for every batch in flight to commit, then replaces the store session. A failure
@@ -268,7 +276,9 @@ class Partition:
             self.stats["store_sessions"] += 1
             await old.close(drain_seconds=0)  # appends wait meanwhile; the new session has every replica
         finally:
-            self._new_session_wanted = None
+            self._new_session_wanted, self._wanted_again = self._wanted_again, None
+            if self._new_session_wanted is not None:
+                self._wake()
             for _ in range(held):
                 self._in_flight.release()
 
