@@ -19,7 +19,9 @@ import pytest
 
 from waltz import client_protocol as cp
 from waltz import errors
-from waltz.client import JSON, AsyncWaltzClient, ClientConfig, PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClient
+from waltz.client import (
+    JSON, AsyncWaltzClient, ClientConfig, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext, WaltzClient,
+)
 from waltz.cluster.metadata import ClusterMetadata
 
 from client_app import AsyncMemoryApp, Increment, MemoryApp, Write
@@ -299,6 +301,39 @@ def test_closing_settles_every_context_and_wakes_threads_waiting_for_room(server
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+class FailsOnceAndSoDoesItsHandler(MemoryApp):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.transaction_id == 2 and not self.failed:
+            self.failed = True
+            raise RuntimeError("the database hiccuped")
+        super().apply_transaction(transaction)
+
+    def uncaught_exception(self, partition: int, transaction_id: int, exc: BaseException) -> None:
+        raise RuntimeError("and so did the error handler")
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_an_error_handler_that_raises_does_not_stop_applying(servers) -> None:
+    """Before, the handler's exception ended the partition's apply task silently: commits still
+    resolved, nothing more was applied, and `flush()` waited for ever."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = FailsOnceAndSoDoesItsHandler()
+    with WaltzClient(app, config(url)) as client:
+        futures = [client.submit(Write(f"tx{i}", partition=0)) for i in range(5)]
+        assert [f.result(30) for f in futures] == [True] * 5
+        flushed = threading.Event()
+        threading.Thread(target=lambda: (client.flush(), flushed.set()), daemon=True).start()
+        assert flushed.wait(60), "flush() never returned: applying stopped"  # a liveness bound, not a speed check
+        assert app.failed and [t for t, _ in app.applied[0]] == [0, 1, 2, 3, 4]
+    assert not app.errors, app.errors
+
+
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     s, _, _, url = servers
     s.start("s1")

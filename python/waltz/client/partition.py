@@ -379,7 +379,11 @@ class ClientPartition:
                         i += done
                         delay = self.client.config.reconnect_backoff
                     if exc is not None:
-                        await self.client.call(self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc)
+                        try:
+                            await self.client.call(self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc)
+                        except Exception:  # the handler's own failure must not end applying for good
+                            log.exception("partition %d: uncaught_exception raised for transaction %d (applying it again)",
+                                          self.pid, txns[i].transaction_id)
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, self.client.config.reconnect_backoff_max)
 
