@@ -33,18 +33,39 @@ pub trait FileHandle: Send + Sync {
     }
 }
 
+/// Files are opened through it, so tests can wrap them (faults, gates, order checks). The
+/// directory operations are the real ones unless a test file system overrides them.
 pub trait FileSystem: Send + Sync {
     fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>>;
     /// Creates a new file, failing if it exists.
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>>;
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
-    fn remove_file(&self, path: &Path) -> io::Result<()>;
-    fn create_dir(&self, path: &Path) -> io::Result<()>;
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(path)
+    }
     /// fsync of a directory, so that creations, renames and deletions inside it survive a crash.
-    fn sync_dir(&self, path: &Path) -> io::Result<()>;
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
-    fn exists(&self, path: &Path) -> bool;
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            out.push(entry?.path());
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
 }
 
 pub struct StdFile(File);
@@ -100,32 +121,6 @@ impl FileSystem for StdFs {
             .create_new(true)
             .open(path)?;
         Ok(Arc::new(StdFile(f)))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        std::fs::rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        std::fs::remove_file(path)
-    }
-    fn create_dir(&self, path: &Path) -> io::Result<()> {
-        std::fs::create_dir(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        std::fs::remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        File::open(path)?.sync_all()
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(path)? {
-            out.push(entry?.path());
-        }
-        out.sort();
-        Ok(out)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        path.exists()
     }
 }
 
@@ -213,26 +208,21 @@ impl FileSystem for FaultFs {
             write_budget: self.write_budget.clone(),
         }))
     }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        StdFs.rename(from, to)
+}
+
+/// `StdFs` with every file it opens or creates passed through the closure: tests wrap the files
+/// there (a gate on syncs, injected errors, a write-order check) and keep every other operation.
+pub struct WrapFs<F>(pub F);
+
+impl<F> FileSystem for WrapFs<F>
+where
+    F: Fn(&Path, Arc<dyn FileHandle>) -> io::Result<Arc<dyn FileHandle>> + Send + Sync,
+{
+    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
+        (self.0)(path, StdFs.open(path, writable)?)
     }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        StdFs.remove_file(path)
-    }
-    fn create_dir(&self, path: &Path) -> io::Result<()> {
-        StdFs.create_dir(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        StdFs.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        StdFs.sync_dir(path)
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        StdFs.list_dir(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        StdFs.exists(path)
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
+        (self.0)(path, StdFs.create_new(path)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Fault and race tests of the partition: gated fsyncs, injected write errors, damaged index
 //! entries. Found by an adversarial review; each one failed before its fix.
 use super::*;
-use crate::fs::{FaultFs, FileHandle, StdFs};
+use crate::fs::{FaultFs, FileHandle, StdFs, WrapFs};
 use crate::record::ReqId;
 use crate::segment::HEADER_LEN;
 use std::io;
@@ -95,51 +95,14 @@ impl FileHandle for GateFile {
     }
 }
 
-struct GateFs {
-    gate: Arc<Gate>,
-}
-
-impl GateFs {
-    fn wrap(&self, path: &Path, f: Arc<dyn FileHandle>) -> Arc<dyn FileHandle> {
-        let is_seg = path.extension().map(|e| e == "seg").unwrap_or(false);
-        Arc::new(GateFile { inner: f, is_seg, gate: self.gate.clone() })
-    }
-}
-
-impl FileSystem for GateFs {
-    fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
-        Ok(self.wrap(path, StdFs.open(path, writable)?))
-    }
-    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        Ok(self.wrap(path, StdFs.create_new(path)?))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        StdFs.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        StdFs.remove_file(path)
-    }
-    fn create_dir(&self, path: &Path) -> io::Result<()> {
-        StdFs.create_dir(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        StdFs.remove_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        StdFs.sync_dir(path)
-    }
-    fn list_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        StdFs.list_dir(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        StdFs.exists(path)
-    }
-}
-
-
 fn gated(dir: &Path) -> (Arc<Partition>, Arc<Gate>) {
     let gate = Arc::new(Gate::default());
-    let p = open_with(Arc::new(GateFs { gate: gate.clone() }), dir, opts(1 << 30, 1000)).unwrap();
+    let g = gate.clone();
+    let fs = WrapFs(move |path: &Path, f: Arc<dyn FileHandle>| -> io::Result<Arc<dyn FileHandle>> {
+        let is_seg = path.extension().is_some_and(|e| e == "seg");
+        Ok(Arc::new(GateFile { inner: f, is_seg, gate: g.clone() }))
+    });
+    let p = open_with(Arc::new(fs), dir, opts(1 << 30, 1000)).unwrap();
     (Arc::new(p), gate)
 }
 

@@ -5,7 +5,7 @@
 //! written since its last sync, and checks every index write against them at that moment.
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::fs::{FileHandle, StdFs};
+use crate::fs::{FileHandle, StdFs, WrapFs};
 use crate::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
 use crate::segment::HEADER_LEN;
 use std::collections::HashMap;
@@ -98,56 +98,19 @@ impl FileHandle for OrderFile {
     }
 }
 
-struct OrderFs {
-    disk: Arc<Mutex<Disk>>,
-}
-
-impl OrderFs {
-    fn wrap(&self, path: &Path, f: Arc<dyn FileHandle>) -> io::Result<Arc<dyn FileHandle>> {
-        Ok(Arc::new(OrderFile { inner: f, path: path.to_path_buf(), disk: self.disk.clone() }))
-    }
-}
-
-impl FileSystem for OrderFs {
-    fn open(&self, p: &Path, w: bool) -> io::Result<Arc<dyn FileHandle>> {
-        let f = StdFs.open(p, w)?;
+fn order_fs() -> (Arc<dyn FileSystem>, Arc<Mutex<Disk>>) {
+    let disk = Arc::new(Mutex::new(Disk::default()));
+    let d = disk.clone();
+    let fs = WrapFs(move |p: &Path, f: Arc<dyn FileHandle>| -> io::Result<Arc<dyn FileHandle>> {
         // What an earlier process wrote may be in the page cache only: nothing counts as
         // synced until this process syncs it.
         if p.extension().is_some_and(|e| e == "seg") {
             let len = f.len()?;
-            self.disk.lock().unwrap().dirty.insert(p.to_path_buf(), vec![(0, len)]);
+            d.lock().unwrap().dirty.insert(p.to_path_buf(), vec![(0, len)]);
         }
-        self.wrap(p, f)
-    }
-    fn create_new(&self, p: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        self.wrap(p, StdFs.create_new(p)?)
-    }
-    fn rename(&self, a: &Path, b: &Path) -> io::Result<()> {
-        StdFs.rename(a, b)
-    }
-    fn remove_file(&self, p: &Path) -> io::Result<()> {
-        StdFs.remove_file(p)
-    }
-    fn create_dir(&self, p: &Path) -> io::Result<()> {
-        StdFs.create_dir(p)
-    }
-    fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
-        StdFs.remove_dir_all(p)
-    }
-    fn sync_dir(&self, p: &Path) -> io::Result<()> {
-        StdFs.sync_dir(p)
-    }
-    fn list_dir(&self, p: &Path) -> io::Result<Vec<PathBuf>> {
-        StdFs.list_dir(p)
-    }
-    fn exists(&self, p: &Path) -> bool {
-        StdFs.exists(p)
-    }
-}
-
-fn order_fs() -> (Arc<dyn FileSystem>, Arc<Mutex<Disk>>) {
-    let disk = Arc::new(Mutex::new(Disk::default()));
-    (Arc::new(OrderFs { disk: disk.clone() }), disk)
+        Ok(Arc::new(OrderFile { inner: f, path: p.to_path_buf(), disk: d.clone() }))
+    });
+    (Arc::new(fs), disk)
 }
 
 fn data(t: i64) -> Vec<u8> {

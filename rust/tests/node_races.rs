@@ -11,7 +11,7 @@ use waltz_native::fs::{FileHandle, FileSystem, StdFs};
 use waltz_native::node::{self, NodeOptions};
 use waltz_native::partition::default_options;
 use waltz_native::protocol::{
-    split_frame, AdminRequest, AdminResponse, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
+    split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
 };
 use waltz_native::record::{crc32, ReqId};
 use waltz_native::storage::Storage;
@@ -107,24 +107,6 @@ impl FileSystem for GFs {
     fn create_new(&self, p: &Path) -> io::Result<Arc<dyn FileHandle>> {
         Ok(self.wrap(p, StdFs.create_new(p)?))
     }
-    fn rename(&self, a: &Path, b: &Path) -> io::Result<()> {
-        StdFs.rename(a, b)
-    }
-    fn remove_file(&self, p: &Path) -> io::Result<()> {
-        StdFs.remove_file(p)
-    }
-    fn create_dir(&self, p: &Path) -> io::Result<()> {
-        StdFs.create_dir(p)
-    }
-    fn remove_dir_all(&self, p: &Path) -> io::Result<()> {
-        StdFs.remove_dir_all(p)
-    }
-    fn sync_dir(&self, p: &Path) -> io::Result<()> {
-        StdFs.sync_dir(p)
-    }
-    fn list_dir(&self, p: &Path) -> io::Result<Vec<PathBuf>> {
-        StdFs.list_dir(p)
-    }
     fn exists(&self, p: &Path) -> bool {
         {
             let mut s = self.gate.st.lock().unwrap();
@@ -151,101 +133,119 @@ fn gated_storage(dir: &Path, parts: i32) -> (Arc<Storage>, Arc<Gate>) {
     (Arc::new(s), gate)
 }
 
-// ---------------------------------------------------------------- a tiny blocking client
-struct Client {
+// ---------------------------------------------------------------- tiny blocking clients
+/// One port's framing: the storage port's requests and responses, or the admin port's.
+trait Port {
+    type Req;
+    type Resp;
+    const MAGIC: u16;
+    fn encode(r: &Self::Req, out: &mut Vec<u8>);
+    fn decode(f: &Frame<'_>) -> Self::Resp;
+}
+struct StoragePort;
+impl Port for StoragePort {
+    type Req = Request;
+    type Resp = Response;
+    const MAGIC: u16 = MAGIC_STORAGE;
+    fn encode(r: &Request, out: &mut Vec<u8>) {
+        r.encode(out)
+    }
+    fn decode(f: &Frame<'_>) -> Response {
+        Response::decode(f).unwrap()
+    }
+}
+struct AdminPort;
+impl Port for AdminPort {
+    type Req = AdminRequest;
+    type Resp = AdminResponse;
+    const MAGIC: u16 = MAGIC_ADMIN;
+    fn encode(r: &AdminRequest, out: &mut Vec<u8>) {
+        r.encode(out)
+    }
+    fn decode(f: &Frame<'_>) -> AdminResponse {
+        AdminResponse::decode(f).unwrap()
+    }
+}
+
+/// A blocking connection to one port.
+struct Conn<P: Port> {
     s: TcpStream,
     buf: Vec<u8>,
+    _port: std::marker::PhantomData<P>,
+}
+impl<P: Port> Conn<P> {
+    fn connect(addr: std::net::SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        Conn { s, buf: Vec::new(), _port: std::marker::PhantomData }
+    }
+    fn send(&mut self, r: &P::Req) {
+        let mut b = Vec::new();
+        P::encode(r, &mut b);
+        self.s.write_all(&b).unwrap();
+    }
+    fn try_recv(&mut self) -> io::Result<P::Resp> {
+        loop {
+            if let Some(f) = split_frame(&self.buf, P::MAGIC, 1 << 30).unwrap() {
+                let size = f.size;
+                let r = P::decode(&f);
+                self.buf.drain(..size);
+                return Ok(r);
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    fn recv(&mut self) -> P::Resp {
+        self.try_recv().unwrap()
+    }
+    fn call(&mut self, r: P::Req) -> P::Resp {
+        self.send(&r);
+        self.recv()
+    }
+}
+
+/// The storage port's client (Hello and Open done by `connect`), numbering its requests.
+struct Client {
+    conn: Conn<StoragePort>,
     seq: i64,
+}
+impl std::ops::Deref for Client {
+    type Target = Conn<StoragePort>;
+    fn deref(&self) -> &Self::Target {
+        &self.conn
+    }
+}
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.conn
+    }
 }
 impl Client {
     fn connect(addr: std::net::SocketAddr, parts: i32) -> Client {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut c = Client { s, buf: Vec::new(), seq: 0 };
-        c.send(&Request::Hello { min_version: 1, max_version: 1 });
-        assert!(matches!(c.recv(), Response::HelloOk { .. }));
+        let mut c = Client { conn: Conn::connect(addr), seq: 0 };
+        assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
         let h = c.h(-1, -1);
-        c.send(&Request::Open { h, cluster_key: KEY, partition_count: parts });
-        assert!(matches!(c.recv(), Response::Success { .. }));
+        assert!(matches!(c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }), Response::Success { .. }));
         c
     }
     fn h(&mut self, session: i64, pid: i32) -> MsgHeader {
         self.seq += 1;
         MsgHeader { session_id: session, seq: self.seq, partition_id: pid }
     }
-    fn send(&mut self, r: &Request) {
-        let mut b = Vec::new();
-        r.encode(&mut b);
-        self.s.write_all(&b).unwrap();
-    }
-    fn try_recv(&mut self) -> io::Result<Response> {
-        loop {
-            if let Some(f) = split_frame(&self.buf, MAGIC_STORAGE, 1 << 30).unwrap() {
-                let size = f.size;
-                let r = Response::decode(&f).unwrap();
-                self.buf.drain(..size);
-                return Ok(r);
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self.s.read(&mut chunk)?;
-            if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-    fn recv(&mut self) -> Response {
-        self.try_recv().unwrap()
-    }
-    fn call(&mut self, r: Request) -> Response {
-        self.send(&r);
-        self.recv()
-    }
 }
 
 /// The admin port's client: Hello and Open done by `connect`.
-struct Admin {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-impl Admin {
-    fn connect(addr: std::net::SocketAddr) -> Admin {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut a = Admin { s, buf: Vec::new() };
-        assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
-        let open = AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 };
-        assert!(matches!(a.call(open), AdminResponse::Success { .. }));
-        a
-    }
-    fn send(&mut self, r: AdminRequest) {
-        let mut b = Vec::new();
-        r.encode(&mut b);
-        self.s.write_all(&b).unwrap();
-    }
-    fn try_recv(&mut self) -> io::Result<AdminResponse> {
-        loop {
-            if let Some(f) = split_frame(&self.buf, MAGIC_ADMIN, 1 << 30).unwrap() {
-                let size = f.size;
-                let r = AdminResponse::decode(&f).unwrap();
-                self.buf.drain(..size);
-                return Ok(r);
-            }
-            let mut chunk = [0u8; 65536];
-            let n = self.s.read(&mut chunk)?;
-            if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-    fn recv(&mut self) -> AdminResponse {
-        self.try_recv().unwrap()
-    }
-    fn call(&mut self, r: AdminRequest) -> AdminResponse {
-        self.send(r);
-        self.recv()
-    }
+type Admin = Conn<AdminPort>;
+fn admin(addr: std::net::SocketAddr) -> Admin {
+    let mut a = Admin::connect(addr);
+    assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }), AdminResponse::Success { .. }));
+    a
 }
 fn ah(pid: i32) -> MsgHeader {
     MsgHeader { session_id: 0, seq: 1, partition_id: pid }
@@ -338,11 +338,11 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     let h = c.h(5, 0);
     assert!(matches!(c.call(Request::Append { h, records: recs(0, 3, 10) }), Response::Success { .. }));
 
-    let mut adm = Admin::connect(node.admin_addr.unwrap());
+    let mut adm = admin(node.admin_addr.unwrap());
     // Unassign with delete: hold it after the partition left the map and was closed, before its
     // folder is renamed away (remove_partition's exists(dir) check).
     gate.arm_exists(d.path().join("0"));
-    adm.send(AdminRequest::Unassign { h: ah(0), delete_files: true });
+    adm.send(&AdminRequest::Unassign { h: ah(0), delete_files: true });
     gate.wait_blocked(1);
     // Any request for the partition now reopens it from the folder that is about to go.
     let mut c2 = Client::connect(node.addr, 1);
@@ -443,8 +443,8 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
     a.send(&Request::Append { h, records: recs(5, 1, 10) });
     gate.wait_blocked(1);
 
-    let mut adm = Admin::connect(node.admin_addr.unwrap());
-    adm.send(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: false });
+    let mut adm = admin(node.admin_addr.unwrap());
+    adm.send(&AdminRequest::SetAvailability { h: ah(0), readable: true, writable: false });
     adm.s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let early = adm.try_recv();
     assert!(early.is_err(), "Set Availability answered while an append it must wait for was syncing: {early:?}");
