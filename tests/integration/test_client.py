@@ -334,6 +334,29 @@ def test_an_error_handler_that_raises_does_not_stop_applying(servers) -> None:
     assert not app.errors, app.errors
 
 
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_client_restarted_with_its_fixed_id_mounts_again(servers) -> None:
+    """A server drops mounts from a client's older connections (a lower connection seq). A
+    client restarted with the same fixed `client_id` counted its connections from 1 again, so
+    its mounts were dropped without an answer until the server restarted."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    for run in range(2):
+        app = MemoryApp()
+        with WaltzClient(app, config(url, client_id=4242, mount_timeout=10.0)) as client:
+            futures = [client.submit(Write(f"run{run}-{i}", partition=i)) for i in range(2 * PARTITIONS)]
+            assert [f.result(30) for f in futures] == [True] * (2 * PARTITIONS)
+            client.flush()
+            if run == 0:
+                # Connections lost and made again: the server's newest connection seq rises.
+                core = client._core
+                for link in list(core._links.values()):
+                    core.loop.call_soon_threadsafe(link.close)
+                more = [client.submit(Write(f"again-{i}", partition=i)) for i in range(PARTITIONS)]
+                assert [f.result(30) for f in more] == [True] * PARTITIONS
+
+
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     s, _, _, url = servers
     s.start("s1")

@@ -80,7 +80,9 @@ class AsyncWaltzClient:
         self._parts: dict[int, ClientPartition] = {}
         self._links: dict[tuple[str, str], Link] = {}
         self._link_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._connection_seq = 0
+        # Servers drop mounts from a client's older connections (a lower seq). Counted from the
+        # clock, a client restarted with the same fixed `client_id` starts above its last run.
+        self._connection_seq = time.time_ns() // 1000
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = False
