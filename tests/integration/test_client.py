@@ -357,6 +357,23 @@ def test_a_client_restarted_with_its_fixed_id_mounts_again(servers) -> None:
                 assert [f.result(30) for f in more] == [True] * PARTITIONS
 
 
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_the_last_sequence_number_is_a_clear_error(servers) -> None:
+    """A request id carries the append sequence as a signed 32-bit integer. Past it, encoding
+    failed with a bare struct.error escaping the send, and the partition's transactions were
+    retried until they expired."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    with WaltzClient(MemoryApp(), config(url)) as client:
+        assert client.submit(Write("first", partition=0)).result(30)
+        client._core._parts[0].seq = 2**31 - 2
+        assert client.submit(Write("the last one", partition=0)).result(30)
+        with pytest.raises(errors.ClientError, match="every sequence number a request id can carry"):
+            client.submit(Write("one too many", partition=0)).result(30)
+        assert client.submit(Write("other partitions go on", partition=1)).result(30)
+
+
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     s, _, _, url = servers
     s.start("s1")

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("waltz.client")
 
+SEQ_MAX = 2**31 - 1
+"""The highest append sequence number (a request id carries it as a signed 32-bit integer)."""
 APPLY_BATCH = 1000
 
 
@@ -236,6 +238,14 @@ class ClientPartition:
         client_id, generation = self.client.client_id, server[1]
         now = time.monotonic()
         while self.outbox:
+            if self.seq >= SEQ_MAX:
+                # The request id holds a signed 32-bit sequence, and sequences must rise within
+                # a client instance: this one has used them all on this partition.
+                self._refuse(errors.ClientError(
+                    f"partition {self.pid}: this client instance has sent {SEQ_MAX:,} appends, every sequence number a "
+                    "request id can carry; close it and start a new client (it starts from 1 again)"
+                ))
+                return
             work, built = self.outbox.popleft()
             self.seq += 1
             self.monitor.sent(self.seq, work, now)
