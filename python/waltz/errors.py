@@ -125,7 +125,15 @@ class PartitionNotServedError(ClusterError):
 
 
 class ClientError(WaltzError):
-    """The client library cannot do what was asked (the message says why)."""
+    """The client library cannot do what was asked (the message says why).
+
+    `outcome_unknown` is True when the transaction it fails was sent and may still commit (it
+    then arrives in the feed, like any other: do not submit it again on your own); False when it
+    definitely did not commit."""
+
+    def __init__(self, message: str = "", *, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
 
 
 class ClientClosedError(ClientError):

@@ -294,8 +294,10 @@ def test_closing_settles_every_context_and_wakes_threads_waiting_for_room(server
     t.join(30)
     assert not t.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError), outcome
-    with pytest.raises(errors.ClientClosedError):
+    assert not outcome[0].outcome_unknown, "never sent: it certainly did not commit"
+    with pytest.raises(errors.ClientClosedError) as closed:
         held.result(10)
+    assert not closed.value.outcome_unknown
     assert [d["id"] for _, d in app.applied[0]] == ["cancelled", "after"]
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
@@ -372,6 +374,35 @@ def test_the_last_sequence_number_is_a_clear_error(servers) -> None:
         with pytest.raises(errors.ClientError, match="every sequence number a request id can carry"):
             client.submit(Write("one too many", partition=0)).result(30)
         assert client.submit(Write("other partitions go on", partition=1)).result(30)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_with_a_sent_transaction_says_its_outcome_is_unknown(servers) -> None:
+    """A transaction sent and not yet seen in the feed may still commit: the error closing the
+    client gives it says so in `outcome_unknown`, which tells the application not to submit it
+    again on its own (the message alone did before)."""
+    import os
+    import signal
+
+    s, _, _, url = servers
+    server = s.start("s1")
+    s.wait_all_served()
+    client = WaltzClient(MemoryApp(), config(url))
+    try:
+        assert client.submit(Write("mounted", partition=0)).result(30)
+        os.kill(server.pid, signal.SIGSTOP)  # the append reaches its socket and gets no answer
+        sent = client.submit(Write("in flight", partition=0))
+        part = client._core._parts[0]
+        deadline = time.monotonic() + 30
+        while len(part.monitor) == 0:
+            assert time.monotonic() < deadline, "the append was never sent"
+            time.sleep(0.01)
+    finally:
+        client.close()
+        os.kill(server.pid, signal.SIGCONT)
+    with pytest.raises(errors.ClientClosedError) as closed:
+        sent.result(10)
+    assert closed.value.outcome_unknown and "may still commit" in str(closed.value)
 
 
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:

@@ -147,7 +147,7 @@ class AsyncWaltzClient:
         if self._closed:
             return
         self._closed = True
-        why = errors.ClientClosedError("the client was closed before this transaction completed (if it was sent, it may still commit)")
+        why = errors.ClientClosedError("the client was closed before this transaction completed")
         for part in self._parts.values():
             part.close(why)
         for task in list(self._tasks):

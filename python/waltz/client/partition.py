@@ -201,7 +201,8 @@ class ClientPartition:
         )
         for attempt in self.monitor.fail_all():
             self.finish(attempt.work, errors.MountTimeoutError(
-                f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the feed)"
+                f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the feed)",
+                outcome_unknown=True,
             ))
         while self.outbox:
             self.finish(self.outbox.popleft()[0], errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent"))
@@ -438,8 +439,10 @@ class ClientPartition:
     def close(self, why: BaseException) -> None:
         for t in self.tasks:
             t.cancel()
+        sent = errors.ClientClosedError(f"{why}; it was sent and may still commit (if it did, it arrives in the feed)",
+                                        outcome_unknown=True)
         for attempt in self.monitor.fail_all():
-            self.finish(attempt.work, why)
+            self.finish(attempt.work, sent)
         self.outbox.clear()
         for work in list(self.works):  # queued, or in a task the close cancels (a retry, a hook)
             self.finish(work, why)
