@@ -210,8 +210,10 @@ class ClientPartition:
     def _refuse(self, e: BaseException) -> None:
         log.error("%s", e)
         self.error = e
+        # Those already sent may still commit (then they arrive in the feed of a later client).
+        sent = type(e)(f"{e}; it was sent and may still commit", outcome_unknown=True) if isinstance(e, errors.ClientError) else e
         for attempt in self.monitor.fail_all():
-            self.finish(attempt.work, e)
+            self.finish(attempt.work, sent)
         while self.outbox:
             self.finish(self.outbox.popleft()[0], e)
         self.mounted.set()  # wake start() and whoever waits: they find `error`
