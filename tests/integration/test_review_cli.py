@@ -98,6 +98,20 @@ def test_recover_partition_failing_halfway_leaves_the_destination_writable(cli: 
     assert not s["writable"], "a half-copied destination was handed back to servers"
 
 
+def test_recover_partition_from_a_shorter_source_asks_for_a_longer_one(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
+    """A destination holding more than the source is not different from it: the advice to
+    delete its files would wipe transactions the source lacks, possibly acknowledged ones."""
+    setup_nodes(cli, nodes)
+    src, dst, _ = nodes
+    src.run(lambda c: c.append(0, 7, 0, batch(5, b"same")))
+    src.run(lambda c: c.set_low_water_mark(0, 7, 4))
+    dst.run(lambda c: c.append(0, 7, 0, batch(8, b"same")))
+    out = cli("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=False).output
+    assert "ends before transaction 5" in out and "pick a source" in out, out
+    assert "remove the destination's files" not in out, out
+    assert status(dst, 0)["max_transaction_id"] == 7
+
+
 def test_recover_partition_resume_check_misses_a_diverged_prefix(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
     """The destination's records 0-3 differ from the (committed) source's; its record 4 is the
     same (the same request retried at the same id). The copy "resumes", and the destination

@@ -299,6 +299,13 @@ async def _recover(
                 ours = await d.records(partition, nxt, min(batch_size, d_max - nxt + 1))
                 theirs = await s.records(partition, nxt, len(ours))
                 diff = next((r.txid for r, t in zip(ours, theirs) if r != t), None)
+                if ours and not theirs and diff is None:
+                    # Not a difference: the source ends first. The destination may hold
+                    # acknowledged transactions the source lacks, so it must not be wiped for this.
+                    raise Failed(
+                        f"source {src.address} ends before transaction {nxt}, which the destination {dst.address} holds; "
+                        f"pick a source that holds at least up to {d_max}"
+                    )
                 if not ours or not theirs or diff is not None:
                     raise Failed(
                         f"destination {dst.address} differs from the source at transaction {diff if diff is not None else nxt}; "
