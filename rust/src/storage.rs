@@ -293,12 +293,17 @@ impl Storage {
 
     /// Writes every open partition's index tail and syncs it: the files are then complete as
     /// they would be after a clean close (before copying a live directory, say).
+    /// One partition's failure does not keep the others from being flushed; the first error is
+    /// returned.
     pub fn flush(&self) -> Result<()> {
         let parts: Vec<Arc<Partition>> = lock(&self.partitions).values().cloned().collect();
+        let mut first_error = None;
         for p in parts {
-            p.flush_index()?;
+            if let Err(e) = p.flush_index() {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The newest session id seen for the partition: the higher of the persisted fence and the
