@@ -302,7 +302,6 @@ def test_closing_settles_every_context_and_wakes_threads_waiting_for_room(server
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 class FailsOnceAndSoDoesItsHandler(MemoryApp):
     def __init__(self) -> None:
         super().__init__()
@@ -405,6 +404,32 @@ def test_closing_with_a_sent_transaction_says_its_outcome_is_unknown(servers) ->
     assert closed.value.outcome_unknown and "may still commit" in str(closed.value)
 
 
+class SlowCompletion(Write):
+    started = threading.Event()
+
+    async def on_completion(self, result: bool) -> None:  # type: ignore[override]
+        SlowCompletion.started.set()
+        await asyncio.Event().wait()  # until the close cancels it
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_while_on_completion_runs_reports_the_commit(servers) -> None:
+    """The feed delivered the transaction, and its on_completion hook still ran when the client
+    closed: the close told it ClientClosedError (outcome certain: not committed), and an
+    application trusting that would submit it again."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    client = WaltzClient(MemoryApp(), config(url))
+    try:
+        committed = client.submit(SlowCompletion("committed"))
+        assert SlowCompletion.started.wait(30)
+    finally:
+        client.close()
+    assert committed.result(10) is True
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
     s, _, _, url = servers
     s.start("s1")

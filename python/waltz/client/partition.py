@@ -87,6 +87,8 @@ class ClientPartition:
         self.error: BaseException | None = None
         """ClientAheadError: the partition is refused for good."""
         self.unavailable: errors.MountTimeoutError | None = None
+        self.exhausted: errors.ClientError | None = None
+        """Set once every append sequence number was used (`SEQ_MAX`): nothing more is sent."""
         self._remount = asyncio.Event()
         self._remount_why = "first mount"
         self._apply_queue: collections.deque[cp.FeedEntry] = collections.deque()
@@ -223,7 +225,7 @@ class ClientPartition:
         """A built attempt: sent now if the partition is mounted, else when it is."""
         if work.finished:
             return
-        refused = self.error or self.unavailable
+        refused = self.error or self.unavailable or self.exhausted
         if refused is not None:
             self.finish(work, refused)
             return
@@ -243,11 +245,15 @@ class ClientPartition:
         while self.outbox:
             if self.seq >= SEQ_MAX:
                 # The request id holds a signed 32-bit sequence, and sequences must rise within
-                # a client instance: this one has used them all on this partition.
-                self._refuse(errors.ClientError(
+                # a client instance: this one has used them all on this partition. Nothing more
+                # is sent; what was sent settles through the feed as usual.
+                self.exhausted = errors.ClientError(
                     f"partition {self.pid}: this client instance has sent {SEQ_MAX:,} appends, every sequence number a "
                     "request id can carry; close it and start a new client (it starts from 1 again)"
-                ))
+                )
+                log.error("%s", self.exhausted)
+                while self.outbox:
+                    self.finish(self.outbox.popleft()[0], self.exhausted)
                 return
             work, built = self.outbox.popleft()
             self.seq += 1
@@ -447,7 +453,8 @@ class ClientPartition:
             self.finish(attempt.work, sent)
         self.outbox.clear()
         for work in list(self.works):  # queued, or in a task the close cancels (a retry, a hook)
-            self.finish(work, why)
+            # One the feed delivered is committed, even if its on_completion hook is still running.
+            self.finish(work, True if work.transaction_id >= 0 else why)
         for _, fut in self._applied_waiters:
             if not fut.done():
                 fut.set_exception(why)
