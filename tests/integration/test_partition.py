@@ -174,6 +174,8 @@ def test_a_batch_that_fails_midway_ends_the_session(cluster) -> None:  # noqa: F
         with pytest.raises(errors.StoreSessionError, match="a bug in the storage client"):
             await p.append(req(1, 2, -1, b"second"))
         assert p.session.failed is not None and "writing a batch failed" in str(p.session.failed)
+        # Settled by the session's failure, the batch freed its in-flight slot once, not twice.
+        assert p._in_flight._value == p._max_in_flight
 
     run(meta, body)
 

@@ -315,9 +315,9 @@ class Partition:
             except Exception as e:  # never let one batch kill the loop (every later append would hang)
                 log.exception("partition %d: writing a batch failed", self.partition_id)
                 handed_over = False
-                # The batch may already be on replicas and commit in the next session's recovery:
-                # this session ends, so no mount answers READY (and no client resubmits) until
-                # that recovery has decided.
+                # A bug before the batch reached the session (`_write` handles one while handing
+                # it over): nothing was sent, but the partition's state (lock versions, ids) is
+                # suspect, so the session ends and the next one starts from what committed.
                 self.session._fail(f"writing a batch failed: {e!r}")
                 for q in items:
                     if not q.future.done():
@@ -400,13 +400,32 @@ class Partition:
         if not accepted:
             return False
         handed = time.perf_counter()
+        settled = False
+
+        def on_commit(f: asyncio.Future[tuple[int, int]]) -> None:
+            nonlocal settled
+            settled = True
+            self._on_commit(f, accepted, handed)
+
         try:
-            self.session.append(batch, lambda f: self._on_commit(f, accepted, handed))
+            self.session.append(batch, on_commit)
         except errors.StoreSessionError as e:
             for q, _ in accepted:
                 if not q.future.done():
                     q.future.set_exception(e)
             return False
+        except Exception as e:
+            # A bug while the batch was handed over: it may be registered and on some replicas,
+            # for the next session's recovery to commit. This session ends (no mount answers
+            # READY, so no client resubmits, until that recovery decided), which settles the
+            # batch as "outcome unknown" if it was registered (and frees its slot then).
+            log.exception("partition %d: handing a batch to the store session failed", self.partition_id)
+            self.session._fail(f"writing a batch failed: {e!r}")
+            unknown = errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}")
+            for q, _ in accepted:
+                if not q.future.done():
+                    q.future.set_exception(unknown)
+            return settled
         self._next += len(accepted)
         self.stats["appended"] += len(accepted)
         return True
