@@ -229,30 +229,41 @@ impl Storage {
             p.close();
         }
         let parked = self.path.join(format!("{pid}{UNASSIGNED_SUFFIX}"));
-        if delete_files && self.fs.exists(&parked) {
-            if self.opts.recover.read_only {
-                return Err(Error::ReadOnly);
-            }
-            self.fs.remove_dir_all(&parked).at(&parked)?;
-            self.fs.sync_dir(&self.path).at(&self.path)?;
-        }
+        let parked_doomed = self.path.join(format!("{pid}{UNASSIGNED_SUFFIX}{DELETING_SUFFIX}"));
         let dir = self.partition_dir(pid);
-        if !self.fs.exists(&dir) {
+        let delete_parked = delete_files && self.fs.exists(&parked);
+        let live = self.fs.exists(&dir);
+        if !delete_parked && !live {
             return Ok(());
         }
         if self.opts.recover.read_only {
             return Err(Error::ReadOnly);
         }
-        let suffix = if delete_files { DELETING_SUFFIX } else { UNASSIGNED_SUFFIX };
-        let aside = self.path.join(format!("{pid}{suffix}"));
-        if self.fs.exists(&aside) {
-            self.fs.remove_dir_all(&aside).at(&aside)?;
+        // Everything is renamed away under the map's lock, so no request can reopen it half
+        // way, and deleted after it (a large partition takes a while; an open finishes a
+        // deletion a crash interrupted).
+        if delete_parked {
+            if self.fs.exists(&parked_doomed) {
+                self.fs.remove_dir_all(&parked_doomed).at(&parked_doomed)?;
+            }
+            self.fs.rename(&parked, &parked_doomed).at(&parked)?;
         }
-        self.fs.rename(&dir, &aside).at(&dir)?;
+        let aside = self.path.join(format!("{pid}{}", if delete_files { DELETING_SUFFIX } else { UNASSIGNED_SUFFIX }));
+        if live {
+            if self.fs.exists(&aside) {
+                self.fs.remove_dir_all(&aside).at(&aside)?;
+            }
+            self.fs.rename(&dir, &aside).at(&dir)?;
+        }
         self.fs.sync_dir(&self.path).at(&self.path)?;
         drop(map);
-        if delete_files {
+        if delete_parked {
+            self.fs.remove_dir_all(&parked_doomed).at(&parked_doomed)?;
+        }
+        if delete_files && live {
             self.fs.remove_dir_all(&aside).at(&aside)?;
+        }
+        if delete_files {
             self.fs.sync_dir(&self.path).at(&self.path)?;
         }
         Ok(())

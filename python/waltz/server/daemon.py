@@ -143,7 +143,7 @@ class PartitionHost:
     async def _check_replicas(self, only: int | None = None) -> None:
         try:
             nodes = await asyncio.to_thread(self.metadata.storage_nodes)  # one read for every partition
-        except errors.WaltzError as e:
+        except Exception as e:  # noqa: BLE001 - also runs inside a partition's runner, which must go on
             log.warning("cannot read the replica assignment: %s", e)
             return
         for pid, part in list(self.partitions.by_id.items()):
