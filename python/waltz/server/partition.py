@@ -318,10 +318,7 @@ class Partition:
                 # A bug before the batch reached the session (`_write` handles one while handing
                 # it over): nothing was sent, but the partition's state (lock versions, ids) is
                 # suspect, so the session ends and the next one starts from what committed.
-                self.session._fail(f"writing a batch failed: {e!r}")
-                for q in items:
-                    if not q.future.done():
-                        q.future.set_exception(errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}"))
+                self._abandon(items, e)
             if not handed_over:
                 self._in_flight.release()
 
@@ -420,15 +417,20 @@ class Partition:
             # READY, so no client resubmits, until that recovery decided), which settles the
             # batch as "outcome unknown" if it was registered (and frees its slot then).
             log.exception("partition %d: handing a batch to the store session failed", self.partition_id)
-            self.session._fail(f"writing a batch failed: {e!r}")
-            unknown = errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}")
-            for q, _ in accepted:
-                if not q.future.done():
-                    q.future.set_exception(unknown)
+            self._abandon([q for q, _ in accepted], e)
             return settled
         self._next += len(accepted)
         self.stats["appended"] += len(accepted)
         return True
+
+    def _abandon(self, items: list[_Queued], e: Exception) -> None:
+        """After a bug while writing a batch: the session ends, and the batch's appenders not yet
+        answered hear "outcome unknown" (StoreSessionError), never a rejection."""
+        self.session._fail(f"writing a batch failed: {e!r}")
+        unknown = errors.StoreSessionError(f"partition {self.partition_id}: append not written: {e!r}")
+        for q in items:
+            if not q.future.done():
+                q.future.set_exception(unknown)
 
     def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]], handed: float) -> None:
         self._in_flight.release()
