@@ -358,21 +358,58 @@ def test_a_client_restarted_with_its_fixed_id_mounts_again(servers) -> None:
                 assert [f.result(30) for f in more] == [True] * PARTITIONS
 
 
+class ReqIdApp(MemoryApp):
+    """Also records each applied transaction's request id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.req_ids: dict[int, list[tuple[int, int, int, int]]] = collections.defaultdict(list)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        super().apply_transaction(transaction)
+        with self.lock:
+            self.req_ids[transaction.partition].append(tuple(transaction.req_id))
+
+
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
-def test_the_last_sequence_number_is_a_clear_error(servers) -> None:
-    """A request id carries the append sequence as a signed 32-bit integer. Past it, encoding
-    failed with a bare struct.error escaping the send, and the partition's transactions were
-    retried until they expired."""
+def test_the_last_sequence_number_renews_the_partitions_client_id(servers) -> None:
+    """A request id carries the append sequence as a signed 32-bit integer. Once a partition has
+    used them all, it waits until every append it sent is settled and goes on under a new client
+    id from the cluster (request ids stay unique, sequences rise under each id). Before, the
+    partition refused every later transaction until the client was closed. Here the last
+    sequence's append is dropped on the way (a Flush must settle it before the renewal) while
+    contexts on one lock keep failing and retrying across the change."""
     s, _, _, url = servers
-    s.start("s1")
+    s.start("s1", proxied=True)
     s.wait_all_served()
-    with WaltzClient(MemoryApp(), config(url)) as client:
+    proxy = s.proxies[0]
+    app = ReqIdApp()
+    with WaltzClient(app, config(url, settle_after=0.3)) as client:
         assert client.submit(Write("first", partition=0)).result(30)
-        client._core._parts[0].seq = 2**31 - 2
-        assert client.submit(Write("the last one", partition=0)).result(30)
-        with pytest.raises(errors.ClientError, match="every sequence number a request id can carry"):
-            client.submit(Write("one too many", partition=0)).result(30)
-        assert client.submit(Write("other partitions go on", partition=1)).result(30)
+        part = client._core._parts[0]
+        original = part.client_id
+        assert original == client.client_id
+        part.seq = 2**31 - 3
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[3] == 2**31 - 1)
+        contexts = [Increment(app, partition=0) for _ in range(30)]
+        futures = submit_from_threads(client, contexts)
+        assert all(f.result(60) for f in futures)
+        assert client.submit(Write("other partitions are untouched", partition=1)).result(30)
+        client.flush()
+        assert len(proxy.dropped) == 1
+        renewed = part.client_id
+        assert renewed != original and client._core._parts[1].client_id == original
+    assert not app.errors, app.errors
+    assert app.counters[0] == 30
+    ids = app.req_ids[0]
+    assert len(set(ids)) == len(ids), "a request id was used twice"
+    old = [r for r in ids if r[0] == original]
+    assert ids[: len(old)] == old and all(r[0] == renewed for r in ids[len(old):]) and len(old) < len(ids)
+    for under in (old, ids[len(old):]):
+        assert [r[3] for r in under] == sorted({r[3] for r in under}), "sequences must rise under one client id"
+    assert old[0][3] == 1 and old[-1][3] <= 2**31 - 1 and ids[len(old)][3] >= 1 and ids[-1][3] < 1000
+    # The renewed partition mounts and commits after a reconnect, under its new id.
+    assert read_log(url)[0] == app.applied[0]
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)

@@ -404,7 +404,7 @@ class AsyncWaltzClient:
                 part.on_feed(link, msg.entries)
         elif isinstance(msg, cp.LockFailure):
             part = self._parts.get(msg.req_id[2])
-            if part is not None and msg.req_id[0] == self.client_id:
+            if part is not None and msg.req_id[0] == part.client_id:
                 part.on_lock_failure(link, msg)
         elif isinstance(msg, cp.Failure):
             part = self._parts.get(msg.partition)

@@ -78,7 +78,11 @@ class ClientPartition:
         self.link: Link | None = None
         self.server: tuple[int, int] | None = None
         """(server id, generation) of the current mount."""
+        self.client_id = client.client_id
+        """The client id of this partition's ReqIds: the client's, until every sequence number
+        under it was used (`SEQ_MAX`), then a new one from the cluster (`_renew_client_id`)."""
         self.seq = 0
+        self._renewing = False
         self.received = -2
         """The feed position (-2 until the first mount reads the application's mark)."""
         self.applied = -2
@@ -87,8 +91,6 @@ class ClientPartition:
         self.error: BaseException | None = None
         """ClientAheadError: the partition is refused for good."""
         self.unavailable: errors.MountTimeoutError | None = None
-        self.exhausted: errors.ClientError | None = None
-        """Set once every append sequence number was used (`SEQ_MAX`): nothing more is sent."""
         self._remount = asyncio.Event()
         self._remount_why = "first mount"
         self._apply_queue: collections.deque[cp.FeedEntry] = collections.deque()
@@ -172,7 +174,7 @@ class ClientPartition:
             before = self.received
             try:
                 resp = await link.request(
-                    lambda seq: cp.Mount(seq, self.pid, self.client.client_id, self.received, link.connection_seq), cfg.mount_timeout
+                    lambda seq: cp.Mount(seq, self.pid, self.client_id, self.received, link.connection_seq), cfg.mount_timeout
                 )
                 break
             except asyncio.TimeoutError:
@@ -225,7 +227,7 @@ class ClientPartition:
         """A built attempt: sent now if the partition is mounted, else when it is."""
         if work.finished:
             return
-        refused = self.error or self.unavailable or self.exhausted
+        refused = self.error or self.unavailable
         if refused is not None:
             self.finish(work, refused)
             return
@@ -240,28 +242,55 @@ class ClientPartition:
         link, server = self.link, self.server
         if not self.mounted.is_set() or link is None or server is None or self.error is not None:
             return
-        client_id, generation = self.client.client_id, server[1]
+        generation = server[1]
         now = time.monotonic()
         while self.outbox:
             if self.seq >= SEQ_MAX:
-                # The request id holds a signed 32-bit sequence, and sequences must rise within
-                # a client instance: this one has used them all on this partition. Nothing more
-                # is sent; what was sent settles through the feed as usual.
-                self.exhausted = errors.ClientError(
-                    f"partition {self.pid}: this client instance has sent {SEQ_MAX:,} appends, every sequence number a "
-                    "request id can carry; close it and start a new client (it starts from 1 again)"
-                )
-                log.error("%s", self.exhausted)
-                while self.outbox:
-                    self.finish(self.outbox.popleft()[0], self.exhausted)
+                self._renew_client_id()
                 return
             work, built = self.outbox.popleft()
             self.seq += 1
             self.monitor.sent(self.seq, work, now)
             try:
-                link.send(cp.Append((client_id, generation, self.pid, self.seq), *built))
+                link.send(cp.Append((self.client_id, generation, self.pid, self.seq), *built))
             except ConnectionError:
                 return  # the link is closing: the remount settles what the monitor holds
+
+    def _renew_client_id(self) -> None:
+        """Every sequence number under this client id was used on this partition (a request id
+        holds a signed 32-bit one). Request ids must stay unique and sequences rise under one id,
+        so the partition takes a new client id from the cluster, once every append it sent is
+        settled: none of them can then commit later under the old id, and the monitor, which
+        matches the feed by sequence, holds nothing. Until then the outbox waits."""
+        if self._renewing or len(self.monitor) or self._flushing:
+            return
+        self._renewing = True
+        self.client.spawn(self._take_new_client_id())
+
+    async def _take_new_client_id(self) -> None:
+        delay = self.client.config.reconnect_backoff
+        try:
+            while True:
+                try:
+                    assert self.client.metadata is not None
+                    new = await asyncio.to_thread(self.client.metadata.next_id, "client")
+                    break
+                except Exception as e:  # the metadata store away for a while: keep trying, the outbox waits
+                    log.warning("partition %d: a new client id could not be taken (retrying): %s", self.pid, e)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.client.config.reconnect_backoff_max)
+            assert not len(self.monitor), "appends were sent while the client id was being renewed"
+            log.info("partition %d: every sequence number of client id %d was used; appending as client id %d",
+                     self.pid, self.client_id, new)
+            self.client_id, self.seq, self._flush = new, 0, None
+        finally:
+            self._renewing = False
+        self._send_outbox()
+
+    def _settled_some(self) -> None:
+        """Appends were settled: an outbox waiting for a new client id may go now."""
+        if self.seq >= SEQ_MAX and self.outbox:
+            self._send_outbox()
 
     def retry(self, work: Work) -> None:
         """An attempt failed (not committed): execute the context again."""
@@ -291,7 +320,7 @@ class ClientPartition:
     def on_feed(self, link: Link, entries: tuple[cp.FeedEntry, ...]) -> None:
         if link is not self.link:
             return  # an older connection's feed
-        me = self.client.client_id
+        me = self.client_id
         for e in entries:
             txid = e.transaction_id
             if txid <= self.received:
@@ -316,6 +345,7 @@ class ClientPartition:
             self._apply_queue.append(e)
         self._apply_wakeup.set()
         self._settle_flushed()
+        self._settled_some()
 
     def on_lock_failure(self, link: Link, msg: cp.LockFailure) -> None:
         if link is not self.link:
@@ -323,6 +353,7 @@ class ClientPartition:
         attempt = self.monitor.refused(msg.req_id[3])
         if attempt is not None:
             self.client.spawn(self.client.after_lock_failure(self, attempt.work, msg.transaction_id))
+            self._settled_some()
 
     def on_failure(self, link: Link, msg: cp.Failure) -> None:
         if link is not self.link:
@@ -331,6 +362,7 @@ class ClientPartition:
             attempt = self.monitor.refused(msg.seq)
             if attempt is not None:
                 self.finish(attempt.work, errors.RequestFailedError(msg.message, "append_rejected"))
+                self._settled_some()
             return
         # The store session ended (appends in flight have an unknown outcome) or the partition
         # left the server: a new mount settles both, and no Flush answered before may.
@@ -352,17 +384,19 @@ class ClientPartition:
                 or not self.mounted.is_set() or time.monotonic() - oldest.sent_at < self.client.config.settle_after):
             return
         self._flushing = True
+        resp: cp.Message | None = None
         try:
             resp = await link.request(lambda seq: cp.Flush(seq, self.pid), self.client.config.request_timeout)
         except (errors.WaltzError, ConnectionError, asyncio.TimeoutError) as e:
             log.debug("partition %d: flush failed: %s", self.pid, e)
-            return
         finally:
             self._flushing = False
-        assert isinstance(resp, cp.FlushResponse)
-        if link is self.link and not self._remount.is_set():
-            self._flush = (link, newest, resp.high_water_mark)
-            self._settle_flushed()
+        if resp is not None:
+            assert isinstance(resp, cp.FlushResponse)
+            if link is self.link and not self._remount.is_set():
+                self._flush = (link, newest, resp.high_water_mark)
+                self._settle_flushed()
+        self._settled_some()  # a renewal of the client id may have waited for this flush
 
     def _settle_flushed(self) -> None:
         if self._flush is None:
@@ -378,6 +412,7 @@ class ClientPartition:
             for attempt in self.monitor.failed_through(newest):
                 log.debug("partition %d: append %d was dropped by the server; executing again", self.pid, attempt.seq)
                 self.retry(attempt.work)
+            self._settled_some()
 
     # -- applying --------------------------------------------------------------------------
     async def _apply_loop(self) -> None:
