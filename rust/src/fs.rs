@@ -141,10 +141,19 @@ impl FaultFs {
             write_budget: Arc::new(AtomicU64::new(u64::MAX)),
         }
     }
+
+    /// Puts `inner` under this file system's faults: a test's `WrapFs` can fault some files only.
+    pub fn wrap(&self, inner: Arc<dyn FileHandle>) -> Arc<dyn FileHandle> {
+        Arc::new(FaultFile {
+            inner,
+            syncs_before_eio: self.syncs_before_eio.clone(),
+            write_budget: self.write_budget.clone(),
+        })
+    }
 }
 
 struct FaultFile {
-    inner: StdFile,
+    inner: Arc<dyn FileHandle>,
     syncs_before_eio: Arc<AtomicI64>,
     write_budget: Arc<AtomicU64>,
 }
@@ -189,24 +198,10 @@ impl FileHandle for FaultFile {
 
 impl FileSystem for FaultFs {
     fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
-        let f = OpenOptions::new().read(true).write(writable).open(path)?;
-        Ok(Arc::new(FaultFile {
-            inner: StdFile(f),
-            syncs_before_eio: self.syncs_before_eio.clone(),
-            write_budget: self.write_budget.clone(),
-        }))
+        Ok(self.wrap(StdFs.open(path, writable)?))
     }
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
-        Ok(Arc::new(FaultFile {
-            inner: StdFile(f),
-            syncs_before_eio: self.syncs_before_eio.clone(),
-            write_budget: self.write_budget.clone(),
-        }))
+        Ok(self.wrap(StdFs.create_new(path)?))
     }
 }
 

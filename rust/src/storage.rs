@@ -307,9 +307,10 @@ impl Storage {
     /// One partition's failure does not keep the others from being flushed; the first error is
     /// returned.
     pub fn flush(&self) -> Result<()> {
-        let parts: Vec<Arc<Partition>> = lock(&self.partitions).values().cloned().collect();
+        let mut parts: Vec<(i32, Arc<Partition>)> = lock(&self.partitions).iter().map(|(&id, p)| (id, p.clone())).collect();
+        parts.sort_unstable_by_key(|&(id, _)| id); // in id order, so that a failure is reported the same way each time
         let mut first_error = None;
-        for p in parts {
+        for (_, p) in parts {
             if let Err(e) = p.flush_index() {
                 first_error.get_or_insert(e);
             }
@@ -494,5 +495,31 @@ mod tests {
         s.add_partition(0).unwrap();
         assert_eq!(s.partition(0).unwrap().max_txid(), -1);
         assert_eq!(s.partition_info(0).unwrap(), PartitionInfo::NONE);
+    }
+
+    /// One partition's index cannot be written (its disk is full): `flush` reports that and
+    /// still writes the others' index tails (it used to stop at the first error).
+    #[test]
+    fn flush_goes_on_past_a_partition_that_fails() {
+        let d = tempfile::tempdir().unwrap();
+        drop(Storage::create(d.path(), [1; 16], 3, default_options()).unwrap());
+        let faults = crate::fs::FaultFs::new();
+        let budget = faults.write_budget.clone();
+        let fs = crate::fs::WrapFs(move |path: &Path, f: Arc<dyn crate::fs::FileHandle>| -> std::io::Result<Arc<dyn crate::fs::FileHandle>> {
+            let in_partition_0 = path.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "0");
+            Ok(if in_partition_0 && path.extension().is_some_and(|e| e == "idx") { faults.wrap(f) } else { f })
+        });
+        let s = Storage::open_with(Arc::new(fs), d.path(), None, None, default_options()).unwrap();
+        let index_len = |pid: i32| std::fs::metadata(d.path().join(pid.to_string()).join(crate::segment::index_name(0))).unwrap().len();
+        for pid in [0, 1, 2] {
+            s.add_partition(pid).unwrap();
+            let rec = crate::record::NewRecord { req_id: Default::default(), header: 0, data: b"x", data_crc: None };
+            s.partition(pid).unwrap().append(0, &[rec]).unwrap(); // one record: no checkpoint window is complete
+        }
+        let before = [1, 2].map(index_len);
+        budget.store(0, std::sync::atomic::Ordering::SeqCst);
+        let err = s.flush().unwrap_err();
+        assert!(err.to_string().contains("No space left"), "{err}");
+        assert_eq!([1, 2].map(index_len), before.map(|n| n + 8), "partitions 1 and 2 must get their index entry");
     }
 }
