@@ -69,6 +69,7 @@ class _FakeSession:
     def __init__(self) -> None:
         self.failed: errors.StoreSessionError | None = None
         self.closed = False
+        self.assigned_replicas = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]  # as read when it opened
 
 
 class _FakePartition:
@@ -78,7 +79,11 @@ class _FakePartition:
         self.partition_id, self.generation, self.session = pid, gen, session
         self.high_water_mark = -1
         self.close_started = self.close_finished = False
+        self.new_sessions_asked: list[str] = []
         _FakePartition.instances.append(self)
+
+    def request_new_session(self, why: str) -> None:
+        self.new_sessions_asked.append(why)
 
     async def start(self) -> None:
         pass
@@ -146,5 +151,59 @@ def test_close_returns_before_cancelled_runners_finish(fake_host) -> None:
         runner = host._runners[0][1]
         await host.close()
         assert runner.done(), "close() returned while the runner was still running"
+
+    asyncio.run(go())
+
+
+class _Node:
+    def __init__(self, address: str, partitions: set[int]) -> None:
+        self.address, self.partitions = address, partitions
+
+
+class _Assignment:
+    """The metadata's replica assignment, as `PartitionHost._check_replicas` reads it."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.nodes = [_Node(a, {0}) for a in addresses]
+
+    def storage_nodes(self) -> list[_Node]:
+        return self.nodes
+
+
+def test_a_replica_change_while_the_session_opens_moves_it_to_a_new_session(fake_host) -> None:
+    """The assignment changes while the partition's first store session is opening (it read the
+    old replicas): the watch's check finds no registered partition and does nothing. Once the
+    partition is served, its runner checks again, and the session is replaced."""
+
+    async def go() -> None:
+        fake_host["open"] = asyncio.Event()
+        parts = Partitions()
+        assignment = _Assignment("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+        host = daemon.PartitionHost(asyncio.get_running_loop(), assignment, parts, PartitionSection())  # type: ignore[arg-type]
+        await host._apply({0: 1})
+        await asyncio.sleep(0.05)  # the runner waits in the session's open
+        assignment.nodes[2] = _Node("127.0.0.1:4", {0})
+        await host._check_replicas()  # the watch fires: nothing is registered yet
+        fake_host["open"].set()
+        await _until(lambda: 0 in parts.by_id)
+        served = parts.by_id[0]
+        await _until(lambda: bool(served.new_sessions_asked))
+        assert served.new_sessions_asked == ["replicas now 127.0.0.1:1, 127.0.0.1:2, 127.0.0.1:4"]
+        await host.close()
+
+    asyncio.run(go())
+
+
+def test_an_unchanged_assignment_keeps_the_session(fake_host) -> None:
+    async def go() -> None:
+        parts = Partitions()
+        host = daemon.PartitionHost(
+            asyncio.get_running_loop(), _Assignment("127.0.0.1:3", "127.0.0.1:1", "127.0.0.1:2"), parts, PartitionSection(),  # type: ignore[arg-type]
+        )
+        await host._apply({0: 1})
+        await _until(lambda: 0 in parts.by_id)
+        await asyncio.sleep(0.3)  # the runner's own check has run
+        assert parts.by_id[0].new_sessions_asked == []
+        await host.close()
 
     asyncio.run(go())
