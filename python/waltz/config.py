@@ -196,6 +196,9 @@ class PartitionSection:
     max_transaction_bytes: int = (16 << 20) - 1024
     """Larger appends are refused (APPEND_REJECTED); keep it below the storage nodes'
     max_record_size minus 40 bytes."""
+    max_transaction_locks: int = 4096
+    """Appends with more locks (write, read and append together) are refused (APPEND_REJECTED):
+    the lock check of one append holds the server's event loop, about 6 µs a lock."""
     checkpoint_interval: int = 100_000
     """Transactions after which a new store session starts (the spec's storage.checkpointInterval):
     it bounds what an inconsistent replica is truncated back by."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable
+from collections.abc import Coroutine
+from typing import Any
 
 from waltz import client_protocol as cp
 from waltz import errors, tls
@@ -25,6 +26,14 @@ from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockF
 log = logging.getLogger(__name__)
 
 FEED_BATCH = 1000
+REQUESTS_IN_FLIGHT = 8
+"""Requests answered by a task of their own (Flush, transaction data, feed reads) at once per
+connection: the next frame is read once one of them is answered. A client that sends many and
+reads nothing holds at most this many answers in the server's memory."""
+WRITE_BUFFER_LIMIT = 256 << 10
+"""Answers written without waiting (lock failures, rejected appends) may pile up to about this
+much for a client that does not read before the connection stops reading its requests."""
+HANDSHAKE_TIMEOUT = 10.0
 
 
 class Partitions:
@@ -57,15 +66,24 @@ class ClientConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._appends: dict[int, list[asyncio.Future[AppendResult]]] = collections.defaultdict(list)
         self._write_lock = asyncio.Lock()
+        self._request_slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
 
     async def run(self) -> None:
         why = "closed by the client"
         try:
-            if not await self._handshake():
+            try:
+                if not await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT):
+                    return
+            except asyncio.TimeoutError:
+                why = f"no Hello within {HANDSHAKE_TIMEOUT:g} s"
+                log.warning("closing client connection %s: %s", self.peer, why)
                 return
             while True:
                 msg = self._messages.next_message()
                 if msg is None:
+                    if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
+                        async with self._write_lock:  # the client reads its answers before it sends more
+                            await self.writer.drain()
                     data = await self.reader.read(1 << 20)
                     if not data:
                         break
@@ -101,10 +119,21 @@ class ClientConnection:
             self.writer.write(frame)
             await self.writer.drain()
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    async def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Runs the request's answer in a task once one of `REQUESTS_IN_FLIGHT` is free (the
+        connection reads nothing more meanwhile)."""
+        try:
+            await self._request_slots.acquire()
+        except BaseException:
+            coro.close()
+            raise
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._request_done)
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._request_slots.release()
 
     def _stale(self, partition: int) -> bool:
         """True when this connection's mount of the partition is older than the client's newest."""
@@ -117,7 +146,7 @@ class ClientConnection:
         elif isinstance(msg, cp.Mount):
             await self._mount(msg)
         elif isinstance(msg, cp.Flush):
-            self._spawn(self._flush(msg))
+            await self._spawn(self._flush(msg))
         elif isinstance(msg, cp.HighWaterMarkRequest):
             p = self.partitions.by_id.get(msg.partition)
             if p is None:
@@ -125,9 +154,9 @@ class ClientConnection:
             else:
                 await self._send(cp.HighWaterMarkResponse(msg.seq, msg.partition, p.high_water_mark).frame())
         elif isinstance(msg, cp.TransactionDataRequest):
-            self._spawn(self._data(msg))
+            await self._spawn(self._data(msg))
         elif isinstance(msg, cp.FeedRequest):
-            self._spawn(self._feed_request(msg))
+            await self._spawn(self._feed_request(msg))
         else:
             raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
 
@@ -196,6 +225,10 @@ class ClientConnection:
 
     # -- mounts and feeds ------------------------------------------------------------------
     async def _mount(self, msg: cp.Mount) -> None:
+        if msg.client_high_water_mark < -1:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST,
+                                        f"mount from {msg.client_high_water_mark}: a client's high-water mark is -1 or a transaction id").frame())
+            return
         key = (msg.client_id, msg.partition)
         if self.partitions.newest_mount.get(key, msg.connection_seq) > msg.connection_seq:
             return  # from a connection the client has already replaced
@@ -263,11 +296,19 @@ class ClientConnection:
         if p is None:
             await self._not_here(msg.seq, msg.partition)
             return
+        if msg.after < -1:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST,
+                                        f"feed request after {msg.after}: transaction ids start at 0 (-1 reads from the first)").frame())
+            return
         entries: list[cp.FeedEntry] = []
-        if msg.after < p.high_water_mark:
-            async for batch in p.feed(msg.after, max(1, min(msg.max_count, FEED_BATCH))):
-                entries = [cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in batch]
-                break
+        try:
+            if msg.after < p.high_water_mark:
+                async for batch in p.feed(msg.after, max(1, min(msg.max_count, FEED_BATCH))):
+                    entries = [cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in batch]
+                    break
+        except errors.StoreSessionError as e:  # the headers had to come from storage, and it failed
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"feed request: {e}").frame())
+            return
         await self._send(cp.FeedData(msg.seq, msg.partition, tuple(entries)).frame())
 
     async def _data(self, msg: cp.TransactionDataRequest) -> None:

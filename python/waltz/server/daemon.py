@@ -112,6 +112,7 @@ class PartitionHost:
                     max_batches_in_flight=t.max_batches_in_flight, gather_turns=t.gather_turns, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
                     checkpoint_interval=t.checkpoint_interval, max_transaction_bytes=t.max_transaction_bytes,
+                    max_transaction_locks=t.max_transaction_locks,
                     open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl),
                 )
                 await part.start()
