@@ -4,6 +4,7 @@ and over a live cluster, committed-only bounds, offsets, splits, corrupt files, 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import signal
 import time
@@ -209,3 +210,52 @@ def test_a_range_the_files_no_longer_hold_fails_instead_of_coming_back_short(tmp
     assert sum(b.num_rows for b in _read_range(opts, RangePartition(0, 20, 100, str(d)))) == 80
     with pytest.raises(errors.CorruptionError, match="ends at transaction 99, but the plan covers up to 149"):
         list(_read_range(opts, RangePartition(0, 20, 150, str(d))))
+
+
+def directory(path: pathlib.Path, n: int, low_water_mark: int, *, drop_before: int | None = None) -> tuple[str, int]:
+    """Partition 0 holding `n` transactions in small segments, retention dropping those before
+    `drop_before`; returns the directory and its first id."""
+    with Storage.create(path, uuid.uuid4(), 1, segment_size=4096) as s:
+        s.add_partition(0)
+        part = s.partition(0)
+        for i in range(0, n, 10):
+            part.append(i, [((7, 1, 0, j), j, b'{"n":%d}' % j + b" " * 100) for j in range(i, min(n, i + 10))])
+        s.set_low_water_mark(0, 1, low_water_mark)
+        if drop_before is not None:
+            part.drop_segments_before(drop_before)
+        return str(path), part.first_transaction_id
+
+
+def test_several_directories_are_read_as_their_union_and_lost_ids_fail_the_read(spark: Any, tmp_path: pathlib.Path) -> None:
+    dropped, first = directory(tmp_path / "a", 300, 299, drop_before=150)  # retention dropped 0..first-1
+    older, _ = directory(tmp_path / "b", 201, 200)  # a copy from before
+    assert 0 < first <= 150
+
+    def ids(path: str, **options: str) -> list[int]:
+        df = spark.read.format("waltz").options(minPartitions="3", **options).load(path)
+        return [r.transaction_id for r in df.select("transaction_id").orderBy("transaction_id").collect()]
+
+    assert ids(f"{dropped},{older}") == ids(f"{older},{dropped}") == list(range(300))
+    with pytest.raises(Exception) as e:
+        ids(dropped, startingOffsets='{"0": 0}')
+    assert f"transactions 0..{first - 1} of partition 0 are no longer in any directory" in str(e.value), str(e.value)[-2000:]
+    assert ids(dropped, startingOffsets='{"0": 0}', failOnDataLoss="false") == list(range(first, 300))
+
+
+def test_an_unreachable_cluster_bounds_a_batch_read_by_low_water_marks(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Planning only (the driver's log is this process's): a stream still needs the cluster."""
+    from waltz.spark.options import Options
+    from waltz.spark.source import RangePartition, WaltzReader, WaltzStreamReader
+
+    d = str(planted(tmp_path))
+    nowhere = f"embedded:{tmp_path}/nowhere/metadata.db"
+    opts = Options.parse({"path": d, "cluster": nowhere, "timeout": "2", "minPartitions": "1"})
+    with caplog.at_level(logging.INFO, logger="waltz.spark"):
+        parts = WaltzReader(opts).partitions()
+    assert [(p.partition, p.start, p.end) for p in parts if isinstance(p, RangePartition)] == [(0, 0, 80), (1, 0, 80)]
+    assert f"cannot reach the cluster at {nowhere}" in caplog.text and "low-water marks" in caplog.text
+    assert f"low-water mark 79: the cluster at {nowhere} was unreachable" in caplog.text
+    with pytest.raises(ConnectionError):
+        WaltzReader(Options.parse({"cluster": nowhere, "timeout": "2"})).partitions()
+    with pytest.raises(ConnectionError):
+        WaltzStreamReader(Options.parse({"cluster": nowhere, "timeout": "2"}, streaming=True)).initialOffset()

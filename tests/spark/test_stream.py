@@ -126,3 +126,10 @@ def test_a_stream_needs_a_cluster(spark: Any, tmp_path: pathlib.Path) -> None:
     with pytest.raises(Exception) as e:
         spark.readStream.format("waltz").load(str(tmp_path)).writeStream.format("memory").queryName("x").start().awaitTermination(30)
     assert "streams and writes need a live cluster" in str(e.value), str(e.value)[-2000:]
+
+
+def test_a_stream_rejects_path_instead_of_ignoring_it(spark: Any, tmp_path: pathlib.Path) -> None:
+    reader = spark.readStream.format("waltz").option("cluster", f"embedded:{tmp_path}/metadata.db")
+    with pytest.raises(Exception) as e:
+        reader.load(str(tmp_path / "storage")).writeStream.format("noop").start().awaitTermination(60)
+    assert "applies to batch reads only" in str(e.value), str(e.value)[-2000:]

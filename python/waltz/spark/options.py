@@ -1,16 +1,22 @@
 """The `waltz` source's options, parsed once on the driver into plain values (they travel to
 executors pickled). Offsets follow Spark's Kafka source: an offset is the next transaction id to
-read, so a range is `[start, end)`; in JSON, -2 means earliest and -1 latest."""
+read, so a range is `[start, end)` (start == end: empty, start > end: an error); in JSON, -2
+means earliest and -1 latest."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Union
 
 EARLIEST, LATEST = -2, -1
+MAX_BATCH_BYTES = (1 << 31) - 1
+"""Arrow's binary column has 32-bit offsets: a batch's data must fit them."""
+
+log = logging.getLogger("waltz.spark")
 
 OffsetSpec = Union[str, dict[int, int]]
 """"earliest", "latest", or partition → offset (which may be EARLIEST or LATEST)."""
@@ -18,6 +24,11 @@ OffsetSpec = Union[str, dict[int, int]]
 
 class OptionError(ValueError):
     """An option of the `waltz` data source is missing or malformed."""
+
+
+class DataLossError(OptionError):
+    """startingOffsets asks for transactions no directory (or replica) holds any more, and
+    failOnDataLoss is true."""
 
 
 def _bool(name: str, value: str) -> bool:
@@ -36,6 +47,13 @@ def _positive(name: str, value: str) -> int:
         raise OptionError(f"option {name}={value!r}: expected a positive integer") from None
     if n <= 0:
         raise OptionError(f"option {name}={value!r}: expected a positive integer")
+    return n
+
+
+def _batch_bytes(value: str) -> int:
+    n = _positive("maxBytesPerBatch", value)
+    if n > MAX_BATCH_BYTES:
+        raise OptionError(f"option maxBytesPerBatch={value!r}: at most {MAX_BATCH_BYTES} (Arrow's 32-bit offsets)")
     return n
 
 
@@ -89,6 +107,9 @@ class Options:
     """Transaction data per Arrow batch read from files: small enough that a batch is still in
     the CPU's cache when the worker sends it to the JVM (see docs/performance.md)."""
     max_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    """An explicit startingOffsets below the first id held fails the read (false: starts at the
+    first id held, with a warning)."""
     tls: tuple[str, str, str] | None = None
     timeout: float = 30.0
 
@@ -97,7 +118,8 @@ class Options:
         o = {k.lower(): v for k, v in options.items()}
         known = {"path", "paths", "cluster", "metadata", "zookeeper", "clustername", "partitions", "startingoffsets",
                  "endingoffsets", "committedonly", "minpartitions", "maxtransactionspersplit",
-                 "maxtransactionspertrigger", "maxbytesperbatch", "tlsca", "tlscert", "tlskey", "timeout"}
+                 "maxtransactionspertrigger", "maxbytesperbatch", "failondataloss", "tlsca", "tlscert", "tlskey",
+                 "timeout"}
         unknown = sorted(set(o) - known)
         if unknown:
             raise OptionError(f"unknown option(s) of the waltz source: {', '.join(unknown)}")
@@ -113,6 +135,8 @@ class Options:
             raise OptionError(f"option cluster={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or embedded:/path/metadata.db")
         if streaming and metadata is None:
             raise OptionError("streams and writes need a live cluster: set option cluster (a metadata URL) or zookeeper (host:port)")
+        if streaming and paths:
+            raise OptionError(f"option path={raw_paths!r} applies to batch reads only: a stream reads the live cluster, not files")
         if not streaming and not paths and metadata is None:
             raise OptionError("set path (storage directories, comma-separated) or cluster (a metadata URL) to read from")
         tls_values = [o.get(n) for n in ("tlsca", "tlscert", "tlskey")]
@@ -135,8 +159,9 @@ class Options:
             committed_only=_bool("committedOnly", o.get("committedonly", "true")),
             min_partitions=_positive("minPartitions", o["minpartitions"]) if "minpartitions" in o else (os.cpu_count() or 1),
             max_per_split=_positive("maxTransactionsPerSplit", o.get("maxtransactionspersplit", "1000000")),
-            batch_bytes=_positive("maxBytesPerBatch", o.get("maxbytesperbatch", str(Options.batch_bytes))),
+            batch_bytes=_batch_bytes(o.get("maxbytesperbatch", str(Options.batch_bytes))),
             max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"]) if "maxtransactionspertrigger" in o else None,
+            fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
             tls=(str(tls_values[0]), str(tls_values[1]), str(tls_values[2])) if all(tls_values) else None,
             timeout=timeout,
         )
@@ -156,18 +181,70 @@ def _paths(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in v.split(",") if p.strip())
 
 
+def _requested(spec: OffsetSpec, partition: int, missing: int) -> int:
+    """What `spec` asks of `partition`: EARLIEST, LATEST or a transaction id."""
+    if spec == "earliest":
+        return EARLIEST
+    if spec == "latest":
+        return LATEST
+    assert isinstance(spec, dict)
+    return spec.get(partition, missing)
+
+
 def resolve(spec: OffsetSpec, partition: int, earliest: int, latest: int, *, missing: int) -> int:
     """The offset `spec` gives `partition` within `[earliest, latest]`: explicit ids outside it
     are clamped (committed data never extends past `latest`); a partition the JSON leaves out
     gets `missing` (EARLIEST or LATEST)."""
-    if spec == "earliest":
-        return earliest
-    if spec == "latest":
-        return latest
-    assert isinstance(spec, dict)
-    off = spec.get(partition, missing)
+    off = _requested(spec, partition, missing)
     if off == EARLIEST:
         return earliest
     if off == LATEST:
         return latest
     return min(max(off, earliest), latest)
+
+
+def check_partitions(name: str, spec: OffsetSpec, read: Collection[int]) -> None:
+    """A JSON offset for a partition that is not read is a typo or a stale plan, never meant."""
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - set(read))
+        if unknown:
+            reading = ", ".join(str(p) for p in sorted(read)) or "none"
+            raise OptionError(f"option {name}: partition {unknown[0]} is not among the partitions read ({reading})")
+
+
+def _shown(requested: int, value: int) -> str:
+    return {EARLIEST: f"earliest ({value})", LATEST: f"latest ({value})"}.get(requested, str(requested))
+
+
+def select(
+    starting: OffsetSpec, ending: OffsetSpec, partition: int, earliest: int, latest: int,
+    *, fail_on_data_loss: bool, holder: str = "any directory",
+) -> tuple[int, int]:
+    """`[start, end)` of `partition` the offsets select within `[earliest, latest]` (`holder`
+    holds `earliest..latest-1`). A start past `latest` reads nothing; a start below `earliest`
+    asks for lost transactions (see `failOnDataLoss`); a start after the end is an error, as in
+    Kafka's source: start == end is the empty range (say, starting at latest)."""
+    start_req, end_req = _requested(starting, partition, EARLIEST), _requested(ending, partition, LATEST)
+    if start_req >= 0 and end_req >= 0 and start_req > end_req:
+        raise OptionError(_after(partition, str(start_req), str(end_req)))
+    upto = min(earliest, end_req) if end_req >= 0 else earliest
+    if 0 <= start_req < upto:
+        _lost(partition, start_req, upto - 1, earliest, holder, fail_on_data_loss)
+    start = resolve(starting, partition, earliest, latest, missing=EARLIEST)
+    end = resolve(ending, partition, earliest, latest, missing=LATEST)
+    if start > end:
+        raise OptionError(_after(partition, _shown(start_req, start), _shown(end_req, end)))
+    return start, end
+
+
+def _after(partition: int, start: str, end: str) -> str:
+    return (f"partition {partition}: startingOffsets {start} is after endingOffsets {end} "
+            "(a range is [start, end): start == end reads nothing, start > end is an error)")
+
+
+def _lost(partition: int, first: int, last: int, earliest: int, holder: str, fail: bool) -> None:
+    lost = f"transactions {first}..{last} of partition {partition} are no longer in {holder}"
+    if fail:
+        raise DataLossError(f"option startingOffsets: {lost} (the first held is {earliest}): "
+                            f"start at {earliest} or later, or set failOnDataLoss=false to skip them")
+    log.warning("waltz: option startingOffsets: %s: starting at %d (failOnDataLoss=false)", lost, earliest)

@@ -1,17 +1,19 @@
-"""Planning a scan: which replica directory serves each partition, up to which id (committed
-only), and the id ranges the input partitions cover. Pure decisions over small facts, so that
-they are tested without Spark; `survey` is the only part that touches files."""
+"""Planning a scan: which replica directories serve each partition, up to which id (committed
+only), and the id ranges the input partitions cover, each read from one directory. Pure
+decisions over small facts, so that they are tested without Spark; `survey` is the only part
+that touches files."""
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from waltz import errors
 from waltz._native import Storage
-from waltz.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, resolve
+from waltz.spark.options import OffsetSpec, OptionError, check_partitions, select
 
 log = logging.getLogger("waltz.spark")
 
@@ -37,6 +39,11 @@ class Bound:
     """The highest id to read from it."""
     why: str
 
+    def serves(self) -> Range:
+        """The ids to read from it, as a range (empty when it holds nothing below its bound)."""
+        r = self.replica
+        return Range(r.partition, r.first, max(r.first, self.last + 1), r.path)
+
 
 @dataclasses.dataclass(frozen=True)
 class Range:
@@ -60,6 +67,13 @@ def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, li
             with Storage.open(path, cluster_key, read_only=True) as storage:
                 for pid in storage.partition_ids():
                     part, info = storage.partition(pid), storage.partition_info(pid)
+                    if part.max_transaction_id < info.local_low_water_mark:
+                        # The replica held these durably when its session started; the read-only
+                        # open stops at the first invalid record: one it acknowledged is damaged.
+                        raise errors.CorruptionError(
+                            f"partition {pid} holds transactions only up to {part.max_transaction_id}, below {info.local_low_water_mark}, "
+                            "the mark up to which it held them durably: a record is damaged or lost (waltz disk verify shows where)"
+                        )
                     found.setdefault(pid, []).append(
                         Replica(path, pid, part.first_transaction_id, part.max_transaction_id, info.session_id, info.low_water_mark)
                     )
@@ -70,58 +84,108 @@ def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, li
     return found
 
 
-def bound(replicas: Sequence[Replica], *, committed_only: bool, high_water_mark: int | None, session: int | None) -> Bound:
-    """The replica to read and how far. Above its low-water mark a replica may hold a dirty
-    tail (appends no majority acknowledged, truncated at the next recovery), unless it is in
-    the partition's current session, where everything up to the cluster's high-water mark is
-    committed; so the cluster's mark is only trusted for such replicas."""
-    assert replicas, "bound needs at least one replica"
-    best: Bound | None = None
-    for r in replicas:
-        if not committed_only:
-            b = Bound(r, r.last, f"everything in {r.path} (committedOnly=false)")
-        elif high_water_mark is not None and r.session_id == session:
-            b = Bound(r, min(high_water_mark, r.last), f"the cluster's high-water mark {high_water_mark} ({r.path} is in session {session})")
-        else:
-            why = (
-                f"not in the current session {session} (its session is {r.session_id})"
-                if high_water_mark is not None
-                else "the cluster was not asked: set option cluster for the newest committed transactions"
-            )
-            b = Bound(r, min(r.low_water_mark, r.last), f"{r.path}'s low-water mark {r.low_water_mark}: {why}")
-        if best is None or b.last > best.last:
-            best = b
-    assert best is not None
-    return best
+NOT_ASKED = "the cluster was not asked: set option cluster for the newest committed transactions"
+
+
+def bound(r: Replica, *, committed_only: bool, high_water_mark: int | None, session: int | None, unasked: str = NOT_ASKED) -> Bound:
+    """How far to read a replica. Above its low-water mark a replica may hold a dirty tail
+    (appends no majority acknowledged, truncated at the next recovery), unless it is in the
+    partition's current session, where everything up to the cluster's high-water mark is
+    committed; so the cluster's mark is only trusted for such replicas. `unasked` says why
+    there is no mark."""
+    if not committed_only:
+        return Bound(r, r.last, f"everything in {r.path} (committedOnly=false)")
+    if high_water_mark is not None and r.session_id == session:
+        return Bound(r, min(high_water_mark, r.last), f"the cluster's high-water mark {high_water_mark} ({r.path} is in session {session})")
+    why = f"not in the current session {session} (its session is {r.session_id})" if high_water_mark is not None else unasked
+    return Bound(r, min(r.low_water_mark, r.last), f"{r.path}'s low-water mark {r.low_water_mark}: {why}")
+
+
+def bounds(replicas: Sequence[Replica], *, committed_only: bool, high_water_mark: int | None, session: int | None, unasked: str = NOT_ASKED) -> list[Bound]:
+    """Each replica's bound, the fullest first (ties: in path order), the order `ranges` prefers
+    them in: with committedOnly=false a stale copy's tail may differ from the fullest's, so it
+    only fills in what the fullest lacks (ids retention dropped from it, say)."""
+    assert replicas, "bounds needs at least one replica"
+    found = [bound(r, committed_only=committed_only, high_water_mark=high_water_mark, session=session, unasked=unasked) for r in replicas]
+    return sorted(found, key=lambda b: -b.last)
 
 
 def ranges(
-    firsts: dict[int, int], lasts: dict[int, int], starting: OffsetSpec, ending: OffsetSpec, paths: dict[int, str | None]
+    held: Mapping[int, Sequence[Range]], starting: OffsetSpec, ending: OffsetSpec,
+    *, fail_on_data_loss: bool = True, holder: str = "any directory",
 ) -> list[Range]:
-    """Per partition, the range the offsets select within `firsts[p]..lasts[p]`."""
+    """Per partition read (the keys), the range the offsets select, in pieces each read from
+    one source. `held[p]` is what each source (a directory, or the cluster) can serve, in order
+    of preference: the partition spans from the lowest first id to the highest last."""
+    check_partitions("startingOffsets", starting, held)
+    check_partitions("endingOffsets", ending, held)
     out = []
-    for p in sorted(lasts):
-        first, last = firsts[p], lasts[p]
-        start = resolve(starting, p, first, last + 1, missing=EARLIEST)
-        end = resolve(ending, p, first, last + 1, missing=LATEST)
-        out.append(Range(p, start, max(start, end), paths[p]))
+    for p in sorted(held):
+        earliest, latest = _extent(held[p])
+        start, end = select(starting, ending, p, earliest, latest, fail_on_data_loss=fail_on_data_loss, holder=holder)
+        out.extend(cover(p, start, end, held[p]))
     return out
 
 
+def _extent(held: Sequence[Range]) -> tuple[int, int]:
+    """`[first, end)` of the union of what the sources hold (gaps inside are `cover`'s concern);
+    when none holds anything, an empty range where the furthest left off."""
+    full = [r for r in held if len(r)]
+    if not full:
+        end = max(r.end for r in held)
+        return end, end
+    return min(r.start for r in full), max(r.end for r in full)
+
+
+def cover(partition: int, start: int, end: int, held: Sequence[Range]) -> list[Range]:
+    """`[start, end)` cut where the source changes: each id from the first in `held` holding
+    it. Ids none holds are an error naming them: a silent gap would look like a complete read."""
+    out, todo = [], [(start, end)] if start < end else []
+    for h in held:
+        rest = []
+        for lo, hi in todo:
+            a, b = max(lo, h.start), min(hi, h.end)
+            if a >= b:
+                rest.append((lo, hi))
+                continue
+            out.append(Range(partition, a, b, h.path))
+            rest.extend((x, y) for x, y in ((lo, a), (b, hi)) if x < y)
+        todo = rest
+    if todo:
+        lo, hi = min(todo)
+        serving = "; ".join(f"{h.path} {h.start}..{h.end - 1}" for h in sorted(held, key=lambda r: r.start) if len(h))
+        raise OptionError(
+            f"partition {partition}: transactions {lo}..{hi - 1} are in none of the directories in path "
+            f"(each can serve: {serving}): add a directory that holds them, or read around them "
+            f"(startingOffsets {hi}, or endingOffsets {lo})"
+        )
+    return sorted(out, key=lambda r: r.start)
+
+
 def split(parts: Iterable[Range], *, min_splits: int, max_per_split: int) -> list[Range]:
-    """Cuts ranges so there are at least `min_splits` (when there are that many transactions)
+    """Cuts ranges so there are at least `min_splits` (one per transaction when there are fewer)
     and none longer than `max_per_split`: one huge partition still keeps every core busy."""
     parts = [r for r in parts if len(r)]
     total = sum(len(r) for r in parts)
     if not total:
         return []
-    size = max(1, min(max_per_split, math.ceil(total / min_splits)))
-    out: list[Range] = []
-    for r in parts:
-        pieces = math.ceil(len(r) / size)
-        step = math.ceil(len(r) / pieces)
-        out.extend(Range(r.partition, s, min(s + step, r.end), r.path) for s in range(r.start, r.end, step))
-    return out
+    target = min(min_splits, total)
+    # In proportion to length first (that leaves fewer than one piece per range to place),
+    # then each further piece to the range whose pieces are longest.
+    counts = [max(math.ceil(len(r) / max_per_split), len(r) * target // total) for r in parts]
+    longest = [(-len(r) / n, i) for i, (r, n) in enumerate(zip(parts, counts, strict=True))]
+    heapq.heapify(longest)
+    for _ in range(target - sum(counts)):
+        _, i = heapq.heappop(longest)
+        counts[i] += 1
+        heapq.heappush(longest, (-len(parts[i]) / counts[i], i))
+    return [piece for r, n in zip(parts, counts, strict=True) for piece in _cut(r, n)]
+
+
+def _cut(r: Range, n: int) -> list[Range]:
+    """`r` in `n` pieces whose lengths differ by at most one."""
+    size = len(r)
+    return [Range(r.partition, r.start + i * size // n, r.start + (i + 1) * size // n, r.path) for i in range(n)]
 
 
 def capped(start: dict[str, int], latest: dict[str, int], budget: int | None) -> dict[str, int]:

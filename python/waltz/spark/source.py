@@ -27,7 +27,7 @@ from waltz import errors
 from waltz._native import Storage
 from waltz.client.log_reader import LogReader
 from waltz.spark import SCHEMA, plan
-from waltz.spark.options import EARLIEST, OptionError, Options, resolve
+from waltz.spark.options import OptionError, Options, check_partitions, select
 from waltz.storage.scan import iter_scan, records_to_arrow, scan_to_arrow
 
 log = logging.getLogger("waltz.spark")
@@ -78,6 +78,22 @@ class _ClusterView:
         asyncio.run(ask())
 
 
+def _view_or_low_water_marks(opts: Options) -> _ClusterView | None:
+    """The cluster's view, or None when a batch read of files goes on without it: an unreachable
+    cluster then bounds each directory by its low-water mark, committed for sure, only older.
+    Each step of asking is bounded by option timeout. Reads without files need the cluster."""
+    try:
+        return _ClusterView(opts, firsts=not opts.paths)
+    except (ConnectionError, TimeoutError) as e:
+        if not opts.paths:
+            raise
+        log.warning(
+            "waltz: cannot reach the cluster at %s (%s): bounding each partition by its directories' low-water marks, "
+            "and the directories' cluster key is not checked", opts.metadata, e,
+        )
+        return None
+
+
 def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
     if p.start >= p.end:
         return
@@ -123,31 +139,15 @@ class WaltzReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        view = _ClusterView(opts, firsts=not opts.paths) if opts.metadata else None
-        firsts: dict[int, int] = {}
-        lasts: dict[int, int] = {}
-        paths: dict[int, str | None] = {}
+        view = _view_or_low_water_marks(opts) if opts.metadata else None
         if opts.paths:
-            found = plan.survey(opts.paths, view.cluster_key if view else None)
-            missing = sorted(set(opts.partitions or ()) - set(found))
-            if missing:
-                raise OptionError(f"option partitions: no directory in path holds partition {missing[0]}")
-            for pid, replicas in sorted(found.items()):
-                if not opts.wants(pid):
-                    continue
-                b = plan.bound(
-                    replicas, committed_only=opts.committed_only,
-                    high_water_mark=view.high_water_marks.get(pid) if view else None,
-                    session=view.sessions.get(pid) if view else None,
-                )
-                log.info("waltz: partition %d: reading %s up to transaction %d: %s", pid, b.replica.path, b.last, b.why)
-                firsts[pid], lasts[pid], paths[pid] = b.replica.first, b.last, b.replica.path
+            held = _held_by_directories(opts, view)
+            holder = "any directory"
         else:
             assert view is not None
-            for pid, hwm in view.high_water_marks.items():
-                log.info("waltz: partition %d: reading the cluster up to its high-water mark %d", pid, hwm)
-                firsts[pid], lasts[pid], paths[pid] = view.firsts[pid], hwm, None
-        ranges = plan.ranges(firsts, lasts, opts.starting, opts.ending, paths)
+            held = _held_by_cluster(view)
+            holder = "the cluster's replicas"
+        ranges = plan.ranges(held, opts.starting, opts.ending, fail_on_data_loss=opts.fail_on_data_loss, holder=holder)
         splits = plan.split(ranges, min_splits=opts.min_partitions, max_per_split=opts.max_per_split)
         return [RangePartition(r.partition, r.start, r.end, r.path) for r in splits]
 
@@ -155,6 +155,45 @@ class WaltzReader(DataSourceReader):
         if not isinstance(partition, RangePartition):  # Spark's stand-in when the plan is empty
             return iter(())
         return _read_range(self.opts, partition)
+
+
+def _unasked(opts: Options, view: _ClusterView | None, partition: int) -> str:
+    """Why a partition has no high-water mark to bound its directories by."""
+    if opts.metadata is None:
+        return plan.NOT_ASKED
+    if view is None:
+        return f"the cluster at {opts.metadata} was unreachable"
+    return f"the cluster has no partition {partition}"
+
+
+def _held_by_directories(opts: Options, view: _ClusterView | None) -> dict[int, list[plan.Range]]:
+    """Partition → what each directory can serve of it, the fullest first."""
+    found = plan.survey(opts.paths, view.cluster_key if view else None)
+    missing = sorted(set(opts.partitions or ()) - set(found))
+    if missing:
+        raise OptionError(f"option partitions: no directory in path holds partition {missing[0]}")
+    held = {}
+    for pid, replicas in sorted(found.items()):
+        if not opts.wants(pid):
+            continue
+        bounds = plan.bounds(
+            replicas, committed_only=opts.committed_only,
+            high_water_mark=view.high_water_marks.get(pid) if view else None,
+            session=view.sessions.get(pid) if view else None, unasked=_unasked(opts, view, pid),
+        )
+        for b in bounds:
+            log.info("waltz: partition %d: %s serves transactions %d..%d: %s", pid, b.replica.path, b.replica.first, b.last, b.why)
+        held[pid] = [b.serves() for b in bounds]
+    return held
+
+
+def _held_by_cluster(view: _ClusterView) -> dict[int, list[plan.Range]]:
+    held = {}
+    for pid, hwm in view.high_water_marks.items():
+        log.info("waltz: partition %d: reading the cluster up to its high-water mark %d", pid, hwm)
+        first = view.firsts[pid]
+        held[pid] = [plan.Range(pid, first, max(first, hwm + 1))]
+    return held
 
 
 class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -172,8 +211,12 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         view = _ClusterView(self.opts, firsts=True)
+        check_partitions("startingOffsets", self.opts.starting, view.high_water_marks)
         return {
-            str(p): resolve(self.opts.starting, p, view.firsts[p], hwm + 1, missing=EARLIEST)
+            str(p): select(
+                self.opts.starting, "latest", p, view.firsts[p], max(view.firsts[p], hwm + 1),
+                fail_on_data_loss=self.opts.fail_on_data_loss, holder="the cluster's replicas",
+            )[0]
             for p, hwm in view.high_water_marks.items()
         }
 
