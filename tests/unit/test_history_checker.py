@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from waltz import errors
 from waltz.torture import (
     KINDS,
     History,
@@ -34,6 +35,7 @@ from waltz.torture import (
     record_from_bytes,
     write_drains,
 )
+from waltz.torture.worker import outcome_is_certain_failure
 
 POOL = [lock_name("pool", i) for i in range(4)]
 
@@ -689,3 +691,15 @@ def test_damage_inside_a_history_is_an_error(tmp_path: Path) -> None:
     path.write_text('{"process":1,"type":"ok","f":"append","partition":0,"payload":"x","time":1}\n')
     with pytest.raises(HistoryError, match="p1.jsonl:1: missing 'txid'"):
         read_history(path)
+
+
+def test_the_worker_counts_a_failure_as_definite_only_on_the_clients_word() -> None:
+    certain = outcome_is_certain_failure
+    assert certain(errors.RequestFailedError("refused", "append_rejected"))
+    assert certain(errors.MountTimeoutError("not mounted; the transaction was not sent"))
+    assert certain(errors.TransactionExpiredError("expired after 3 executions"))
+    assert certain(errors.ClientClosedError("closed before it was sent"))
+    assert not certain(errors.MountTimeoutError("sent, then the mount timed out", outcome_unknown=True))
+    assert not certain(errors.ClientClosedError("closed; it was sent and may still commit", outcome_unknown=True))
+    assert not certain(errors.RequestTimeoutError("no answer"))
+    assert not certain(ValueError("the context raised"))

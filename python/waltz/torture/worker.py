@@ -76,9 +76,13 @@ def _locks(rng: random.Random, pool: int) -> dict[str, list[int]]:
 
 
 def outcome_is_certain_failure(exc: BaseException) -> bool:
-    """Only a refusal the server can never turn into a commit is a definite failure; timeouts,
-    expiry, a closed client and lost mounts may have committed (the feed will tell)."""
-    return isinstance(exc, errors.RequestFailedError) and not isinstance(exc, errors.RequestTimeoutError)
+    """A definite failure, by the client's own word (`ClientError.outcome_unknown` False: never
+    sent, refused by the server, expired between attempts that each failed): the checker then
+    holds the client to it (such a payload must never be committed). A request that timed out,
+    and anything the client does not vouch for, may have committed (the feed will tell)."""
+    if isinstance(exc, errors.RequestTimeoutError):
+        return False
+    return isinstance(exc, errors.ClientError) and not exc.outcome_unknown
 
 
 def _watch_memory(limit_mb: int) -> None:
