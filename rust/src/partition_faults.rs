@@ -470,3 +470,81 @@ fn r10_truncate_through_an_entry_equal_to_the_end_cuts_the_records() {
     assert_eq!(p.read_record(49).unwrap().unwrap().data, payload(49));
     assert_eq!(p.read_record(50).unwrap().unwrap().data, b"new-50");
 }
+
+/// The data file as a read-only open sees it while a running node appends: right after the
+/// scan's read that first reaches the frontier (preallocated zeros), the "node" writes two more
+/// records there.
+struct AppendedBehindTheReader {
+    inner: Arc<dyn FileHandle>,
+    path: PathBuf,
+    at: u64,
+    bytes: Vec<u8>,
+    written: std::sync::atomic::AtomicBool,
+}
+
+impl FileHandle for AppendedBehindTheReader {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let n = self.inner.read_at(buf, offset)?;
+        if offset <= self.at && self.at < offset + n as u64 && !self.written.swap(true, Ordering::SeqCst) {
+            std::fs::OpenOptions::new().write(true).open(&self.path)?.write_all_at(&self.bytes, self.at)?;
+        }
+        Ok(n)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        self.inner.try_lock_exclusive()
+    }
+}
+
+/// F11: a read-only open of a running node's directory (the Spark source reads them) failed
+/// about half the time with "corruption ... with a valid record after it": the scan stopped at
+/// the zeros ahead of the writer, and by the time the checks after it read on, the writer had
+/// filled them with valid records. Now the open follows the records written meanwhile.
+#[test]
+fn r11_a_read_only_open_follows_records_appended_while_it_scans() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)).unwrap();
+    for t in 0..7 {
+        p.append(t, &one(&payload(t))).unwrap();
+    }
+    drop(p);
+    let (seg, idx) = (d.path().join(crate::segment::data_name(0)), d.path().join(crate::segment::index_name(0)));
+    let entry = |i: u64| {
+        let mut b = [0u8; 8];
+        std::fs::File::open(&idx).unwrap().read_exact_at(&mut b, HEADER_LEN + 8 * i).unwrap();
+        i64::from_be_bytes(b) as u64
+    };
+    let (at, last) = (entry(5), entry(6));
+    let end = last + (crate::record::RECORD_OVERHEAD + payload(6).len()) as u64;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
+    let mut bytes = vec![0u8; (end - at) as usize];
+    file.read_exact_at(&mut bytes, at).unwrap();
+    file.write_all_at(&vec![0u8; bytes.len()], at).unwrap(); // as when the reader began: 5 records, then zeros
+    std::fs::OpenOptions::new().write(true).open(&idx).unwrap().set_len(HEADER_LEN + 8 * 5).unwrap();
+
+    let live = seg.clone();
+    let fs = WrapFs(move |path: &Path, f: Arc<dyn FileHandle>| -> io::Result<Arc<dyn FileHandle>> {
+        if path != live {
+            return Ok(f);
+        }
+        Ok(Arc::new(AppendedBehindTheReader {
+            inner: f, path: path.to_path_buf(), at, bytes: bytes.clone(), written: Default::default(),
+        }))
+    });
+    let mut o = opts(1 << 30, 1000);
+    o.recover.read_only = true;
+    let p = Partition::open(Arc::new(fs), d.path(), 0, KEY, o).unwrap();
+    assert_eq!(p.max_txid(), 6);
+    assert_eq!(p.read_record(6).unwrap().unwrap().data, payload(6));
+}

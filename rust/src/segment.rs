@@ -12,6 +12,12 @@ use std::sync::{Arc, RwLock};
 pub const FORMAT_VERSION: i32 = 1;
 pub const HEADER_LEN: u64 = 128;
 const SCAN_CHUNK: usize = 4 << 20;
+/// A read-only open of a live log looks again this many times, `LIVE_TAIL_PAUSE` apart, at
+/// invalid bytes that end the last segment before it judges them (see `follow_live_tail`).
+const LIVE_TAIL_LOOKS: u32 = 3;
+const LIVE_TAIL_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+/// At most this many rescans follow a writer that keeps appending: the open then reads up to there.
+const LIVE_TAIL_MAX_RESCANS: u32 = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentHeader {
@@ -300,7 +306,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     let data_path = ctx.dir.join(data_name(ctx.first_txid));
     let index_path = ctx.dir.join(index_name(ctx.first_txid));
     let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
-    let data_len = data.len().at(&data_path)?;
+    let mut data_len = data.len().at(&data_path)?;
     let mut hb = [0u8; HEADER_LEN as usize];
     if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
         return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
@@ -394,7 +400,11 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         cp -= n;
     }
 
-    let scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    let mut scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    let mut zero_tail = None;
+    if opts.read_only && ctx.next_first.is_none() {
+        (zero_tail, data_len) = follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    }
     let count = cp + scan.offsets.len() as u64;
     let mut end = scan.end;
     let mut tail = Tail::Clean;
@@ -404,7 +414,11 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         // appender had not reached (it zero-fills ahead of its writes): the end of the log, not
         // a tear. Damage cannot hide here: no valid record is all zeros (see ZERO_PREFIX), and
         // zeros followed by anything else still go through the checks below.
-        if is_zero_range(&data, &data_path, *bad_at, data_len)? {
+        let zeros = match zero_tail {
+            Some(known) => known,
+            None => is_zero_range(&data, &data_path, *bad_at, data_len)?,
+        };
+        if zeros {
             log::debug!("{}: {} bytes of preallocated space after offset {}", data_path.display(), data_len - bad_at, bad_at);
             end = *bad_at;
             stopped = None;
@@ -523,6 +537,41 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         tail,
         scanned_records: count - cp,
     })
+}
+
+/// A read-only open takes no lock, so a running node may be appending to the last segment as
+/// it is scanned: the invalid bytes the scan stopped at may be a record still being written, or
+/// preallocated zeros that records filled right after the scan read them (the checks after the
+/// scan then saw "damage with valid records after it" in a healthy log). So the scan goes on from
+/// there while that finds more records; bytes that stay invalid `LIVE_TAIL_LOOKS` times running
+/// are judged as in any open. Returns whether what ends the scan is known to be all zeros (None:
+/// not checked) and the file's length as last read.
+fn follow_live_tail(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    scan: &mut ScanResult,
+    mut data_len: u64,
+    first_id: i64,
+    max: usize,
+) -> Result<(Option<bool>, u64)> {
+    let (mut unchanged, mut rescans) = (0, 0);
+    while let Some((bad_at, _)) = scan.stopped {
+        if is_zero_range(data, path, bad_at, data_len)? {
+            return Ok((Some(true), data_len));
+        }
+        if unchanged == LIVE_TAIL_LOOKS || rescans == LIVE_TAIL_MAX_RESCANS {
+            return Ok((Some(false), data_len));
+        }
+        std::thread::sleep(LIVE_TAIL_PAUSE);
+        data_len = data.len().at(path)?;
+        let more = scan_forward(data, path, bad_at, data_len, first_id + scan.offsets.len() as i64, max)?;
+        unchanged = if more.offsets.is_empty() { unchanged + 1 } else { 0 };
+        rescans += 1;
+        scan.offsets.extend(more.offsets);
+        scan.end = more.end;
+        scan.stopped = more.stopped;
+    }
+    Ok((None, data_len))
 }
 
 /// End offset of record `i`, validated whole (both checksums, id and bounds).
