@@ -133,3 +133,36 @@ def test_a_stream_rejects_path_instead_of_ignoring_it(spark: Any, tmp_path: path
     with pytest.raises(Exception) as e:
         reader.load(str(tmp_path / "storage")).writeStream.format("noop").start().awaitTermination(60)
     assert "applies to batch reads only" in str(e.value), str(e.value)[-2000:]
+
+
+class _ShortReader:
+    """A log reader whose replicas end the range early (what a future early return would do)."""
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def read(self, partition: int, start: int, end: int, *, max_count: int) -> Any:
+        from types import SimpleNamespace
+
+        from waltz.storage import ReqId
+
+        yield [SimpleNamespace(txid=t, req_id=ReqId(1, 1, partition, t), header=0, data=b"x") for t in range(start, start + 3)]
+
+
+def test_a_micro_batch_the_cluster_answers_short_fails_instead_of_skipping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's offsets pass the batch's end once it is read: a range the replicas returned
+    only in part must fail the task (its files' reads had that check, the cluster's did not)."""
+    from waltz import errors
+    from waltz.spark import source
+    from waltz.spark.options import Options
+
+    monkeypatch.setattr(source, "_log_reader", lambda opts: _ShortReader())
+    opts = Options.parse({"cluster": "embedded:/nowhere"}, streaming=True)
+    got = []
+    with pytest.raises(errors.ClusterError, match="returned transactions 10..12 of 10..19"):
+        for batch in source._read_cluster(opts, 0, 10, 19):
+            got.extend(batch.column("transaction_id").to_pylist())
+    assert got == [10, 11, 12]

@@ -122,12 +122,20 @@ def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Itera
     try:
         loop.run_until_complete(reader.start())
         it = reader.read(partition, first, last, max_count=2000).__aiter__()
+        nxt = first
         while True:
             try:
                 records = loop.run_until_complete(it.__anext__())
             except StopAsyncIteration:
                 break
+            if records and records[0].txid != nxt:
+                raise errors.ProtocolError(f"partition {partition}: the cluster's replicas answered a read at {nxt} with transaction {records[0].txid}")
+            nxt = records[-1].txid + 1 if records else nxt
             yield records_to_arrow(records, partition)
+        # The stream's offsets move past `last` once this batch is done: a short read must fail
+        # the task, never pass for a complete one.
+        if nxt <= last:
+            raise errors.ClusterError(f"partition {partition}: the cluster's replicas returned transactions {first}..{nxt - 1} of {first}..{last}")
     finally:
         loop.run_until_complete(reader.close())
         loop.close()
