@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import pytest
 
@@ -159,3 +160,38 @@ def test_a_client_mark_above_the_committed_one_does_not_pass_over_the_batch(clus
             assert isinstance(await liar, LockFailed)
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_the_newest_mount_of_a_client_is_forgotten_with_its_last_connection(cluster) -> None:  # noqa: F811
+    """The newest connection seq of every (client id, partition) ever mounted was kept for the
+    server's life: a client crash-looping under a new id each start grew it without end. It goes
+    once no connection that mounted it is open; while an older one is, the older stays refused."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        async with serving(meta) as (port, p, parts):
+            old = await RawClient.connect(port)
+            old.send(cp.Mount(1, 0, 5, -1, 1))
+            await old.until(lambda m: isinstance(m, cp.MountResponse))
+            new = await RawClient.connect(port)
+            new.send(cp.Mount(1, 0, 5, -1, 2))
+            await new.until(lambda m: isinstance(m, cp.MountResponse))
+            new.close()
+            await _until(lambda: parts._mounted_by[(5, 0)] == 1)
+            assert parts.newest_mount == {(5, 0): 2}
+            old.send(append(5, 1, -1, b"from the old connection"))  # still older than the newest: dropped
+            old.send(cp.Flush(2, 0))
+            await old.until(lambda m: isinstance(m, cp.FlushResponse))
+            assert p.high_water_mark == -1
+            old.close()
+            await _until(lambda: not parts.newest_mount)
+
+    asyncio.run(go())
+
+
+async def _until(cond: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)

@@ -43,7 +43,20 @@ class Partitions:
     def __init__(self) -> None:
         self.by_id: dict[int, Partition] = {}
         self.newest_mount: dict[tuple[int, int], int] = {}
+        self._mounted_by: collections.Counter[tuple[int, int]] = collections.Counter()
+        """Open connections that mounted each (client id, partition): the newest seq is
+        forgotten with the last of them (a client crash-looping under new ids grew it for ever).
+        No older connection is left then whose requests it would have to drop."""
         self._frames: collections.OrderedDict[tuple[int, int, int, int], bytes] = collections.OrderedDict()
+
+    def mounted(self, key: tuple[int, int]) -> None:
+        self._mounted_by[key] += 1
+
+    def unmounted(self, key: tuple[int, int]) -> None:
+        self._mounted_by[key] -= 1
+        if self._mounted_by[key] <= 0:
+            del self._mounted_by[key]
+            self.newest_mount.pop(key, None)
 
     def feed_frame(self, partition: Partition, entries: list[FeedEntry]) -> bytes:
         key = (partition.partition_id, partition.generation, entries[0].transaction_id, entries[-1].transaction_id)
@@ -62,6 +75,7 @@ class ClientConnection:
         self.peer = writer.get_extra_info("peername")
         self._messages = cp.MessageReader()
         self._mounts: dict[int, tuple[int, int]] = {}  # partition -> (client id, connection seq)
+        self._mount_keys: set[tuple[int, int]] = set()  # (client id, partition) this connection counts in
         self._feeds: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._appends: dict[int, list[asyncio.Future[AppendResult]]] = collections.defaultdict(list)
@@ -98,6 +112,8 @@ class ClientConnection:
         finally:
             for t in list(self._feeds.values()) + list(self._tasks):
                 t.cancel()
+            for key in self._mount_keys:
+                self.partitions.unmounted(key)
             self.writer.close()
             log.debug("client connection %s ended: %s", self.peer, why)
 
@@ -233,6 +249,9 @@ class ClientConnection:
         if self.partitions.newest_mount.get(key, msg.connection_seq) > msg.connection_seq:
             return  # from a connection the client has already replaced
         self.partitions.newest_mount[key] = msg.connection_seq
+        if key not in self._mount_keys:
+            self._mount_keys.add(key)
+            self.partitions.mounted(key)
         self._mounts[msg.partition] = (msg.client_id, msg.connection_seq)
         old = self._feeds.pop(msg.partition, None)
         if old is not None:
