@@ -299,6 +299,29 @@ impl Partition {
         }
     }
 
+    /// A read-only open lists the folder while a running node may be rolling segments, and a
+    /// listing promises nothing of files created during it: it can name a new segment and miss
+    /// the one created just before it, and the segment before that gap then seems to end short.
+    /// True when a new listing shows segments after `segs[i]` that the first one missed (they are
+    /// added, and segment `i` is recovered again).
+    fn missed_by_listing(fs: &dyn FileSystem, dir: &Path, segs: &mut Vec<i64>, i: usize) -> Result<bool> {
+        let (after, before) = (segs[i], segs.get(i + 1).copied().unwrap_or(i64::MAX));
+        let mut missed: Vec<i64> = fs
+            .list_dir(dir)
+            .at(dir)?
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).and_then(|n| parse_segment_name(n, "seg")))
+            .filter(|&t| after < t && t < before)
+            .collect();
+        if missed.is_empty() {
+            return Ok(false);
+        }
+        log::debug!("{}: segments {missed:?} were created while the folder was listed", dir.display());
+        segs.append(&mut missed);
+        segs.sort_unstable();
+        Ok(true)
+    }
+
     pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, id: i32, cluster_key: [u8; 16], opts: PartitionOptions) -> Result<Partition> {
         let ro = opts.recover.read_only;
         let mut report = RecoveryReport::default();
@@ -356,17 +379,22 @@ impl Partition {
 
         let mut segments: Vec<Segment> = Vec::with_capacity(segs.len());
         let mut cut: Option<usize> = None;
-        for (i, &first) in segs.iter().enumerate() {
+        let mut i = 0;
+        while i < segs.len() {
             let ctx = SegmentContext {
                 fs: fs.as_ref(),
                 dir,
                 cluster_key,
                 partition_id: id,
-                first_txid: first,
+                first_txid: segs[i],
                 next_first: segs.get(i + 1).copied(),
                 opts: &opts.recover,
             };
-            let rec = recover_segment(&ctx)?;
+            let rec = match recover_segment(&ctx) {
+                Ok(rec) => rec,
+                Err(_) if ro && Self::missed_by_listing(fs.as_ref(), dir, &mut segs, i)? => continue,
+                Err(e) => return Err(e),
+            };
             report.scanned_records += rec.scanned_records;
             match &rec.tail {
                 Tail::Clean => {}
@@ -381,6 +409,7 @@ impl Partition {
                 cut = Some(i);
                 break;
             }
+            i += 1;
         }
         if let Some(i) = cut {
             for f in segs[i + 1..].iter().rev() {
