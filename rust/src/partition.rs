@@ -304,14 +304,15 @@ impl Partition {
     /// the one created just before it, and the segment before that gap then seems to end short.
     /// True when a new listing shows segments after `segs[i]` that the first one missed (they are
     /// added, and segment `i` is recovered again).
-    fn missed_by_listing(fs: &dyn FileSystem, dir: &Path, segs: &mut Vec<i64>, i: usize) -> Result<bool> {
+    /// Segments a truncation intent dooms (first ids above `kept`) stay out, as from the first listing.
+    fn missed_by_listing(fs: &dyn FileSystem, dir: &Path, segs: &mut Vec<i64>, i: usize, kept: i64) -> Result<bool> {
         let (after, before) = (segs[i], segs.get(i + 1).copied().unwrap_or(i64::MAX));
         let mut missed: Vec<i64> = fs
             .list_dir(dir)
             .at(dir)?
             .iter()
             .filter_map(|p| p.file_name().and_then(|n| n.to_str()).and_then(|n| parse_segment_name(n, "seg")))
-            .filter(|&t| after < t && t < before)
+            .filter(|&t| after < t && t < before && t <= kept)
             .collect();
         if missed.is_empty() {
             return Ok(false);
@@ -379,6 +380,8 @@ impl Partition {
 
         let mut segments: Vec<Segment> = Vec::with_capacity(segs.len());
         let mut cut: Option<usize> = None;
+        // The highest first id a truncation intent keeps (see `doomed` above).
+        let kept = intent.map_or(i64::MAX, |t| t.saturating_add(1));
         let mut i = 0;
         while i < segs.len() {
             let ctx = SegmentContext {
@@ -392,7 +395,7 @@ impl Partition {
             };
             let rec = match recover_segment(&ctx) {
                 Ok(rec) => rec,
-                Err(_) if ro && Self::missed_by_listing(fs.as_ref(), dir, &mut segs, i)? => continue,
+                Err(_) if ro && Self::missed_by_listing(fs.as_ref(), dir, &mut segs, i, kept)? => continue,
                 Err(e) => return Err(e),
             };
             report.scanned_records += rec.scanned_records;

@@ -399,6 +399,9 @@ def test_the_last_sequence_number_renews_the_partitions_client_id(servers) -> No
         assert len(proxy.dropped) == 1
         renewed = part.client_id
         assert renewed != original and client._core._parts[1].client_id == original
+        # Mounted again under the new id: the server tells this client's stale connections from
+        # its newest by the mount's id, so appends under an id never mounted would escape that.
+        assert part._mounted_as == renewed
     assert not app.errors, app.errors
     assert app.counters[0] == 30
     ids = app.req_ids[0]
@@ -410,6 +413,26 @@ def test_the_last_sequence_number_renews_the_partitions_client_id(servers) -> No
     assert old[0][3] == 1 and old[-1][3] <= 2**31 - 1 and ids[len(old)][3] >= 1 and ids[-1][3] < 1000
     # The renewed partition mounts and commits after a reconnect, under its new id.
     assert read_log(url)[0] == app.applied[0]
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_fixed_client_id_is_kept_when_its_sequence_numbers_run_out(servers) -> None:
+    """A configured `client_id` is not swapped for one from the cluster's counter (it could be
+    another fixed client's): the partition mounts again under it and counts from 1, as after a
+    restart."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = ReqIdApp()
+    with WaltzClient(app, config(url, client_id=4242)) as client:
+        part = client._core._parts[0]
+        part.seq = 2**31 - 2
+        futures = [client.submit(Write(f"w{i}", partition=0)) for i in range(5)]
+        assert [f.result(30) for f in futures] == [True] * 5
+        assert (part.client_id, part._mounted_as) == (4242, 4242) and part.seq < 10
+        client.flush()
+    assert [r[0] for r in app.req_ids[0]] == [4242] * 5
+    assert [d["id"] for _, d in app.applied[0]] == sorted(d["id"] for _, d in app.applied[0])
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)

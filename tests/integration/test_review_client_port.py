@@ -195,3 +195,29 @@ async def _until(cond: Any, timeout: float = 10.0) -> None:
     while not cond():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_flushes_waiting_on_stuck_appends_do_not_hold_up_other_requests(cluster) -> None:  # noqa: F811
+    """Flushes wait for their partition's appends; with every slot of the connection's requests
+    taken by Flushes stuck behind slow storage, the connection read nothing more (a review of
+    the request slots found it). Flushes have slots of their own."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        async with serving(meta) as (port, p, _):
+            assert isinstance(await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"committed")), Committed)
+            assert p._task is not None
+            p._task.cancel()  # the append loop stops: what is queued from now on waits
+            await asyncio.gather(p._task, return_exceptions=True)
+            c = await RawClient.connect(port)
+            c.send(append(5, 1, 0, b"stuck"))
+            for i in range(connection.REQUESTS_IN_FLIGHT + 2):
+                c.send(cp.Flush(100 + i, 0))
+            c.send(cp.TransactionDataRequest(7, 0, 0))
+            answer = await c.next(10)
+            assert isinstance(answer, cp.TransactionDataResponse) and answer.data == b"committed", answer
+            c.close()
+            await p.start()  # let the stuck append and the Flushes finish before closing
+
+    asyncio.run(go())

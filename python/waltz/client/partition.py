@@ -83,6 +83,9 @@ class ClientPartition:
         under it was used (`SEQ_MAX`), then a new one from the cluster (`_renew_client_id`)."""
         self.seq = 0
         self._renewing = False
+        self._mounted_as: int | None = None
+        """The client id the current mount was made under: appends go out only under it, since
+        the server tells a client's stale connections from its newest by the mount's id."""
         self.received = -2
         """The feed position (-2 until the first mount reads the application's mark)."""
         self.applied = -2
@@ -170,11 +173,12 @@ class ClientPartition:
         endpoint, server_id, _ = await self.client.locate(self.pid)
         link = await self.client.link(endpoint, "stream")
         self.link = link  # the feed of this mount is accepted from here on
+        client_id = self.client_id
         while True:
             before = self.received
             try:
                 resp = await link.request(
-                    lambda seq: cp.Mount(seq, self.pid, self.client_id, self.received, link.connection_seq), cfg.mount_timeout
+                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq), cfg.mount_timeout
                 )
                 break
             except asyncio.TimeoutError:
@@ -191,7 +195,7 @@ class ClientPartition:
             )
         if resp.status != cp.MountStatus.READY:
             raise Unavailable(f"server {endpoint} does not serve partition {self.pid} yet")
-        self.server = (server_id, resp.generation)
+        self.server, self._mounted_as = (server_id, resp.generation), client_id
         # READY: the server holds none of our earlier appends, and the feed delivered
         # everything committed; whatever is still pending failed.
         for attempt in self.monitor.fail_all():
@@ -240,7 +244,7 @@ class ClientPartition:
 
     def _send_outbox(self) -> None:
         link, server = self.link, self.server
-        if not self.mounted.is_set() or link is None or server is None or self.error is not None:
+        if not self.mounted.is_set() or link is None or server is None or self.error is not None or self._mounted_as != self.client_id:
             return
         generation = server[1]
         now = time.monotonic()
@@ -259,9 +263,13 @@ class ClientPartition:
     def _renew_client_id(self) -> None:
         """Every sequence number under this client id was used on this partition (a request id
         holds a signed 32-bit one). Request ids must stay unique and sequences rise under one id,
-        so the partition takes a new client id from the cluster, once every append it sent is
+        so the partition takes a new client id from the cluster once every append it sent is
         settled: none of them can then commit later under the old id, and the monitor, which
-        matches the feed by sequence, holds nothing. Until then the outbox waits."""
+        matches the feed by sequence, holds nothing. A fixed `client_id` (the configuration's) is
+        kept, its sequences starting again as after a restart: a counter's id could be another
+        fixed client's. Then the partition mounts again under the id, so that the server drops
+        what this client's older connections still carry (it tells them apart by the mount's
+        id). Until then the outbox waits."""
         if self._renewing or len(self.monitor) or self._flushing:
             return
         self._renewing = True
@@ -270,22 +278,22 @@ class ClientPartition:
     async def _take_new_client_id(self) -> None:
         delay = self.client.config.reconnect_backoff
         try:
-            while True:
+            new = self.client.config.client_id
+            while new < 0:
                 try:
                     assert self.client.metadata is not None
                     new = await asyncio.to_thread(self.client.metadata.next_id, "client")
-                    break
                 except Exception as e:  # the metadata store away for a while: keep trying, the outbox waits
                     log.warning("partition %d: a new client id could not be taken (retrying): %s", self.pid, e)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.client.config.reconnect_backoff_max)
             assert not len(self.monitor), "appends were sent while the client id was being renewed"
-            log.info("partition %d: every sequence number of client id %d was used; appending as client id %d",
+            log.info("partition %d: every sequence number of client id %d was used; appending as client id %d from 1",
                      self.pid, self.client_id, new)
-            self.client_id, self.seq, self._flush = new, 0, None
+            self.client_id, self.seq, self._flush, self._mounted_as = new, 0, None, None
+            self.request_remount(f"client id {new}")
         finally:
             self._renewing = False
-        self._send_outbox()
 
     def _settled_some(self) -> None:
         """Appends were settled: an outbox waiting for a new client id may go now."""

@@ -27,9 +27,13 @@ log = logging.getLogger(__name__)
 
 FEED_BATCH = 1000
 REQUESTS_IN_FLIGHT = 8
-"""Requests answered by a task of their own (Flush, transaction data, feed reads) at once per
+"""Reads answered by a task of their own (transaction data, feed requests) at once per
 connection: the next frame is read once one of them is answered. A client that sends many and
 reads nothing holds at most this many answers in the server's memory."""
+FLUSHES_IN_FLIGHT = 256
+"""The same for Flushes, counted apart: each waits for its partition's appends, and one stuck
+behind slow storage must not hold up the reads, appends and mounts of the other partitions
+sharing the connection. (A client keeps at most one Flush out per partition.)"""
 WRITE_BUFFER_LIMIT = 256 << 10
 """Answers written without waiting (lock failures, rejected appends) may pile up to about this
 much for a client that does not read before the connection stops reading its requests."""
@@ -81,6 +85,7 @@ class ClientConnection:
         self._appends: dict[int, list[asyncio.Future[AppendResult]]] = collections.defaultdict(list)
         self._write_lock = asyncio.Lock()
         self._request_slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._flush_slots = asyncio.Semaphore(FLUSHES_IN_FLIGHT)
 
     async def run(self) -> None:
         why = "closed by the client"
@@ -135,21 +140,21 @@ class ClientConnection:
             self.writer.write(frame)
             await self.writer.drain()
 
-    async def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Runs the request's answer in a task once one of `REQUESTS_IN_FLIGHT` is free (the
-        connection reads nothing more meanwhile)."""
+    async def _spawn(self, coro: Coroutine[Any, Any, None], slots: asyncio.Semaphore) -> None:
+        """Runs the request's answer in a task once one of `slots` is free (the connection reads
+        nothing more meanwhile)."""
         try:
-            await self._request_slots.acquire()
+            await slots.acquire()
         except BaseException:
             coro.close()
             raise
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._request_done)
+        task.add_done_callback(lambda t: self._request_done(t, slots))
 
-    def _request_done(self, task: asyncio.Task[None]) -> None:
+    def _request_done(self, task: asyncio.Task[None], slots: asyncio.Semaphore) -> None:
         self._tasks.discard(task)
-        self._request_slots.release()
+        slots.release()
 
     def _stale(self, partition: int) -> bool:
         """True when this connection's mount of the partition is older than the client's newest."""
@@ -162,7 +167,7 @@ class ClientConnection:
         elif isinstance(msg, cp.Mount):
             await self._mount(msg)
         elif isinstance(msg, cp.Flush):
-            await self._spawn(self._flush(msg))
+            await self._spawn(self._flush(msg), self._flush_slots)
         elif isinstance(msg, cp.HighWaterMarkRequest):
             p = self.partitions.by_id.get(msg.partition)
             if p is None:
@@ -170,9 +175,9 @@ class ClientConnection:
             else:
                 await self._send(cp.HighWaterMarkResponse(msg.seq, msg.partition, p.high_water_mark).frame())
         elif isinstance(msg, cp.TransactionDataRequest):
-            await self._spawn(self._data(msg))
+            await self._spawn(self._data(msg), self._request_slots)
         elif isinstance(msg, cp.FeedRequest):
-            await self._spawn(self._feed_request(msg))
+            await self._spawn(self._feed_request(msg), self._request_slots)
         else:
             raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
 
@@ -327,6 +332,10 @@ class ClientConnection:
                     break
         except errors.StoreSessionError as e:  # the headers had to come from storage, and it failed
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"feed request: {e}").frame())
+            return
+        except errors.WaltzError as e:  # answered, whatever it is: the client must not wait for its timeout
+            log.warning("partition %d: feed request after %d failed: %s", msg.partition, msg.after, e)
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.INTERNAL, f"feed request: {e}").frame())
             return
         await self._send(cp.FeedData(msg.seq, msg.partition, tuple(entries)).frame())
 
