@@ -18,7 +18,7 @@ from waltz.server.partition import AppendRequest, Committed, LockFailed
 from waltz.storage import ReqId
 
 from processes import stop
-from test_server_connection import GEN, RawClient, append, serving
+from test_server_connection import GEN, RawClient, append, mounted, serving
 from test_store_session import cluster  # noqa: F401  (fixture)
 
 LOCK = lock_hash("account", 1)
@@ -129,9 +129,7 @@ def test_an_append_with_too_many_locks_is_rejected(cluster) -> None:  # noqa: F8
 
     async def go() -> None:
         async with serving(meta) as (port, p, _):
-            c = await RawClient.connect(port)
-            c.send(cp.Mount(1, 0, 5, -1, 1))
-            await c.until(lambda m: isinstance(m, cp.MountResponse))
+            c = await mounted(port)
             many = tuple(range(p.max_transaction_locks + 1))
             c.send(append(5, 7, -1, write_locks=many))
             rejected = await c.until(lambda m: isinstance(m, cp.Failure))
@@ -171,12 +169,8 @@ def test_the_newest_mount_of_a_client_is_forgotten_with_its_last_connection(clus
 
     async def go() -> None:
         async with serving(meta) as (port, p, parts):
-            old = await RawClient.connect(port)
-            old.send(cp.Mount(1, 0, 5, -1, 1))
-            await old.until(lambda m: isinstance(m, cp.MountResponse))
-            new = await RawClient.connect(port)
-            new.send(cp.Mount(1, 0, 5, -1, 2))
-            await new.until(lambda m: isinstance(m, cp.MountResponse))
+            old = await mounted(port, 5, connection_seq=1)
+            new = await mounted(port, 5, connection_seq=2)
             new.close()
             await _until(lambda: parts._mounted_by[(5, 0)] == 1)
             assert parts.newest_mount == {(5, 0): 2}

@@ -286,12 +286,18 @@ def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # 
     asyncio.run(go())
 
 
+async def mounted(port: int, client: int = 5, connection_seq: int = 1) -> RawClient:
+    """A connection of `client` that mounted partition 0 from -1 (its answer read)."""
+    c = await RawClient.connect(port)
+    c.send(cp.Mount(1, 0, client, -1, connection_seq))
+    await c.until(lambda m: isinstance(m, cp.MountResponse))
+    return c
+
+
 async def mounted_with_appends(port: int, client: int = 7, count: int = 3000) -> RawClient:
     """A connection of `client` that mounted partition 0 and sent `count` appends of 2 KB at
     once (more than one batch can commit before the next message is read)."""
-    c = await RawClient.connect(port)
-    c.send(cp.Mount(1, 0, client, -1, 1))
-    await c.until(lambda m: isinstance(m, cp.MountResponse))
+    c = await mounted(port, client)
     for i in range(1, count + 1):
         c.send(append(client, i, -1, b"in flight %d " % i + bytes(2000)))
     return c
@@ -352,9 +358,7 @@ def test_a_mount_whose_partition_was_replaced_is_told_to_mount_again(cluster) ->
 
     async def go() -> None:
         async with serving(meta) as (port, p, parts):
-            c = await RawClient.connect(port)
-            c.send(cp.Mount(1, 0, 5, -1, 1))
-            await c.until(lambda m: isinstance(m, cp.MountResponse))
+            c = await mounted(port)
             del parts.by_id[0]  # taken out of the registry, as PartitionHost does when it stops one
             await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"committed as it stopped"))
             got = await c.until(lambda m: isinstance(m, cp.Failure))
