@@ -420,7 +420,6 @@ class ClientPartition:
             for attempt in self.monitor.failed_through(newest):
                 log.debug("partition %d: append %d was dropped by the server; executing again", self.pid, attempt.seq)
                 self.retry(attempt.work)
-            self._settled_some()
 
     # -- applying --------------------------------------------------------------------------
     async def _apply_loop(self) -> None:
