@@ -166,3 +166,70 @@ def test_a_micro_batch_the_cluster_answers_short_fails_instead_of_skipping(monke
         for batch in source._read_cluster(opts, 0, 10, 19):
             got.extend(batch.column("transaction_id").to_pylist())
     assert got == [10, 11, 12]
+
+
+def test_ids_the_replicas_dropped_fail_a_cluster_read_at_once_or_are_skipped_with_fail_on_data_loss_false(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stream restarted from a checkpoint below what the replicas still hold (their folders
+    replaced by pruned copies, say): every replica answers "below the log's start", which no
+    retry can change. Before, the read retried until its timeout and ended in a
+    RequestTimeoutError that did not say why."""
+    import asyncio
+    import logging
+
+    from client_app import MemoryApp, Write
+
+    from waltz import errors
+    from waltz._native import Storage
+    from waltz.client import WaltzClient
+    from waltz.client.log_reader import LogReader
+    from waltz.local import LocalCluster
+    from waltz.spark import source
+    from waltz.spark.options import DataLossError, Options
+
+    cluster = LocalCluster.create(tmp_path / "c", partitions=1, storage_nodes=3, servers=1)
+    nodes = [m.name for m in cluster.members if m.role == "storage"]
+    for name in nodes:  # small segments, so that dropping the oldest drops ids
+        toml = cluster.config_path(name).read_text()
+        cluster.config_path(name).write_text(toml.replace("[storage]\n", "[storage]\nsegment_size = 4096\n", 1))
+    cluster.start()
+    try:
+        client = WaltzClient(MemoryApp(), cluster.client_config())
+        try:
+            for i in range(300):  # one at a time: batches small enough for segments to roll often
+                assert client.submit(Write(f"w-{i}", partition=0, header=i)).result(timeout=60)
+            client.flush()
+        finally:
+            client.close()
+        cluster.stop()
+        firsts = set()
+        for name in nodes:
+            with Storage.open(cluster.directory / "data" / name, cluster.cluster_key) as s:
+                firsts.add(s.partition(0).drop_segments_before(150))
+        assert len(firsts) == 1
+        first = firsts.pop()
+        assert 0 < first <= 150
+        cluster.start()
+        cluster.wait_served()
+
+        async def read(start: int) -> list[int]:
+            async with LogReader(cluster.metadata_url, cluster.cluster, timeout=60) as r:
+                return [rec.txid async for recs in r.read(0, start, 299) for rec in recs]
+
+        assert asyncio.run(read(first)) == list(range(first, 300))
+        with pytest.raises(errors.BelowLogStartError, match="partition 0: transaction 10 is held by no replica any more"):
+            asyncio.run(read(10))
+
+        def ids(**options: str) -> list[int]:
+            opts = Options.parse({"cluster": cluster.metadata_url, "clusterName": cluster.cluster, **options}, streaming=True)
+            return [t for batch in source._read_cluster(opts, 0, 10, 299) for t in batch.column("transaction_id").to_pylist()]
+
+        with pytest.raises(DataLossError, match=f"transactions 10..{first - 1} of partition 0 are no longer in the cluster's replicas "
+                           f"\\(the first held is {first}\\): set failOnDataLoss=false"):
+            ids()
+        with caplog.at_level(logging.WARNING, logger="waltz.spark"):
+            assert ids(failOnDataLoss="false") == list(range(first, 300))
+        assert f"going on from {first} (failOnDataLoss=false)" in caplog.text
+    finally:
+        cluster.stop()

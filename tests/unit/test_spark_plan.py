@@ -98,6 +98,17 @@ def test_a_gap_between_directories_is_an_error_naming_it_unless_the_offsets_skip
     assert ranges(held, "earliest", {0: 201}) == [Range(0, 0, 201, "/b")]
 
 
+def test_with_fail_on_data_loss_false_gaps_between_directories_are_skipped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    held = {0: [Range(0, 250, 300, "/a"), Range(0, 100, 201, "/b"), Range(0, 0, 50, "/c")]}
+    with pytest.raises(DataLossError, match=r"transactions 50..99, 201..249 are in none .* failOnDataLoss=false"):
+        ranges(held, "earliest", "latest")
+    with caplog.at_level(logging.WARNING, logger="waltz.spark"):
+        got = ranges(held, "earliest", "latest", fail_on_data_loss=False)
+    assert got == [Range(0, 0, 50, "/c"), Range(0, 100, 201, "/b"), Range(0, 250, 300, "/a")]
+    assert "partition 0: transactions 50..99, 201..249 are in none of the directories in path" in caplog.text
+    assert "skipping them (failOnDataLoss=false)" in caplog.text
+
+
 def test_bounds_serve_what_each_directory_holds_committed() -> None:
     dropped = replica("/a", 299, 5, 299, first=150)
     older = replica("/b", 250, 4, 200)  # above 200 a dirty tail of session 4, maybe
@@ -217,3 +228,15 @@ def test_a_damaged_record_below_the_directorys_durable_mark_fails_the_survey(tmp
     seg.write_bytes(bytes(raw))
     with pytest.raises(OptionError, match="only up to 8, below 9"):
         survey([str(d)])
+
+
+def test_directories_of_two_clusters_are_refused_even_without_the_clusters_key(tmp_path) -> None:
+    """With the cluster unreachable there is no key to check against; a union of two clusters'
+    logs of one partition would still pass for one log."""
+    for name, key in (("a", 7), ("b", 7), ("c", 8)):
+        with Storage.create(tmp_path / name, uuid.UUID(int=key), 1) as s:
+            s.add_partition(0)
+            s.partition(0).append(0, [((7, 1, 0, 0), 0, b"x")])
+    assert len(survey([str(tmp_path / "a"), str(tmp_path / "b")])[0]) == 2
+    with pytest.raises(OptionError, match=rf"path {tmp_path / 'c'} belongs to another cluster than {tmp_path / 'a'}"):
+        survey([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")])

@@ -120,12 +120,14 @@ class LogReader:
     async def read(self, partition: int, start: int, end: int, *, max_count: int = 1000) -> AsyncIterator[list[Record]]:
         """Records `start..=end` of the partition in order, in lists of up to `max_count`. `end`
         must be committed (at most a high-water mark read before); a replica that falls over or
-        lags hands over to the next one."""
+        lags hands over to the next one. `BelowLogStartError` when every readable replica has
+        dropped the next id (retention, or a directory replaced by a pruned copy)."""
         self._check(partition)
         nxt, deadline, last = start, time.monotonic() + self.timeout, "no replica tried"
         while nxt <= end:
-            progressed = False
-            for address in await asyncio.to_thread(self._readable_replicas, partition):
+            progressed, gone = False, []
+            replicas = await asyncio.to_thread(self._readable_replicas, partition)
+            for address in replicas:
                 try:
                     admin = await self._admin(address)
                     while nxt <= end:
@@ -140,11 +142,17 @@ class LogReader:
                         progressed = True
                         deadline = time.monotonic() + self.timeout
                         yield records
+                except errors.BelowLogStartError as e:
+                    last = f"{address}: {e}"
+                    gone.append(last)
                 except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
                     last = f"{address}: {e}"
                     await self._drop_admin(address)
                 if nxt > end:
                     return
+            if replicas and len(gone) == len(replicas):
+                # Every replica that can serve it has dropped it: waiting cannot bring it back.
+                raise errors.BelowLogStartError(f"partition {partition}: transaction {nxt} is held by no replica any more ({'; '.join(gone)})")
             if time.monotonic() > deadline:
                 raise errors.RequestTimeoutError(f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})")
             if not progressed:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from waltz import errors
 from waltz._native import Storage
-from waltz.spark.options import OffsetSpec, OptionError, check_partitions, select
+from waltz.spark.options import DataLossError, OffsetSpec, OptionError, check_partitions, select
 
 log = logging.getLogger("waltz.spark")
 
@@ -60,11 +60,21 @@ class Range:
 
 def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, list[Replica]]:
     """Partition → the replicas the directories hold, in the order the paths were given. Opens
-    read-only (no lock, no repair), so a running storage node's directory can be read."""
+    read-only (no lock, no repair), so a running storage node's directory can be read. Without
+    the cluster's key, the directories must still agree on one: a union of two clusters' logs
+    would pass for one log."""
     found: dict[int, list[Replica]] = {}
+    first_key: tuple[str, str] | None = None
     for path in paths:
         try:
             with Storage.open(path, cluster_key, read_only=True) as storage:
+                if first_key is None:
+                    first_key = (path, str(storage.cluster_key))
+                elif str(storage.cluster_key) != first_key[1]:
+                    raise OptionError(
+                        f"path {path} belongs to another cluster than {first_key[0]} (cluster keys {storage.cluster_key} "
+                        f"and {first_key[1]}): read one cluster's directories at a time"
+                    )
                 for pid in storage.partition_ids():
                     part, info = storage.partition(pid), storage.partition_info(pid)
                     if part.max_transaction_id < info.local_low_water_mark:
@@ -123,7 +133,7 @@ def ranges(
     for p in sorted(held):
         earliest, latest = _extent(held[p])
         start, end = select(starting, ending, p, earliest, latest, fail_on_data_loss=fail_on_data_loss, holder=holder)
-        out.extend(cover(p, start, end, held[p]))
+        out.extend(cover(p, start, end, held[p], fail_on_data_loss=fail_on_data_loss))
     return out
 
 
@@ -137,9 +147,10 @@ def _extent(held: Sequence[Range]) -> tuple[int, int]:
     return min(r.start for r in full), max(r.end for r in full)
 
 
-def cover(partition: int, start: int, end: int, held: Sequence[Range]) -> list[Range]:
+def cover(partition: int, start: int, end: int, held: Sequence[Range], *, fail_on_data_loss: bool = True) -> list[Range]:
     """`[start, end)` cut where the source changes: each id from the first in `held` holding
-    it. Ids none holds are an error naming them: a silent gap would look like a complete read."""
+    it. Ids none holds are an error naming them (a silent gap would look like a complete read),
+    unless `fail_on_data_loss` is false: then they are skipped with a warning naming them."""
     out, todo = [], [(start, end)] if start < end else []
     for h in held:
         rest = []
@@ -152,13 +163,16 @@ def cover(partition: int, start: int, end: int, held: Sequence[Range]) -> list[R
             rest.extend((x, y) for x, y in ((lo, a), (b, hi)) if x < y)
         todo = rest
     if todo:
-        lo, hi = min(todo)
         serving = "; ".join(f"{h.path} {h.start}..{h.end - 1}" for h in sorted(held, key=lambda r: r.start) if len(h))
-        raise OptionError(
-            f"partition {partition}: transactions {lo}..{hi - 1} are in none of the directories in path "
-            f"(each can serve: {serving}): add a directory that holds them, or read around them "
-            f"(startingOffsets {hi}, or endingOffsets {lo})"
-        )
+        gaps = ", ".join(f"{lo}..{hi - 1}" for lo, hi in sorted(todo))
+        lost = f"partition {partition}: transactions {gaps} are in none of the directories in path (each can serve: {serving})"
+        if fail_on_data_loss:
+            lo, hi = min(todo)
+            raise DataLossError(
+                f"{lost}: add a directory that holds them, read around them (startingOffsets {hi}, or endingOffsets {lo}), "
+                "or set failOnDataLoss=false to skip them"
+            )
+        log.warning("waltz: %s: skipping them (failOnDataLoss=false)", lost)
     return sorted(out, key=lambda r: r.start)
 
 

@@ -27,7 +27,7 @@ from waltz import errors
 from waltz._native import Storage
 from waltz.client.log_reader import LogReader
 from waltz.spark import SCHEMA, plan
-from waltz.spark.options import OptionError, Options, check_partitions, select
+from waltz.spark.options import DataLossError, OptionError, Options, check_partitions, select
 from waltz.storage.scan import iter_scan, records_to_arrow, scan_to_arrow
 
 log = logging.getLogger("waltz.spark")
@@ -89,7 +89,7 @@ def _view_or_low_water_marks(opts: Options) -> _ClusterView | None:
             raise
         log.warning(
             "waltz: cannot reach the cluster at %s (%s): bounding each partition by its directories' low-water marks, "
-            "and the directories' cluster key is not checked", opts.metadata, e,
+            "and checking only that the directories agree on a cluster key", opts.metadata, e,
         )
         return None
 
@@ -128,6 +128,18 @@ def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Itera
                 records = loop.run_until_complete(it.__anext__())
             except StopAsyncIteration:
                 break
+            except errors.BelowLogStartError as e:
+                # Planned (or checkpointed) before the replicas dropped these ids.
+                held = loop.run_until_complete(reader.first_transaction_id(partition))
+                if held <= nxt:
+                    raise
+                lost = f"transactions {nxt}..{min(held, last + 1) - 1} of partition {partition} are no longer in the cluster's replicas"
+                if opts.fail_on_data_loss:
+                    raise DataLossError(f"{lost} (the first held is {held}): set failOnDataLoss=false to skip them") from e
+                log.warning("waltz: %s: going on from %d (failOnDataLoss=false)", lost, held)
+                nxt = held
+                it = reader.read(partition, nxt, last, max_count=2000).__aiter__()
+                continue
             if records and records[0].txid != nxt:
                 raise errors.ProtocolError(f"partition {partition}: the cluster's replicas answered a read at {nxt} with transaction {records[0].txid}")
             nxt = records[-1].txid + 1 if records else nxt
