@@ -207,6 +207,7 @@ def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nod
     other.run(lambda c: c.append(0, 7, 0, batch(3, b"other")))
     out = cli("storage", "recover-partition", "--source", src.address, "--destination", other.address, "-p", "0", ok=False).output
     assert "differs from the source at transaction 0" in out
+    assert "stays unwritable for servers until" in out and "or until its node restarts" in out
     assert {s["partition"]: s for s in other.admin(lambda c: c.status())}[0]["max_transaction_id"] == 2
 
 

@@ -335,7 +335,9 @@ async def _recover(
         except Failed as e:
             raise Failed(
                 f"{e.message}. The destination partition stays unwritable for servers until "
-                f"`waltz storage availability --storage {dst.address} -p {partition} --writable`"
+                f"`waltz storage availability --storage {dst.address} -p {partition} --writable` or until its node restarts "
+                "(availability is not kept across restarts; what was copied is committed, and the low-water mark "
+                "is raised only after a whole copy)"
             ) from e
         finally:
             # Back to what the operator had; after a failure it stays out of the servers' way.
