@@ -55,6 +55,7 @@ def check_verified(out: str, result: dict) -> None:
     # The failures really happened while transfers were running.
     for member in ("storage-1", "server-0"):
         assert f"SIGKILL {member}" in out and f"restarted {member}" in out
+    assert result["stale"] == 0 and "computed on a stale balance" in out
     assert "acknowledged transactions lost" in out and "verification passed" in out
 
 
@@ -96,9 +97,9 @@ def test_ctrl_c_stops_clients_and_cluster(tmp_path: pathlib.Path) -> None:
     assert again.returncode == 1 and "already holds a local cluster" in again.stderr
 
 
-@pytest.mark.parametrize("transfers_seen", [["c0-1", "c0-2"]])
-def test_the_verification_fails_on_a_lost_acknowledgement(tmp_path: pathlib.Path, transfers_seen: list[str]) -> None:
-    """The judge, fed a log missing one acknowledged transfer, reports it lost."""
+def judge(tmp_path: pathlib.Path, acked: list[str], logged: list[dict]) -> dict:
+    """The demo's judge on a one-partition log of transfers between accounts 0 and 1, with client
+    databases that agree with that log."""
     from waltz.demo import runner
     from waltz.demo.bank import ACCOUNTS_PER_PARTITION, INITIAL_BALANCE, balances_digest
 
@@ -106,21 +107,36 @@ def test_the_verification_fails_on_a_lost_acknowledgement(tmp_path: pathlib.Path
         index = 0
 
         def acks(self) -> list[str]:
-            return ["c0-1", "c0-2", "c0-3"]
+            return acked
 
-    logged = [{"id": t, "from": 0, "to": 1, "amount": 1} for t in transfers_seen]
     balances = {a: INITIAL_BALANCE for a in range(ACCOUNTS_PER_PARTITION)}
-    balances[0] -= len(logged)
-    balances[1] += len(logged)
-    report = {"applied": 2, "total": INITIAL_BALANCE * ACCOUNTS_PER_PARTITION, "negative": 0,
+    for t in logged:
+        balances[t["from"]] -= t["amount"]
+        balances[t["to"]] += t["amount"]
+    report = {"applied": len(logged), "total": INITIAL_BALANCE * ACCOUNTS_PER_PARTITION, "negative": 0,
               "digest": balances_digest(balances.items())}
     done = {"counts": {"executions": 3, "lock_failures": 0, "committed": 3, "declined": 0, "expired": 0, "errors": 0}}
-    replicas = {n: {0: {"digest": "d", "records": 2, "transfers": logged}} for n in ("a", "b", "c")}
+    replicas = {n: {0: {"digest": "d", "records": len(logged), "transfers": logged}} for n in ("a", "b", "c")}
     options = runner.DemoOptions(directory=tmp_path, clients=1, transfers=3, partitions=1)
-    result = runner._judge([Acked()], [done], [report], replicas, {0: 1}, [], options)  # type: ignore[list-item]
+    return runner._judge([Acked()], [done], [report], replicas, {0: len(logged) - 1}, [], options)  # type: ignore[list-item]
+
+
+def test_the_verification_fails_on_a_lost_acknowledgement(tmp_path: pathlib.Path) -> None:
+    """The judge, fed a log missing one acknowledged transfer, reports it lost."""
+    logged = [{"id": f"c0-{i}", "from": 0, "to": 1, "amount": 1, "seen": 1001 - i} for i in (1, 2)]
+    result = judge(tmp_path, ["c0-1", "c0-2", "c0-3"], logged)
     assert result["lost"] == ["c0-3"]
     assert not result["passed"]
     assert [k for k, v in result["checks"].items() if not v] == ["acknowledged transactions lost"]
+
+
+def test_the_verification_fails_on_a_transfer_computed_on_a_stale_balance(tmp_path: pathlib.Path) -> None:
+    """Two transfers from account 0 both computed on its initial balance: the second would have
+    lost its write lock. Money is conserved and no balance is negative, yet the locks failed."""
+    logged = [{"id": f"c0-{i}", "from": 0, "to": 1, "amount": 100, "seen": 1000} for i in (1, 2)]
+    result = judge(tmp_path, ["c0-1", "c0-2"], logged)
+    assert result["stale"] == 1 and not result["passed"]
+    assert [k for k, v in result["checks"].items() if not v] == ["no transfer computed on a stale balance"]
 
 
 def test_demo_over_mutual_tls(tmp_path: pathlib.Path) -> None:

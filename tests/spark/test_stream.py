@@ -113,6 +113,7 @@ def test_the_sink_appends_every_row_as_a_transaction(spark: Any, live: Live) -> 
         ("data string", [("x",)], "append", "needs a binary column `data`"),
         ("data binary, partition int", [(b"{}", 9)], "append", "column `partition` is 9"),
         ("data binary, extra int", [(b"{}", 1)], "append", "drop extra"),
+        ("data binary, header int", [(b"{}", None)], "append", "column `header` is null in a row"),
     ],
 )
 def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, rows: list[Any], mode: str, message: str) -> None:
@@ -120,6 +121,25 @@ def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, 
     with pytest.raises(Exception) as e:
         df.write.format("waltz").option("cluster", live.url).option("clusterName", live.cluster.cluster).mode(mode).save()
     assert message in str(e.value), str(e.value)[-2000:]
+
+
+def test_a_write_refuses_read_options_and_a_path_and_an_empty_one_connects_to_nothing(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
+    df = spark.createDataFrame([(b"{}",)], "data binary")
+
+    def write(frame: Any, cluster: str, *path: str, **options: str) -> None:
+        frame.write.format("waltz").option("cluster", cluster).option("clusterName", live.cluster.cluster).options(
+            **options).mode("append").save(*path)
+
+    for options, message in (({"partitions": "1"}, "option(s) partitions do not apply to writes"),
+                             ({"startingOffsets": "earliest"}, "option(s) startingoffsets do not apply to writes")):
+        with pytest.raises(Exception) as e:
+            write(df, live.url, **options)
+        assert message in str(e.value), str(e.value)[-2000:]
+    with pytest.raises(Exception) as e:
+        write(df, live.url, str(tmp_path / "x"))
+    assert "a write goes to a live cluster, not to files" in str(e.value), str(e.value)[-2000:]
+    # No rows, no connection: a cluster that does not exist is never asked.
+    write(spark.createDataFrame([], "data binary").repartition(2), f"embedded:{tmp_path}/nowhere/metadata.db", timeout="2")
 
 
 def test_a_stream_needs_a_cluster(spark: Any, tmp_path: pathlib.Path) -> None:

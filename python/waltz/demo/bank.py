@@ -92,7 +92,9 @@ class Transfer(TransactionContext):
         if balance <= 0:
             return False
         amount = self.rng.randint(1, min(balance, 200))
-        builder.set_data({"id": self.transfer, "from": self.source, "to": self.target, "amount": amount}, JSON)
+        # `seen` lets the verification tell a transfer computed on a stale balance: with the
+        # locks working, it is the source's balance where the transfer lands in the log.
+        builder.set_data({"id": self.transfer, "from": self.source, "to": self.target, "amount": amount, "seen": balance}, JSON)
         builder.add_write_locks(PartitionLocalLock("account", self.source), PartitionLocalLock("account", self.target))
         return True
 

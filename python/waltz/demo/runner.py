@@ -121,7 +121,8 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
         console.print(f"  cluster up: {', '.join(m.name + '@' + m.address for m in cluster.members)}")
         config = cluster.client_settings()
         clients_dir = o.directory / "clients"
-        tellers = [Teller(clients_dir, i, o.transfers, config) for i in range(o.clients)]
+        for i in range(o.clients):  # one at a time, so an interrupt meanwhile stops those already started
+            tellers.append(Teller(clients_dir, i, o.transfers, config))
         chaos = [Chaos("storage-1", 0.3), Chaos("server-0", 0.55)] if o.chaos else []
         _run_transfers(cluster, tellers, chaos, o, console)
         return {"metadata": cluster.metadata_url, **_verify(cluster, tellers, chaos, o, console)}
@@ -231,7 +232,9 @@ def _judge(
     log = [t for p in sorted(first) for t in first[p]["transfers"]]
     # The log replayed on its own: the balances every client database must equal.
     balances = {a: INITIAL_BALANCE for a in range(o.partitions * ACCOUNTS_PER_PARTITION)}
+    stale = 0  # transfers computed on a balance their account no longer had: what the locks prevent
     for t in log:
+        stale += t["seen"] != balances[t["from"]]
         balances[t["from"]] -= t["amount"]
         balances[t["to"]] += t["amount"]
     in_log = [t["id"] for t in log]
@@ -247,6 +250,7 @@ def _judge(
         "acknowledged transactions lost": len(lost) == 0,
         "transfers committed twice": len(in_log) == len(set(in_log)),
         "every client applied every committed transaction": all(r["applied"] == committed for r in reports),
+        "no transfer computed on a stale balance": stale == 0,
         "total balance conserved": sum(balances.values()) == initial and all(r["total"] == initial for r in reports),
         "no negative balance": min(balances.values()) >= 0 and all(r["negative"] == 0 for r in reports),
         "client databases equal the log": all(r["digest"] == log_digest for r in reports),
@@ -274,6 +278,8 @@ def _judge(
         "replicas": {str(p): {n: {"digest": d, "records": c} for n, (d, c) in per.items()} for p, per in replica_table.items()},
         "lost": lost,
         "duplicates": len(in_log) - len(set(in_log)),
+        "stale": stale,
+        "negative": sum(1 for b in balances.values() if b < 0),
         "chaos": [{"member": c.member, "killed_at_fraction": c.at} for c in chaos],
         "checks": checks,
         "passed": all(checks.values()),
@@ -294,6 +300,8 @@ def render(result: dict[str, Any], console: Console) -> None:
     table.add_row("transactions committed (in the log)", str(result["committed"]), "")
     table.add_row("declined (source account empty) / expired", f"{result['declined']} / {result['expired']}", "")
     table.add_row("lock failures / retries", f"{result['lock_failures']} / {result['retries']}", "")
+    table.add_row("transfers computed on a stale balance", str(result["stale"]),
+                  ok(checks["no transfer computed on a stale balance"]))
     for c in result["clients"]:
         table.add_row(f"applied by client {c['client']}", str(c["applied"]), ok(c["applied"] == result["committed"]))
     totals = sorted({c["total_balance"] for c in result["clients"]} | {result["log_balance"]})
@@ -302,6 +310,7 @@ def render(result: dict[str, Any], console: Console) -> None:
         f"{result['initial_balance']} → {', '.join(map(str, totals))}",
         ok(checks["total balance conserved"]),
     )
+    table.add_row("accounts below zero (log / client databases)", str(result["negative"]), ok(checks["no negative balance"]))
     table.add_row("client databases equal the log", result["log_digest"], ok(checks["client databases equal the log"]))
     for p, per in result["replicas"].items():
         digests = {v["digest"] for v in per.values()}

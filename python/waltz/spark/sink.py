@@ -4,8 +4,9 @@ Delivery: at least once. Within one task attempt no row is appended twice (the c
 a lost append under the same request id, which the server recognises), and the task succeeds
 only once every row of it is committed. But a task that fails midway, or a job that is
 aborted, leaves the rows it already committed in the log (a log is never rolled back), and
-Spark's retry of the task appends them again. Readers that need exactly once put an id in the
-data and drop duplicates downstream.
+Spark's retry of the task appends them again. That includes a bad row (null data, a partition
+out of range): each attempt appends the rows before it, then fails. Readers that need exactly
+once put an id in the data and drop duplicates downstream.
 """
 
 from __future__ import annotations
@@ -77,9 +78,24 @@ def check_schema(schema: StructType) -> None:
         raise OptionError(f"writing to waltz takes columns data, partition and header only; drop {', '.join(extra)}")
 
 
+WRITE_OPTIONS = {"cluster", "metadata", "zookeeper", "clustername", "tlsca", "tlscert", "tlskey", "timeout"}
+
+
+def write_options(options: Mapping[str, str]) -> Options:
+    """A write's options: where the cluster is and how to reach it. Read options would be
+    silently meaningless here (which partitions, offsets), so they are refused."""
+    given = {k.lower(): v for k, v in options.items()}
+    if given.get("path"):
+        raise OptionError(f"a write goes to a live cluster, not to files: drop the path {given['path']!r} (save() takes none)")
+    unknown = sorted(set(given) - WRITE_OPTIONS - {"path"})
+    if unknown:
+        raise OptionError(f"option(s) {', '.join(unknown)} do not apply to writes (those take {', '.join(sorted(WRITE_OPTIONS))})")
+    return Options.parse({k: v for k, v in given.items() if k != "path"}, streaming=True)
+
+
 class WaltzWriter(DataSourceWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.opts = Options.parse({k: v for k, v in options.items() if k.lower() != "path"}, streaming=True)
+        self.opts = write_options(options)
         check_schema(schema)
         self.has_partition = "partition" in schema.fieldNames()
         self.has_header = "header" in schema.fieldNames()
@@ -91,6 +107,10 @@ class WaltzWriter(DataSourceWriter):
 
         opts = self.opts
         assert opts.metadata is not None
+        rows = iter(iterator)
+        first = next(rows, None)
+        if first is None:  # an empty task needs no connection (nor a reachable cluster)
+            return Appended(0)
 
         async def marks() -> dict[int, int]:
             async with _log_reader(opts) as r:
@@ -114,14 +134,16 @@ class WaltzWriter(DataSourceWriter):
 
         with WaltzClient(_WriteOnly(asyncio.run(marks())), config) as client:
             n = client.partitions
-            for row in iterator:
+            for row in itertools.chain((first,), rows):
                 data = row["data"]
                 if data is None:
                     raise OptionError("column `data` is null in a row: every transaction needs data")
                 partition = row["partition"] if self.has_partition else next(spread) % n
                 if partition is None or not 0 <= partition < n:
                     raise OptionError(f"column `partition` is {partition!r}: the cluster has partitions 0..{n - 1}")
-                header = (row["header"] or 0) if self.has_header else 0
+                header = row["header"] if self.has_header else 0
+                if header is None:
+                    raise OptionError("column `header` is null in a row: fill it, or leave the column out for 0")
                 futures.append(client.submit(_Append(partition, header, bytes(data))))
                 settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
             settle(keep=0)
@@ -134,4 +156,7 @@ class WaltzWriter(DataSourceWriter):
 
     def abort(self, messages: list[Any]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, Appended))
-        log.warning("waltz: write aborted; %d rows of the tasks that finished are committed and stay in the log", rows)
+        log.warning(
+            "waltz: write aborted; %d rows of the tasks that finished are committed and stay in the log, and so do the rows "
+            "failed task attempts committed before they failed (how many is not known; each retry appends its rows again)", rows,
+        )
