@@ -23,10 +23,47 @@ def buckets(hist: Any, bounds: list[int] | list[float], scale: float) -> tuple[l
     return out, total * scale
 
 
-def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: Health) -> ThreadingHTTPServer:
-    """Starts the endpoint on a daemon thread; `server.shutdown()` stops it."""
+MAX_CONNECTIONS = 64
+"""Requests served at once; more are closed at once. Scrapers and probes need a few."""
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, but at most `MAX_CONNECTIONS`: with the handler's socket timeout,
+    connections that send nothing can neither pile up threads nor hold them long."""
+
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog (5 by default): a burst of probes must not wait for SYN retries
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: Health, *, timeout: float = 10.0) -> ThreadingHTTPServer:
+    """Starts the endpoint on a daemon thread; `server.shutdown()` stops it. A connection that
+    sends no whole request within `timeout` seconds is closed."""
 
     class Handler(BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            self.timeout = timeout  # socketserver sets it on the socket: a silent peer ends
+            super().setup()
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path == "/metrics":
                 self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
@@ -47,6 +84,6 @@ def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: He
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _BoundedServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="waltz-http", daemon=True).start()
     return server

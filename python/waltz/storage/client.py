@@ -56,18 +56,33 @@ class _AppendWait:
     """An Append in flight: its future, settled straight from the read loop (see `send_append`),
     and when it times out (the connection's `_sweep`)."""
 
-    __slots__ = ("address", "acked", "listener", "deadline")
+    __slots__ = ("address", "partition", "acked", "listener", "deadline")
 
     def __init__(
-        self, address: str, acked: asyncio.Future[None], listener: Callable[[asyncio.Future[None]], None] | None, deadline: float
+        self, address: str, partition: int, acked: asyncio.Future[None],
+        listener: Callable[[asyncio.Future[None]], None] | None, deadline: float,
     ) -> None:
         self.address = address
+        self.partition = partition
         self.acked = acked
         self.listener = listener
         self.deadline = deadline
 
-    def answer(self, kind: str, value: Any) -> None:
-        self.settle(_failure(self.address, *value) if kind == "failure" else None)
+    def answer(self, kind: str, partition: int, value: Any) -> BaseException | None:
+        """Settles the append from its answer; returns the protocol error when the answer is not
+        one an append can have (the connection is then out of step and must end)."""
+        if kind == "failure":
+            self.settle(_failure(self.address, *value))
+            return None
+        if kind != "success" or partition != self.partition:
+            # Only a Success for this partition acknowledges: anything else taken for one would
+            # count a replica for a batch it may not hold.
+            wrong = errors.ProtocolError(f"storage node {self.address} answered an append to partition {self.partition} "
+                                         f"with {kind} for partition {partition}")
+            self.settle(wrong)
+            return wrong
+        self.settle(None)
+        return None
 
     def settle(self, exc: BaseException | None) -> None:
         """Acknowledged (`None`) or failed with `exc`; tells the listener at once."""
@@ -99,6 +114,8 @@ class _Connection:
         self.tls = tls
         self._decoder = ResponseReader(admin=self.ADMIN)
         self._pending: dict[int, asyncio.Future[tuple[str, Any]] | _AppendWait] = {}
+        self._expected: dict[int, str] = {}
+        """Sequence number → the kind of answer its request takes (appends: see `_AppendWait`)."""
         self._seq = itertools.count(1)
         self._closed: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -174,14 +191,24 @@ class _Connection:
                     raise errors.StorageConnectionError(f"storage node {self.address} closed the connection")
                 self._decoder.feed(data)
                 while (resp := self._decoder.next_response()) is not None:
-                    kind, seq, _session, _partition, value = resp
+                    kind, seq, _session, partition, value = resp
                     waiting = self._pending.pop(seq, None)
                     if isinstance(waiting, _AppendWait):
-                        waiting.answer(kind, value)
-                    elif waiting is not None and not waiting.done():
+                        wrong = waiting.answer(kind, partition, value)
+                        if wrong is not None:
+                            raise wrong
+                        continue
+                    expected = self._expected.pop(seq, None)
+                    if expected is not None and kind not in (expected, "failure"):
+                        wrong = errors.ProtocolError(f"storage node {self.address} answered request {seq} with {kind}, not {expected}")
+                        if waiting is not None and not waiting.done():
+                            waiting.set_exception(wrong)
+                        raise wrong
+                    if waiting is not None and not waiting.done():
                         waiting.set_result((kind, value))
         except (errors.WaltzError, OSError) as e:
             self._fail_all(e if isinstance(e, errors.WaltzError) else errors.StorageConnectionError(str(e)))
+            self._writer.close()  # out of step or gone: nothing more may be sent on it
         except asyncio.CancelledError:
             self._fail_all(errors.StorageConnectionError(f"connection to {self.address} closed"))
             raise
@@ -192,16 +219,20 @@ class _Connection:
             self._sweep_timer.cancel()
             self._sweep_timer = None
         waiting, self._pending = list(self._pending.values()), {}
+        self._expected.clear()
         for w in waiting:
             if isinstance(w, _AppendWait):
                 w.settle(exc)
             elif not w.done():
                 w.set_exception(exc)
 
-    def _send(self, encode: Any) -> tuple[int, asyncio.Future[tuple[str, Any]]]:
-        """Writes a request now (requests go out in call order) and returns its response future."""
+    def _send(self, encode: Any, expect: str) -> tuple[int, asyncio.Future[tuple[str, Any]]]:
+        """Writes a request now (requests go out in call order) and returns its response future;
+        an answer of another kind than `expect` (or a Failure) ends the connection."""
         fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
-        return self._write(encode, fut), fut
+        seq = self._write(encode, fut)
+        self._expected[seq] = expect
+        return seq, fut
 
     def _write(self, encode: Any, waiting: asyncio.Future[tuple[str, Any]] | _AppendWait) -> int:
         if self._closed is not None:
@@ -227,15 +258,30 @@ class _Connection:
         except (ConnectionError, OSError) as e:
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
         finally:
-            # Whatever ended the wait (answer, timeout, cancellation), the entry goes.
+            # Whatever ended the wait (answer, timeout, cancellation), the entries go.
             self._pending.pop(seq, None)
+            self._expected.pop(seq, None)
         if kind == "failure":
             raise _failure(self.address, *value)
         return value
 
-    async def _call(self, encode: Any) -> Any:
-        seq, fut = self._send(encode)
+    async def _call(self, encode: Any, expect: str = "success") -> Any:
+        seq, fut = self._send(encode, expect)
         return await self._wait(seq, fut)
+
+    def _listed(self, items: list[Any], txid: int) -> list[Any]:
+        """A list answer must run densely from the id asked for: callers count on it (catch-up
+        copies what it gets at the ids it asked for)."""
+        for i, item in enumerate(items):
+            if item.txid != txid + i:
+                got = ", ".join(str(x.txid) for x in items[: i + 1][-3:])
+                raise errors.ProtocolError(f"storage node {self.address} answered a list from {txid} with ids ..., {got}")
+        return items
+
+    def _single(self, item: Any, txid: int) -> Any:
+        if item is not None and item.txid != txid:
+            raise errors.ProtocolError(f"storage node {self.address} answered a read of {txid} with transaction {item.txid}")
+        return item
 
     async def close(self) -> None:
         if self._task is not None:
@@ -270,10 +316,10 @@ class StorageClient(_Connection):
 
     async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
         """(session id, low-water mark) of the partition's last store session on this node."""
-        return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition))
+        return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition), "last_session_info")
 
     async def max_transaction_id(self, partition: int, session: int) -> int:
-        return await self._call(lambda seq: encode_request("max_transaction_id", session, seq, partition))
+        return await self._call(lambda seq: encode_request("max_transaction_id", session, seq, partition), "max_transaction_id")
 
     async def truncate(self, partition: int, session: int, txid: int) -> None:
         await self._call(lambda seq: encode_request("truncate", session, seq, partition, txid=txid))
@@ -299,7 +345,7 @@ class StorageClient(_Connection):
         appends per batch). No task per append: a plain future and a deadline."""
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[None] = loop.create_future()
-        wait = _AppendWait(self.address, acked, listener, loop.time() + self.timeout)
+        wait = _AppendWait(self.address, partition, acked, listener, loop.time() + self.timeout)
         self._write(lambda s: encode_append(session, s, partition, first_txid, batch), wait)
         if self._sweep_timer is None:
             self._sweep_timer = loop.call_at(wait.deadline, self._sweep)
@@ -330,20 +376,21 @@ class StorageClient(_Connection):
                 self._sweep_timer = loop.call_at(oldest.deadline, self._sweep)
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
-        return await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid))
+        return self._single(await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid), "record_header"), txid)
 
     async def record(self, partition: int, session: int, txid: int) -> Any:
-        return await self._call(lambda seq: encode_request("record", session, seq, partition, txid=txid))
+        return self._single(await self._call(lambda seq: encode_request("record", session, seq, partition, txid=txid), "record"), txid)
 
     async def record_headers(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
-        return await self._call(
-            lambda seq: encode_request("record_header_list", session, seq, partition, txid=txid, max_count=max_count)
-        )
+        return self._listed(await self._call(
+            lambda seq: encode_request("record_header_list", session, seq, partition, txid=txid, max_count=max_count),
+            "record_header_list",
+        ), txid)
 
     async def records(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
-        return await self._call(
-            lambda seq: encode_request("record_list", session, seq, partition, txid=txid, max_count=max_count)
-        )
+        return self._listed(await self._call(
+            lambda seq: encode_request("record_list", session, seq, partition, txid=txid, max_count=max_count), "record_list",
+        ), txid)
 
 
 
@@ -374,9 +421,9 @@ class StorageAdminClient(_Connection):
 
     async def records(self, partition: int, txid: int, max_count: int = 1000) -> list[Record]:
         """Records from `txid` on (at most the node's list bounds), read without a store session."""
-        return await self._call(
-            lambda seq: encode_admin_request("record_list", seq, partition, txid=txid, max_count=max_count)
-        )
+        return self._listed(await self._call(
+            lambda seq: encode_admin_request("record_list", seq, partition, txid=txid, max_count=max_count), "record_list",
+        ), txid)
 
     async def append(self, partition: int, records: Sequence[Record]) -> None:
         """Appends records (with their own ids) durably, without a store session. The node
@@ -394,4 +441,4 @@ class StorageAdminClient(_Connection):
     async def status(self) -> list[dict[str, Any]]:
         """Per partition: first and max transaction id, last session and low-water marks, the
         newest session seen (the fence), readable, writable, and why it failed (or None)."""
-        return await self._call(lambda seq: encode_admin_request("status", seq))
+        return await self._call(lambda seq: encode_admin_request("status", seq), "status")
