@@ -60,10 +60,6 @@ def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: He
     sends no whole request within `timeout` seconds is closed."""
 
     class Handler(BaseHTTPRequestHandler):
-        def setup(self) -> None:
-            self.timeout = timeout  # socketserver sets it on the socket: a silent peer ends
-            super().setup()
-
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path == "/metrics":
                 self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
@@ -84,6 +80,7 @@ def serve_endpoint(host: str, port: int, registry: CollectorRegistry, health: He
         def log_message(self, *args: Any) -> None:
             pass
 
+    Handler.timeout = timeout  # socketserver puts it on each connection's socket: a silent peer ends
     server = _BoundedServer((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="waltz-http", daemon=True).start()
     return server
