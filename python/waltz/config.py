@@ -204,6 +204,10 @@ class PartitionSection:
     it bounds what an inconsistent replica is truncated back by."""
 
 
+MAX_TRANSACTION_BYTES_LIMIT = (64 << 20) - 1024
+"""The protocols' default frame limit, less room for the headers around one record."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
     server: ServerSection
@@ -227,4 +231,7 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
         if f.name != "gather_turns":
             need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
     need(0 <= config.partition.gather_turns <= 1000, "[partition] gather_turns must be between 0 and 1000")
+    need(config.partition.max_transaction_bytes <= MAX_TRANSACTION_BYTES_LIMIT,
+         f"[partition] max_transaction_bytes must be at most {MAX_TRANSACTION_BYTES_LIMIT}: a transaction travels in one "
+         "frame of at most 64 MiB to the storage nodes, and back to readers")
     return config

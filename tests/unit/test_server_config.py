@@ -23,3 +23,12 @@ def test_gather_turns_default_zero_and_bounds(tmp_path: pathlib.Path) -> None:
             load_server_config(_server(tmp_path, f"gather_turns = {bad}\n"))
     with pytest.raises(ConfigError, match=r"\[partition\] max_batches_in_flight must be positive"):
         load_server_config(_server(tmp_path, "max_batches_in_flight = 0\n"))
+
+
+def test_max_transaction_bytes_must_fit_a_frame(tmp_path: pathlib.Path) -> None:
+    """A larger transaction could be configured but never written to a storage node or read
+    back: every frame that carries it is limited to 64 MiB."""
+    ok = (64 << 20) - 1024
+    assert load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok}\n")).partition.max_transaction_bytes == ok
+    with pytest.raises(ConfigError, match=r"\[partition\] max_transaction_bytes must be at most 67107840"):
+        load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok + 1}\n"))
