@@ -225,12 +225,15 @@ class StorageNode:
         max_list_bytes: int = 16 << 20,
         idle_timeout: float = 300.0,
         max_in_flight: int = 1024,
+        max_connections: int = 1024,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> StorageNode:
         """With all of tls_ca, tls_cert and tls_key (PEM files), both ports take only mutual TLS:
-        client certificates must chain to tls_ca."""
+        client certificates must chain to tls_ca. Each port keeps at most `max_connections` open
+        (one more is closed on accept); a connection must send Hello and a successful Open
+        within 10 s (or idle_timeout, if shorter)."""
     @property
     def address(self) -> tuple[str, int]: ...
     @property

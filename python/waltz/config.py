@@ -39,6 +39,7 @@ class NodeSection:
     max_list_bytes: int = 16 << 20
     idle_timeout: float = 300.0
     max_in_flight: int = 1024
+    max_connections: int = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,7 @@ def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
     n, st = config.node, config.storage
     for name in ("port", "admin_port", "http_port"):
         need(0 <= getattr(n, name) <= 65535, f"[node] {name} must be between 0 and 65535")
-    for name in ("max_frame", "max_list_count", "max_list_bytes", "max_in_flight"):
+    for name in ("max_frame", "max_list_count", "max_list_bytes", "max_in_flight", "max_connections"):
         need(getattr(n, name) > 0, f"[node] {name} must be positive")
     need(0 < n.idle_timeout <= 86_400, "[node] idle_timeout must be between 0 and 86400 seconds")
     need(st.partition_count is None or st.partition_count > 0, "[storage] partition_count must be positive")

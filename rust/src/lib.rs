@@ -969,7 +969,7 @@ mod python {
 
     // ---- storage protocol codec and the storage node -------------------------------------------
 
-    use crate::protocol::{split_frame, FailureKind, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
+    use crate::protocol::{split_frame, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
 
     /// Encodes one storage-protocol request frame (everything but Append, see `encode_append`).
     #[pyfunction]
@@ -1148,8 +1148,7 @@ mod python {
     /// version and CRC; the payloads are parsed by the caller (the client protocol's codec).
     #[pyclass(name = "FrameReader", module = "waltz._native")]
     pub struct PyFrameReader {
-        buf: Vec<u8>,
-        start: usize,
+        buf: FrameBuf,
         magic: u16,
         max_frame: usize,
     }
@@ -1159,22 +1158,18 @@ mod python {
         #[new]
         #[pyo3(signature = (magic, max_frame=crate::protocol::DEFAULT_MAX_FRAME))]
         fn new(magic: u16, max_frame: usize) -> Self {
-            PyFrameReader { buf: Vec::new(), start: 0, magic, max_frame }
+            PyFrameReader { buf: FrameBuf::default(), magic, max_frame }
         }
         fn feed(&mut self, data: &[u8]) {
-            if self.start > 0 && self.start * 2 > self.buf.len() {
-                self.buf.drain(..self.start);
-                self.start = 0;
-            }
             self.buf.extend_from_slice(data);
         }
         /// (message type, payload) of the next whole frame, or None until more bytes arrive.
         /// Raises ProtocolError; the connection is then unusable.
         fn next_frame<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(u8, Bound<'py, PyBytes>)>> {
-            match split_frame(&self.buf[self.start..], self.magic, self.max_frame) {
+            match split_frame(self.buf.pending(), self.magic, self.max_frame) {
                 Ok(Some(f)) => {
-                    let out = (f.msg_type, PyBytes::new(py, f.payload));
-                    self.start += f.size;
+                    let (out, size) = ((f.msg_type, PyBytes::new(py, f.payload)), f.size);
+                    self.buf.consume(size);
                     Ok(Some(out))
                 }
                 Ok(None) => Ok(None),
@@ -1183,7 +1178,7 @@ mod python {
         }
         /// Bytes received but not yet returned as frames.
         fn buffered(&self) -> usize {
-            self.buf.len() - self.start
+            self.buf.pending().len()
         }
     }
 
@@ -1191,7 +1186,7 @@ mod python {
     /// (kind, seq, session_id, partition_id, value); see docs/protocol.md for the kinds.
     #[pyclass(name = "ResponseReader", module = "waltz._native")]
     pub struct PyResponseReader {
-        buf: Vec<u8>,
+        buf: FrameBuf,
         max_frame: usize,
         admin: bool,
     }
@@ -1201,7 +1196,7 @@ mod python {
         #[new]
         #[pyo3(signature = (max_frame=crate::protocol::DEFAULT_MAX_FRAME, *, admin=false))]
         fn new(max_frame: usize, admin: bool) -> Self {
-            PyResponseReader { buf: Vec::new(), max_frame, admin }
+            PyResponseReader { buf: FrameBuf::default(), max_frame, admin }
         }
         fn feed(&mut self, data: &[u8]) {
             self.buf.extend_from_slice(data);
@@ -1211,12 +1206,12 @@ mod python {
             if self.admin {
                 return self.next_admin(py);
             }
-            let (size, resp) = match split_frame(&self.buf, MAGIC_STORAGE, self.max_frame) {
+            let (size, resp) = match split_frame(self.buf.pending(), MAGIC_STORAGE, self.max_frame) {
                 Ok(Some(f)) => (f.size, Response::decode(&f)),
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(ProtocolError::new_err(e.to_string())),
             };
-            self.buf.drain(..size);
+            self.buf.consume(size);
             let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
             let none = || py.None();
             let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
@@ -1264,12 +1259,12 @@ mod python {
     impl PyResponseReader {
         fn next_admin<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
             use crate::protocol::{AdminResponse, MAGIC_ADMIN};
-            let (size, resp) = match split_frame(&self.buf, MAGIC_ADMIN, self.max_frame) {
+            let (size, resp) = match split_frame(self.buf.pending(), MAGIC_ADMIN, self.max_frame) {
                 Ok(Some(f)) => (f.size, AdminResponse::decode(&f)),
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(ProtocolError::new_err(e.to_string())),
             };
-            self.buf.drain(..size);
+            self.buf.consume(size);
             let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
             let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
                 AdminResponse::HelloOk { version } => ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind()),
@@ -1318,7 +1313,7 @@ mod python {
     #[pymethods]
     impl PyStorageNode {
         #[staticmethod]
-        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, tls_ca=None, tls_cert=None, tls_key=None))]
+        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=1024, tls_ca=None, tls_cert=None, tls_key=None))]
         #[allow(clippy::too_many_arguments)]
         fn start(
             py: Python<'_>,
@@ -1331,13 +1326,14 @@ mod python {
             max_list_bytes: usize,
             idle_timeout: f64,
             max_in_flight: usize,
+            max_connections: usize,
             tls_ca: Option<std::path::PathBuf>,
             tls_cert: Option<std::path::PathBuf>,
             tls_key: Option<std::path::PathBuf>,
         ) -> PyResult<Self> {
-            if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0) || max_in_flight == 0 || max_frame < 64 {
+            if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0) || max_in_flight == 0 || max_frame < 64 || max_connections == 0 {
                 return Err(InvalidArgumentError::new_err(
-                    "idle_timeout must be finite, positive and at most a day; max_in_flight and max_frame positive",
+                    "idle_timeout must be finite, positive and at most a day; max_in_flight, max_connections and max_frame positive",
                 ));
             }
             let tls = match (tls_ca, tls_cert, tls_key) {
@@ -1355,6 +1351,7 @@ mod python {
                 idle_timeout: std::time::Duration::from_secs_f64(idle_timeout),
                 max_in_flight,
                 tls,
+                max_connections,
             };
             let s = storage.0.clone();
             let bind = format!("{host}:{port}");
@@ -1388,6 +1385,7 @@ mod python {
                 d.set_item("bytes_in", s.bytes_in.load(Relaxed))?;
                 d.set_item("bytes_out", s.bytes_out.load(Relaxed))?;
                 d.set_item("tls_handshake_failures", s.tls_handshake_failures.load(Relaxed))?;
+                d.set_item("refused_connections", s.refused_connections.load(Relaxed))?;
                 let by_kind = PyDict::new(py);
                 for (code, c) in s.failures_by_kind.iter().enumerate() {
                     let n = c.load(Relaxed);

@@ -20,16 +20,16 @@
 use crate::error::Error;
 use crate::partition::{lock, Partition};
 use crate::protocol::{
-    split_frame, AdminRequest, AdminResponse, FailureKind, MsgHeader, PartitionStatus, Request, Response, WireRecord,
-    MAGIC_ADMIN, MAGIC_STORAGE, VERSION,
+    split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, Request, Response,
+    WireRecord, MAGIC_ADMIN, MAGIC_STORAGE, VERSION,
 };
 use crate::record::NewRecord;
 use crate::storage::Storage;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -40,12 +40,17 @@ pub struct NodeOptions {
     /// Upper bounds a record or header list response never exceeds, whatever is asked.
     pub max_list_count: usize,
     pub max_list_bytes: usize,
-    /// A connection that sends nothing for this long is closed.
+    /// An admin connection that sends nothing for this long is closed, and so is any connection
+    /// that reads none of its answers for this long. An opened storage connection may stay silent
+    /// (TCP keepalive finds a peer that is gone); one not opened has at most `OPEN_DEADLINE`.
     pub idle_timeout: Duration,
     /// Appends of one connection queued before the node waits for their sync and answers them.
     pub max_in_flight: usize,
     /// Mutual TLS on both ports (`crate::tls::server_config`); None serves plaintext.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// Connections open at once on each port; one more is closed as soon as it is accepted.
+    /// A storage connection costs a thread and three file descriptors.
+    pub max_connections: usize,
 }
 
 impl Default for NodeOptions {
@@ -57,6 +62,7 @@ impl Default for NodeOptions {
             idle_timeout: Duration::from_secs(300),
             max_in_flight: 1024,
             tls: None,
+            max_connections: 1024,
         }
     }
 }
@@ -71,6 +77,8 @@ pub struct NodeStats {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// Connections closed on accept because `max_connections` were open on their port.
+    pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
     pub failures_by_kind: [AtomicU64; 17],
 }
@@ -87,6 +95,11 @@ struct Shared {
     stopping: tokio::sync::watch::Sender<bool>,
     /// Connection threads still running, for `stop` to wait on.
     live: (Mutex<usize>, std::sync::Condvar),
+    /// Connections open on the storage and on the admin port, against `max_connections`.
+    storage_open: Arc<AtomicUsize>,
+    admin_open: Arc<AtomicUsize>,
+    /// Connections refused since the last warning about them, and when that was.
+    refused: Mutex<(u64, Option<Instant>)>,
 }
 
 pub struct NodeHandle {
@@ -140,6 +153,9 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
         stats: NodeStats::default(),
         stopping: tokio::sync::watch::channel(false).0,
         live: (Mutex::new(0), std::sync::Condvar::new()),
+        storage_open: Arc::default(),
+        admin_open: Arc::default(),
+        refused: Mutex::new((0, None)),
     });
     let shutdown = Arc::new(Notify::new());
     let (sh, stop, conns) = (shared.clone(), shutdown.clone(), shared.clone());
@@ -151,10 +167,15 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                     Some(l) => loop {
                         match l.accept().await {
                             Ok((stream, peer)) => {
+                                let Some(slot) = admit(&sh, &stream, peer, "admin", &sh.admin_open) else { continue };
                                 let sh = sh.clone();
                                 match acceptor.clone() {
-                                    None => tokio::spawn(serve_admin(stream, peer, sh)),
+                                    None => tokio::spawn(async move {
+                                        let _slot = slot;
+                                        serve_admin(stream, peer, sh).await
+                                    }),
                                     Some(a) => tokio::spawn(async move {
+                                        let _slot = slot;
                                         if let Some(s) = handshake(&a, stream, peer, "admin", &sh).await {
                                             serve_admin(s, peer, sh).await;
                                         }
@@ -178,8 +199,10 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
                     accepted = listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
-                            let _ = stream.set_nodelay(true);
-                            serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone());
+                            if let Some(slot) = admit(&sh, &stream, peer, "storage", &sh.storage_open) {
+                                let _ = stream.set_nodelay(true);
+                                serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone(), slot);
+                            }
                         }
                         Err(e) => {
                             // Out of file descriptors, say: back off instead of spinning.
@@ -303,6 +326,87 @@ const FLUSH_BYTES: usize = 1 << 20;
 /// A slow or silent peer may hold a task this long, never more, before its handshake is given up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A peer must have sent Hello and an Open that succeeded within this (or `idle_timeout`, when
+/// shorter), else it is closed: a connection costs a thread and file descriptors, and a flood of
+/// silent ones ran the node out of descriptors until a segment roll failed.
+const OPEN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Largest frame taken before Open succeeded (Hello and Open are a few dozen bytes): a peer that
+/// proved nothing yet must not make the node buffer `max_frame` bytes.
+const PRE_OPEN_MAX_FRAME: usize = 64 << 10;
+
+/// Probes a connection that has been silent a minute, so a storage connection (never closed for
+/// silence once opened) of a peer that vanished ends within about two minutes.
+const KEEPALIVE: socket2::TcpKeepalive =
+    socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
+
+/// Connections refused over `max_connections` are warned about at most this often: a flood of
+/// them must not flood the log too.
+const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// A connection's place among its port's `max_connections`, given back when it ends, however.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A place under `max_connections` for a connection just accepted, with TCP keepalive on; None
+/// when the port is full (the stream is then dropped, which closes it).
+fn admit(shared: &Shared, stream: &TcpStream, peer: SocketAddr, port: &str, open: &Arc<AtomicUsize>) -> Option<Slot> {
+    let max = shared.opts.max_connections;
+    if open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+        shared.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+        let mut refused = lock(&shared.refused);
+        refused.0 += 1;
+        if refused.1.is_none_or(|t| t.elapsed() >= REFUSED_WARN_EVERY) {
+            let n = std::mem::take(&mut refused.0);
+            log::warn!(
+                "{port} connection from {peer} closed: {max} connections are open on that port ([node] max_connections); \
+                 {n} refused since the last such warning"
+            );
+            refused.1 = Some(Instant::now());
+        }
+        return None;
+    }
+    let slot = Slot(open.clone());
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&KEEPALIVE) {
+        log::warn!("{port} connection from {peer}: cannot enable TCP keepalive: {e}");
+    }
+    Some(slot)
+}
+
+/// What a connection's next read (and the write before it) may wait for.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Not opened yet: every wait ends at this instant (`OPEN_DEADLINE`).
+    OpenBy(tokio::time::Instant),
+    /// An opened admin connection: reads wait `idle_timeout` at most.
+    Idle,
+    /// An opened storage connection: silence is a quiet partition, not a dead peer (keepalive
+    /// finds those). Closing it cost the store session its replicas at its next append.
+    Forever,
+}
+
+fn open_deadline(shared: &Shared) -> Duration {
+    OPEN_DEADLINE.min(shared.opts.idle_timeout)
+}
+
+fn not_opened(shared: &Shared) -> String {
+    format!("no Hello and successful Open within {:?}", open_deadline(shared))
+}
+
+/// The frame size limit of a connection opened or not.
+fn frame_limit(shared: &Shared, opened: bool) -> usize {
+    if opened {
+        shared.opts.max_frame
+    } else {
+        PRE_OPEN_MAX_FRAME.min(shared.opts.max_frame)
+    }
+}
+
 /// The TLS handshake of an accepted connection; a failure is one warning line and the
 /// connection is dropped.
 async fn handshake(
@@ -331,7 +435,9 @@ fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
 /// Serves one storage-protocol connection on a new thread with a single-threaded runtime of its
 /// own (TLS handshake included), so that its appends' fsyncs run where its frames are decoded. A
 /// node out of threads drops the connection with a warning; the peer reconnects.
-fn serve_on_own_thread(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, acceptor: Option<crate::tls::TlsAcceptor>) {
+fn serve_on_own_thread(
+    stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, acceptor: Option<crate::tls::TlsAcceptor>, slot: Slot,
+) {
     let stream = match stream.into_std() {
         Ok(s) => s,
         Err(e) => return log::warn!("connection from {peer} dropped: {e}"),
@@ -340,6 +446,7 @@ fn serve_on_own_thread(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>,
     *lock(&shared.live.0) += 1;
     let sh = shared.clone();
     let spawned = std::thread::Builder::new().name("waltz-conn".into()).spawn(move || {
+        let _slot = slot;
         let _live = LiveConnection(sh.clone());
         let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,
@@ -403,18 +510,20 @@ fn stop_connections(shared: &Shared, timeout: Duration) {
 /// settles the appends before it first, so answers keep request order and no more than
 /// `max_in_flight` appends or about `FLUSH_BYTES` of answers are ever held.
 async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
-    let mut conn = Conn { greeted: false, opened: false };
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut conn = Conn { peer, greeted: false, opened: false };
+    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
+    let wait = |conn: &Conn| if conn.opened { Wait::Forever } else { Wait::OpenBy(open_by) };
+    let mut buf = FrameBuf::with_capacity(64 << 10);
     let mut waiting: Vec<Answer> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let reason = 'conn: loop {
         loop {
-            let (size, req) = match split_frame(&buf, MAGIC_STORAGE, shared.opts.max_frame) {
+            let (size, req) = match split_frame(buf.pending(), MAGIC_STORAGE, frame_limit(&shared, conn.opened)) {
                 Ok(Some(f)) => (f.size, Request::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn bad_frame("bad frame", &buf, e),
+                Err(e) => break 'conn bad_frame(if conn.opened { "bad frame" } else { "bad frame before Open" }, buf.pending(), e),
             };
-            buf.drain(..size);
+            buf.consume(size);
             let req = match req {
                 Ok(r) => r,
                 Err(e) => break 'conn format!("bad frame: {e}"),
@@ -430,22 +539,22 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
                 Err(why) => break 'conn why,
             }
             if out.len() >= FLUSH_BYTES {
-                if let Err(why) = send(&mut stream, &mut out, &shared).await {
+                if let Err(why) = send(&mut stream, &mut out, &shared, wait(&conn)).await {
                     break 'conn why;
                 }
             }
         }
         settle_all(&shared, &mut waiting, &mut out);
-        if let Err(why) = send(&mut stream, &mut out, &shared).await {
+        if let Err(why) = send(&mut stream, &mut out, &shared, wait(&conn)).await {
             break why;
         }
-        if let Err(why) = read_more(&mut stream, &mut buf, &shared).await {
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(&conn)).await {
             break why;
         }
     };
     // What was accepted before the connection ended is still answered, as far as the peer reads.
     settle_all(&shared, &mut waiting, &mut out);
-    let _ = send(&mut stream, &mut out, &shared).await;
+    let _ = send(&mut stream, &mut out, &shared, wait(&conn)).await;
     if !reason.is_empty() {
         shared.stats.closed_bad_frames.fetch_add(reason.starts_with("bad frame") as u64, Ordering::Relaxed);
         log::warn!("closing connection from {peer}: {reason}");
@@ -469,8 +578,9 @@ fn push_answer(shared: &Shared, out: &mut Vec<u8>, bytes: Vec<u8>) {
 }
 
 /// Sends the gathered answers. A peer that takes nothing for the idle timeout is gone or
-/// hostile. The flush is free on TCP; TLS may hold encrypted bytes back until it.
-async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared) -> Result<(), String> {
+/// hostile; one not opened yet has until its Open deadline. The flush is free on TCP; TLS may
+/// hold encrypted bytes back until it.
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared, wait: Wait) -> Result<(), String> {
     if out.is_empty() {
         return Ok(());
     }
@@ -478,34 +588,47 @@ async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: 
         stream.write_all(out).await?;
         stream.flush().await
     };
-    let r = match tokio::time::timeout(shared.opts.idle_timeout, sent).await {
+    let idle = shared.opts.idle_timeout;
+    let (until, why) = match wait {
+        Wait::OpenBy(t) => (t, not_opened(shared)),
+        Wait::Idle | Wait::Forever => (tokio::time::Instant::now() + idle, format!("it read nothing for {idle:?}")),
+    };
+    let r = match tokio::time::timeout_at(until, sent).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(String::new()), // the peer went away: nothing to warn about
-        Err(_) => Err(format!("it read nothing for {:?}", shared.opts.idle_timeout)),
+        Err(_) => Err(why),
     };
     out.clear();
     r
 }
 
 struct Conn {
+    peer: SocketAddr,
     greeted: bool,
     opened: bool,
 }
 
 /// Appends what the peer sends next to `buf`. Err ends the connection: an empty reason for a
-/// clean close, else why (a read error, or silence longer than the idle timeout).
-async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut Vec<u8>, shared: &Shared) -> Result<(), String> {
+/// clean close, else why (a read error, or a wait `wait` does not allow).
+async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut FrameBuf, shared: &Shared, wait: Wait) -> Result<(), String> {
     // Straight into the buffer's spare room: a zeroed 64 KiB stack chunk per read, copied over,
     // cost a memset and a copy per request.
+    let buf = buf.writable();
     buf.reserve(64 << 10);
-    match tokio::time::timeout(shared.opts.idle_timeout, rd.read_buf(buf)).await {
-        Ok(Ok(0)) => Err(String::new()),
-        Ok(Ok(n)) => {
+    let read = rd.read_buf(buf);
+    let idle = shared.opts.idle_timeout;
+    let r = match wait {
+        Wait::OpenBy(t) => tokio::time::timeout_at(t, read).await.map_err(|_| not_opened(shared))?,
+        Wait::Idle => tokio::time::timeout(idle, read).await.map_err(|_| format!("idle for {idle:?}"))?,
+        Wait::Forever => read.await,
+    };
+    match r {
+        Ok(0) => Err(String::new()),
+        Ok(n) => {
             shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
             Ok(())
         }
-        Ok(Err(e)) => Err(format!("read failed: {e}")),
-        Err(_) => Err(format!("idle for {:?}", shared.opts.idle_timeout)),
+        Err(e) => Err(format!("read failed: {e}")),
     }
 }
 
@@ -530,15 +653,14 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     if let Request::Open { cluster_key, partition_count, .. } = req {
         let s = &shared.storage;
         if cluster_key != s.cluster_key {
-            return Ok(now(fail(
-                h,
-                FailureKind::ClusterKeyMismatch,
-                format!(
-                    "cluster key {} does not match this storage's {}",
-                    crate::control::format_uuid(&cluster_key),
-                    crate::control::format_uuid(&s.cluster_key)
-                ),
-            )));
+            let theirs = crate::control::format_uuid(&cluster_key);
+            // The key is what makes a peer one of the cluster's: the answer must not teach it.
+            log::warn!(
+                "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
+                conn.peer,
+                crate::control::format_uuid(&s.cluster_key)
+            );
+            return Ok(now(fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"))));
         }
         if partition_count != s.partition_count {
             return Ok(now(fail(
@@ -722,16 +844,19 @@ fn not_writable(shared: &Shared, h: MsgHeader) -> Option<Response> {
 
 /// The admin port: one request at a time, answered in order.
 async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = FrameBuf::default();
     let (mut greeted, mut opened) = (false, false);
+    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
+    let wait = |opened: bool| if opened { Wait::Idle } else { Wait::OpenBy(open_by) };
+    let mut out = Vec::new();
     let reason: String = 'conn: loop {
         loop {
-            let (size, req) = match split_frame(&buf, MAGIC_ADMIN, shared.opts.max_frame) {
+            let (size, req) = match split_frame(buf.pending(), MAGIC_ADMIN, frame_limit(&shared, opened)) {
                 Ok(Some(f)) => (f.size, AdminRequest::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn bad_frame("bad admin frame", &buf, e),
+                Err(e) => break 'conn bad_frame(if opened { "bad admin frame" } else { "bad admin frame before Open" }, buf.pending(), e),
             };
-            buf.drain(..size);
+            buf.consume(size);
             let req = match req {
                 Ok(r) => r,
                 Err(e) => break 'conn format!("bad admin frame: {e}"),
@@ -763,13 +888,12 @@ async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: Soc
                     }
                 }
             };
-            let mut out = Vec::new();
             resp.encode(&mut out);
-            if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() {
-                break 'conn String::new();
+            if let Err(why) = send(&mut stream, &mut out, &shared, wait(opened)).await {
+                break 'conn why;
             }
         }
-        if let Err(why) = read_more(&mut stream, &mut buf, &shared).await {
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(opened)).await {
             break why;
         }
     };

@@ -1,6 +1,6 @@
 //! Races between sessions, fencing and assignment on a running storage node, driven over TCP
 //! with gated fsyncs. Found by an adversarial review; each lost an acknowledged append before
-//! its fix.
+//! its fix. Then the limits on what a peer may cost the node (connection limits, below).
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -543,6 +543,273 @@ fn r8_mutations_waiting_behind_set_availability_at_the_gate_are_refused() {
     // were late for every round, some mutations came in behind Set Availability. The old check
     // on arrival let every one of them through (24 of 24 ran on a replica taken out of the path).
     assert!(refused > 0, "no mutation waiting behind Set Availability (not writable) was refused ({ran_before} ran)");
+    drop(node);
+    s.close();
+}
+
+// ---------------------------------------------------------------- connection limits
+// Not races: what a peer may cost the node before and after Open, over the same tiny clients.
+
+/// Reads (and drops) what the node sends until it closes the connection (true) or `within` passed
+/// with the connection still open (false). Also the number of bytes read.
+fn closed_by_node(s: &mut TcpStream, within: Duration) -> (bool, usize) {
+    let deadline = Instant::now() + within;
+    let mut chunk = vec![0u8; 1 << 16];
+    let mut read = 0;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+        s.set_read_timeout(Some(left.min(Duration::from_millis(200)))).unwrap();
+        match s.read(&mut chunk) {
+            Ok(0) => return (true, read),
+            Ok(n) => read += n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+            Err(_) => return (true, read), // reset
+        }
+    }
+    (false, read)
+}
+
+fn short_idle() -> NodeOptions {
+    NodeOptions { idle_timeout: Duration::from_secs(1), ..NodeOptions::default() }
+}
+
+/// A peer that never opens may not hold a connection (a thread and three descriptors) for long,
+/// even while it keeps talking: a flood of such connections ran the node out of file descriptors
+/// until a segment roll failed and poisoned the partition. Before, only silence for idle_timeout
+/// closed a connection, so these stayed.
+#[test]
+fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let opts = NodeOptions { idle_timeout: Duration::from_secs(2), ..NodeOptions::default() };
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let (mut greeted, mut refused) = (Conn::<StoragePort>::connect(node.addr), Conn::<StoragePort>::connect(node.addr));
+    assert!(matches!(greeted.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    assert!(matches!(refused.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
+    match refused.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
+        Response::Failure { .. } => {}
+        other => panic!("an Open with another cluster's key was answered {other:?}"),
+    }
+    let mut adm = Admin::connect(node.admin_addr.unwrap());
+    assert!(matches!(adm.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    let start = Instant::now();
+    let (mut open, mut admin_open) = (2, true);
+    let (mut conns, mut seq) = ([Some(greeted), Some(refused)], 1);
+    // Chatter every 200 ms (each answered "send Open first"), for well past the deadline.
+    while start.elapsed() < Duration::from_secs(8) && (open > 0 || admin_open) {
+        seq += 1;
+        let h = MsgHeader { session_id: 1, seq, partition_id: 0 };
+        for c in conns.iter_mut() {
+            let served = c.as_mut().is_some_and(|conn| {
+                matches!(conn.try_recv_after(Request::LastSessionInfo { h }), Ok(Response::Failure { .. }))
+            });
+            if c.is_some() && !served {
+                *c = None;
+                open -= 1;
+            }
+        }
+        if admin_open {
+            admin_open = matches!(adm.try_recv_after(AdminRequest::Status { h }), Ok(AdminResponse::Failure { .. }));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!((open, admin_open), (0, false), "connections that never opened were still served after {:?}", start.elapsed());
+    // And an opened connection is not subject to the deadline.
+    let mut c = Client::connect(node.addr, 1);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(matches!(max_txid(&mut c, 1, 0), Response::MaxTransactionId { .. }));
+    drop(node);
+    s.close();
+}
+
+/// Connections beyond `max_connections` on a port are closed as soon as they are accepted; a
+/// connection that ends gives its place back.
+#[test]
+fn l2_connections_over_max_connections_are_closed_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let opts = NodeOptions { max_connections: 2, ..NodeOptions::default() };
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let admin_addr = node.admin_addr.unwrap();
+    let mut a = Client::connect(node.addr, 1);
+    let b = Client::connect(node.addr, 1);
+    let mut third = TcpStream::connect(node.addr).unwrap();
+    assert!(closed_by_node(&mut third, Duration::from_secs(5)).0, "a third storage connection was kept");
+    assert_eq!(node.stats().refused_connections.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let (mut x, _y) = (admin(admin_addr), admin(admin_addr));
+    let mut third = TcpStream::connect(admin_addr).unwrap();
+    assert!(closed_by_node(&mut third, Duration::from_secs(5)).0, "a third admin connection was kept");
+    // Those admitted are served; one that ends frees its place.
+    assert!(matches!(max_txid(&mut a, 1, 0), Response::MaxTransactionId { .. }));
+    assert!(matches!(x.call(AdminRequest::Status { h: ah(-1) }), AdminResponse::Status { .. }));
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut c = loop {
+        let mut c = Conn::<StoragePort>::connect(node.addr);
+        c.send(&Request::Hello { min_version: 1, max_version: 1 });
+        if let Ok(Response::HelloOk { .. }) = c.try_recv() {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "the place of a closed connection was not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
+    assert!(matches!(c.call(Request::Open { h, cluster_key: KEY, partition_count: 1 }), Response::Success { .. }));
+    drop(node);
+    s.close();
+}
+
+/// An opened storage connection is a store session's link to its replica: a quiet partition
+/// (no appends for longer than idle_timeout) must not cost it. Before, the node closed it after
+/// idle_timeout of silence and the session's next append found every replica gone.
+#[test]
+fn l3_an_opened_storage_connection_survives_silence_longer_than_idle_timeout() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let mut a = Client::connect(node.addr, 1);
+    let h = a.h(1, 0);
+    assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    std::thread::sleep(Duration::from_secs(3));
+    let h = a.h(1, 0);
+    match a.try_recv_after(Request::Append { h, records: recs(0, 2, 10) }) {
+        Ok(Response::Success { .. }) => {}
+        other => panic!("an append after 3 s of silence (idle_timeout 1 s) was answered {other:?}"),
+    }
+    // The admin port keeps closing silent connections.
+    let mut adm = admin(node.admin_addr.unwrap());
+    assert!(closed_by_node(&mut adm.s, Duration::from_secs(5)).0, "a silent admin connection outlived idle_timeout");
+    drop(node);
+    s.close();
+}
+
+impl<P: Port> Conn<P> {
+    /// Sends `r` and waits for its answer; Err when the connection was closed on either way.
+    fn try_recv_after(&mut self, r: P::Req) -> io::Result<P::Resp> {
+        let mut b = Vec::new();
+        P::encode(&r, &mut b);
+        self.s.write_all(&b)?;
+        self.try_recv()
+    }
+}
+
+/// Before Open a frame may not be large (Hello and Open are tiny): a peer that proved nothing
+/// could make the node buffer up to max_frame (64 MiB) per connection. After Open, as before.
+#[test]
+fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let claim_1mib = |s: &mut TcpStream| {
+        let mut b = (1u32 << 20).to_be_bytes().to_vec();
+        b.extend_from_slice(&[0; 1000]);
+        s.write_all(&b).unwrap();
+    };
+    let mut c = Conn::<StoragePort>::connect(node.addr);
+    claim_1mib(&mut c.s);
+    assert!(closed_by_node(&mut c.s, Duration::from_secs(3)).0, "a 1 MiB frame was taken before Hello");
+    let mut c = Conn::<StoragePort>::connect(node.addr);
+    assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    claim_1mib(&mut c.s);
+    assert!(closed_by_node(&mut c.s, Duration::from_secs(3)).0, "a 1 MiB frame was taken before Open");
+    let mut a = Admin::connect(node.admin_addr.unwrap());
+    assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    claim_1mib(&mut a.s);
+    assert!(closed_by_node(&mut a.s, Duration::from_secs(3)).0, "a 1 MiB admin frame was taken before Open");
+    // Hello, Open and a 1 MiB append in one write: the append comes after Open succeeded.
+    let mut c = Conn::<StoragePort>::connect(node.addr);
+    let h = |seq| MsgHeader { session_id: 1, seq, partition_id: 0 };
+    let mut b = Vec::new();
+    Request::Hello { min_version: 1, max_version: 1 }.encode(&mut b);
+    Request::Open { h: h(1), cluster_key: KEY, partition_count: 1 }.encode(&mut b);
+    Request::SetLowWaterMark { h: h(2), low_water_mark: -1 }.encode(&mut b);
+    Request::Append { h: h(3), records: recs(0, 1, 1 << 20) }.encode(&mut b);
+    c.s.write_all(&b).unwrap();
+    assert!(matches!(c.recv(), Response::HelloOk { .. }));
+    for _ in 0..3 {
+        assert!(matches!(c.recv(), Response::Success { .. }));
+    }
+    drop(node);
+    s.close();
+}
+
+/// The admin port's answers are sent with a time limit too: a peer that asks for record lists
+/// and reads nothing is closed after idle_timeout. Before, the node's write waited forever,
+/// holding the connection and its answer; once read, every answer was there.
+#[test]
+fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let mut a = Client::connect(node.addr, 1);
+    let h = a.h(1, 0);
+    assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    let h = a.h(1, 0);
+    assert!(matches!(a.call(Request::Append { h, records: recs(0, 8, 1 << 20) }), Response::Success { .. }));
+    let mut adm = admin(node.admin_addr.unwrap());
+    let asked = 16;
+    for i in 0..asked {
+        let h = MsgHeader { session_id: 0, seq: 10 + i, partition_id: 0 };
+        adm.send(&AdminRequest::RecordList { h, txid: 0, max_count: 100 });
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    let (closed, read) = closed_by_node(&mut adm.s, Duration::from_secs(20));
+    assert!(closed);
+    let answer = 8 * (1 << 20);
+    assert!(read < asked as usize * answer, "all {asked} answers were sent to a peer that read nothing for 4 s ({read} bytes)");
+    drop(node);
+    s.close();
+}
+
+/// The cluster-key mismatch answer is for a peer not yet trusted: it must not carry the node's key.
+#[test]
+fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let mut c = Conn::<StoragePort>::connect(node.addr);
+    assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
+    let ours = waltz_native::control::format_uuid(&KEY);
+    match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
+        Response::Failure { message, .. } => {
+            assert!(!message.contains(&ours) && !message.contains(&ours.replace('-', "")), "the answer tells the node's key: {message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(node);
+    s.close();
+}
+
+/// Many small requests after one large frame (the read buffer grown to its size) are all answered,
+/// in order. Taking each frame off the front of that buffer made this quadratic.
+#[test]
+fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let mut c = Client::connect(node.addr, 1);
+    let h = c.h(1, 0);
+    assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    let mut b = Vec::new();
+    let h = c.h(1, 0);
+    Request::Append { h, records: recs(0, 1, 8 << 20) }.encode(&mut b);
+    let first = c.seq + 1;
+    let n = 50_000;
+    for _ in 0..n {
+        let h = c.h(1, 0);
+        Request::LastSessionInfo { h }.encode(&mut b);
+    }
+    let mut w = c.s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&b).unwrap());
+    assert!(matches!(c.recv(), Response::Success { .. }));
+    for i in 0..n {
+        match c.recv() {
+            Response::LastSessionInfo { h, session_id: 1, low_water_mark: -1 } if h.seq == first + i => {}
+            other => panic!("answer {i}: {other:?}"),
+        }
+    }
+    writer.join().unwrap();
     drop(node);
     s.close();
 }

@@ -108,9 +108,10 @@ def test_health_fails_when_a_partition_cannot_open(tmp_path):
         ("[storage]\n", "directory is required"),
         ("[storage]\ndirectory = 'DIR'\n", "set [storage] cluster_key and partition_count"),
         ("[storage]\ndirectory = 'DIR'\n[node]\nport = 'x'\n", "expected an integer"),
+        ("[storage]\ndirectory = 'DIR'\n[node]\nmax_connections = 0\n", "[node] max_connections must be positive"),
         ("[storage\n", "Expected"),
     ],
-    ids=["missing", "unknown-key", "no-directory", "new-dir-without-key", "bad-type", "bad-toml"],
+    ids=["missing", "unknown-key", "no-directory", "new-dir-without-key", "bad-type", "no-connections", "bad-toml"],
 )
 def test_a_bad_configuration_is_one_clear_line(tmp_path, content, message):
     path = tmp_path / "bad.toml"
@@ -123,3 +124,59 @@ def test_a_bad_configuration_is_one_clear_line(tmp_path, content, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_max_connections_closes_connections_over_it_with_a_warning(tmp_path):
+    key = uuid.uuid4()
+    config, ports = write_config(tmp_path, key)
+    config.write_text(config.read_text().replace("[node]\n", "[node]\nmax_connections = 1\n", 1))
+    proc = start(config)
+    try:
+        wait_http(ports["http_port"], proc)
+        first = socket.create_connection(("127.0.0.1", ports["port"]))
+        over = socket.create_connection(("127.0.0.1", ports["port"]))
+        over.settimeout(5)
+        try:
+            assert over.recv(1) == b""
+        except ConnectionResetError:
+            pass
+
+        first.close()  # its place is given back
+
+        async def served_again():
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    c = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2)
+                    await c.close()  # Hello and Open were answered
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+
+        asyncio.run(served_again())
+        _, metrics = get(ports["http_port"], "/metrics")
+        # At least the one above; a retry of served_again's may have come before `first`'s place was free.
+        refused = [line for line in metrics.splitlines() if line.startswith("waltz_storage_refused_connections_total ")]
+        assert refused and float(refused[0].split()[1]) >= 1, refused
+    finally:
+        err = stop(proc)
+    messages = [json.loads(line)["message"] for line in err.splitlines() if line.startswith("{")]
+    assert any("max_connections" in m for m in messages), messages
+
+
+def test_the_file_limit_is_raised_for_max_connections_or_warned_about(monkeypatch, caplog):
+    from waltz.storage import daemon
+
+    limits = {"soft": 1024, "hard": 2048}
+    monkeypatch.setattr(daemon.resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(daemon.resource, "setrlimit", lambda _, v: limits.update(soft=v[0]))
+    with caplog.at_level("WARNING", logger="waltz.storage"):
+        daemon.ensure_file_limit(100)  # needs 656
+        assert limits["soft"] == 1024 and not caplog.records
+        daemon.ensure_file_limit(400)  # needs 1856: raised
+        assert limits["soft"] == 1856 and not caplog.records
+        daemon.ensure_file_limit(1024)  # needs 4352, above the hard limit
+        assert limits["soft"] == 2048
+    assert "max_connections = 1024" in caplog.text

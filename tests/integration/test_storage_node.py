@@ -205,6 +205,77 @@ def test_disconnect_mid_frame_and_idle_clients_are_dropped(cluster):
     run(still_serving())
 
 
+def test_an_opened_connection_outlives_idle_timeout_and_one_not_opened_does_not(cluster):
+    """A quiet partition must not cost a store session its replica connections; a peer that never
+    opens is closed by the Open deadline (idle_timeout, 2 s here, being shorter than 10 s) even
+    while it keeps sending, and the answer to a wrong cluster key does not tell the node's key."""
+    key, node, _, _ = cluster
+
+    async def go():
+        async with await connect(key, node) as c:
+            await c.append(0, 1, 0, batch(0, 2))
+            await asyncio.sleep(3)
+            await c.append(0, 1, 2, batch(2, 2))
+            assert await c.max_transaction_id(0, 1) == 3
+
+    chatty = socket.create_connection(node.address)
+    other = uuid.uuid4()
+    chatty.sendall(encode_request("hello") + encode_request("open", -1, 0, -1, cluster_key=other, partition_count=4))
+    reader = ResponseReader()
+    chatty.settimeout(3)
+    answers: list[tuple] = []
+    while len(answers) < 2:
+        reader.feed(chatty.recv(65536))
+        while (a := reader.next_response()) is not None:
+            answers.append(a)
+    assert answers[1][0] == "failure" and str(key) not in answers[1][4][1] and str(other) in answers[1][4][1]
+    start = time.monotonic()
+    with pytest.raises(OSError):
+        while time.monotonic() - start < 8:
+            chatty.sendall(encode_request("last_session_info", 1, 1, 0))
+            if not chatty.recv(65536):
+                raise ConnectionResetError("closed")
+            time.sleep(0.2)
+    assert time.monotonic() - start < 8
+    run(go())
+
+
+def test_max_connections_closes_the_connections_over_it(tmp_path):
+    s = Storage.create(tmp_path / "node", uuid.uuid4(), 1)
+    with pytest.raises(errors.InvalidArgumentError):
+        StorageNode.start(s, max_connections=0)
+    node = StorageNode.start(s, max_connections=1)
+    try:
+        kept = socket.create_connection(node.address)
+        over = socket.create_connection(node.address)
+        assert closed_by_peer(over)
+        assert node.stats()["refused_connections"] == 1
+        kept.sendall(encode_request("hello"))
+        kept.settimeout(3)
+        assert kept.recv(65536)
+    finally:
+        node.stop()
+        s.close()
+
+
+def test_response_reader_takes_a_large_buffer_of_small_frames():
+    body = b"".join(
+        (lambda b: struct.pack(">I", len(b) + 4) + b + struct.pack(">I", zlib.crc32(b)))(
+            struct.pack(">HBB", 0x5753, 1, 0x80) + struct.pack(">qqi", 1, seq, 0)
+        )
+        for seq in range(100_000)
+    )
+    r = ResponseReader()
+    r.feed(body[:-5])
+    seqs = []
+    while (a := r.next_response()) is not None:
+        seqs.append(a[1])
+    r.feed(body[-5:])
+    while (a := r.next_response()) is not None:
+        seqs.append(a[1])
+    assert seqs == list(range(100_000))
+
+
 def test_100k_random_and_mutated_frames_never_disturb_the_node(cluster):
     """100,000 frames over 2,000 connections: each opens a valid session, then sends valid
     requests mixed with mutated and random frames. The node closes the connections it must,

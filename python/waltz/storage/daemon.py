@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 import threading
 from collections.abc import Callable
@@ -44,6 +45,33 @@ def open_storage(config: StorageNodeConfig) -> Storage:
         return with_tuning(Storage.create, s.directory, s.cluster_key, s.partition_count)
 
 
+FILES_BESIDES_CONNECTIONS = 256
+"""Descriptors kept for segment, index and control files, the HTTP port and the interpreter."""
+
+
+def ensure_file_limit(max_connections: int) -> None:
+    """A storage connection holds three file descriptors (its socket and its thread's event loop)
+    and an admin one its socket. If `max_connections` on both ports can exhaust the limit, a flood
+    of connections makes a segment roll fail and its partition refuse appends until reopened: the
+    soft limit is raised as far as the hard one allows, and a shortfall is a warning."""
+    need = 4 * max_connections + FILES_BESIDES_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.debug("cannot raise the file descriptor limit to %d: %s", target, e)
+    if soft < need:
+        log.warning(
+            "the file descriptor limit (%d) is below the %d that [node] max_connections = %d may take with the "
+            "storage files: lower max_connections or raise the limit (ulimit -n)", soft, need, max_connections,
+        )
+
+
 def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None:
     """Serves until SIGTERM or SIGINT, then stops cleanly (queued appends finish their fsync)."""
     stop = threading.Event()
@@ -53,6 +81,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
     previous = {}
     try:
         n, tls = config.node, config.tls
+        ensure_file_limit(n.max_connections)
         node = StorageNode.start(
             storage,
             n.host,
@@ -63,6 +92,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             max_list_bytes=n.max_list_bytes,
             idle_timeout=n.idle_timeout,
             max_in_flight=n.max_in_flight,
+            max_connections=n.max_connections,
             tls_ca=tls.ca,
             tls_cert=tls.cert,
             tls_key=tls.key,
