@@ -578,25 +578,36 @@ fn push_answer(shared: &Shared, out: &mut Vec<u8>, bytes: Vec<u8>) {
 }
 
 /// Sends the gathered answers. A peer that takes nothing for the idle timeout is gone or
-/// hostile; one not opened yet has until its Open deadline. The flush is free on TCP; TLS may
-/// hold encrypted bytes back until it.
+/// hostile; one not opened yet has until its Open deadline. The timeout runs from the last bytes
+/// the peer took, not from the start: a slow reader that keeps reading gets a whole list. The
+/// flush is free on TCP; TLS may hold encrypted bytes back until it.
 async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared, wait: Wait) -> Result<(), String> {
     if out.is_empty() {
         return Ok(());
     }
-    let sent = async {
-        stream.write_all(out).await?;
-        stream.flush().await
-    };
     let idle = shared.opts.idle_timeout;
-    let (until, why) = match wait {
-        Wait::OpenBy(t) => (t, not_opened(shared)),
-        Wait::Idle | Wait::Forever => (tokio::time::Instant::now() + idle, format!("it read nothing for {idle:?}")),
+    let next_deadline = || match wait {
+        Wait::OpenBy(t) => t,
+        Wait::Idle | Wait::Forever => tokio::time::Instant::now() + idle,
     };
-    let r = match tokio::time::timeout_at(until, sent).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(String::new()), // the peer went away: nothing to warn about
-        Err(_) => Err(why),
+    let why = || match wait {
+        Wait::OpenBy(_) => not_opened(shared),
+        Wait::Idle | Wait::Forever => format!("it read nothing for {idle:?}"),
+    };
+    let mut sent = 0;
+    let r = loop {
+        if sent == out.len() {
+            break match tokio::time::timeout_at(next_deadline(), stream.flush()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(String::new()),
+                Err(_) => Err(why()),
+            };
+        }
+        match tokio::time::timeout_at(next_deadline(), stream.write(&out[sent..])).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break Err(String::new()), // the peer went away: nothing to warn about
+            Ok(Ok(n)) => sent += n,
+            Err(_) => break Err(why()),
+        }
     };
     out.clear();
     r

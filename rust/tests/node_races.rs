@@ -813,3 +813,39 @@ fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
     drop(node);
     s.close();
 }
+
+/// A peer that keeps reading, however slowly, gets its whole answer: the write timeout runs from
+/// the last bytes it took. Before, idle_timeout bounded the whole write of an answer of up to
+/// `max_list_bytes`, so a reader slower than that rate was cut off mid-answer ("it read nothing").
+#[test]
+fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", None, short_idle()).unwrap();
+    let mut c = Client::connect(node.addr, 1);
+    let h = c.h(1, 0);
+    assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
+    let h = c.h(1, 0);
+    assert!(matches!(c.call(Request::Append { h, records: recs(0, 8, 1 << 20) }), Response::Success { .. }));
+    let h = c.h(1, 0);
+    c.send(&Request::RecordList { h, txid: 0, max_count: 100 });
+    // 256 KiB per 100 ms: the 8 MiB answer takes about 3 s, three idle timeouts.
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 256 << 10];
+    c.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let listed = loop {
+        if let Some(f) = split_frame(&got, MAGIC_STORAGE, 1 << 30).unwrap() {
+            break Response::decode(&f).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let n = c.s.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed after {} bytes of the answer", got.len());
+        got.extend_from_slice(&chunk[..n]);
+    };
+    match listed {
+        Response::RecordList { records, .. } => assert_eq!(records.iter().map(|r| r.txid).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>()),
+        other => panic!("{other:?}"),
+    }
+    drop(node);
+    s.close();
+}

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from test_storage_node import frame
 
 from waltz import errors
 from waltz.storage import RecordBatch, ReqId, StorageClient
@@ -21,13 +22,8 @@ KEY = uuid.UUID(int=5)
 SUCCESS, HELLO_OK, MAX_TXID, RECORD_HEADER, RECORD, RECORD_LIST = 0x80, 0x82, 0x92, 0x96, 0x97, 0x99
 
 
-def frame(msg_type: int, payload: bytes) -> bytes:
-    body = struct.pack(">HBB", 0x5753, 1, msg_type) + payload
-    return struct.pack(">I", len(body) + 4) + body + struct.pack(">I", zlib.crc32(body))
-
-
 def answer(msg_type: int, session: int, seq: int, partition: int, extra: bytes = b"") -> bytes:
-    return frame(msg_type, struct.pack(">qqi", session, seq, partition) + extra)
+    return frame(struct.pack(">qqi", session, seq, partition) + extra, msg_type=msg_type)
 
 
 def wire_record(txid: int, data: bytes) -> bytes:
@@ -52,7 +48,7 @@ async def against(answerer: Answerer, call: Callable[[StorageClient], Awaitable[
                 body, buf = buf[4 : 4 + n], buf[4 + n :]
                 msg_type, payload = body[3], body[4:-4]
                 if msg_type == 0x01:  # Hello
-                    writer.write(frame(HELLO_OK, b"\x01"))
+                    writer.write(frame(b"\x01", msg_type=HELLO_OK))
                     continue
                 session, seq, partition = struct.unpack(">qqi", payload[:20])
                 writer.write(answer(SUCCESS, session, seq, partition) if msg_type == 0x10 else answerer(session, seq, partition))

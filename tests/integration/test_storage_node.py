@@ -143,8 +143,9 @@ def connect_n(key, node, partitions):
     return StorageClient.connect(*node.address, cluster_key=key, partition_count=partitions)
 
 
-def frame(body: bytes, magic: int = 0x5753) -> bytes:
-    inner = struct.pack(">HBB", magic, 1, 0x01) + body
+def frame(body: bytes, magic: int = 0x5753, msg_type: int = 0x01) -> bytes:
+    """One frame around `body` (Hello unless `msg_type` says otherwise), CRC and all."""
+    inner = struct.pack(">HBB", magic, 1, msg_type) + body
     crc = zlib.crc32(inner)
     return struct.pack(">I", len(inner) + 4) + inner + struct.pack(">I", crc)
 
@@ -259,12 +260,7 @@ def test_max_connections_closes_the_connections_over_it(tmp_path):
 
 
 def test_response_reader_takes_a_large_buffer_of_small_frames():
-    body = b"".join(
-        (lambda b: struct.pack(">I", len(b) + 4) + b + struct.pack(">I", zlib.crc32(b)))(
-            struct.pack(">HBB", 0x5753, 1, 0x80) + struct.pack(">qqi", 1, seq, 0)
-        )
-        for seq in range(100_000)
-    )
+    body = b"".join(frame(struct.pack(">qqi", 1, seq, 0), msg_type=0x80) for seq in range(100_000))
     r = ResponseReader()
     r.feed(body[:-5])
     seqs = []
