@@ -662,6 +662,9 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         None => return Err("Hello sent twice".into()),
     };
     if let Request::Open { cluster_key, partition_count, .. } = req {
+        // Whatever an earlier Open proved, a failed one leaves the connection unopened (and past
+        // its Open deadline, so it is closed once the Failure is sent).
+        conn.opened = false;
         let s = &shared.storage;
         if cluster_key != s.cluster_key {
             let theirs = crate::control::format_uuid(&cluster_key);
@@ -880,6 +883,7 @@ async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: Soc
                 (false, _) => break 'conn "the first admin frame must be a Hello this node speaks".into(),
                 (true, AdminRequest::Hello { .. }) => break 'conn "Hello sent twice".into(),
                 (true, AdminRequest::Open { h, cluster_key, partition_count }) => {
+                    opened = false; // as on the storage port: a failed Open leaves it unopened
                     let s = &shared.storage;
                     if cluster_key != s.cluster_key {
                         admin_fail(h, FailureKind::ClusterKeyMismatch, "cluster key does not match this storage".into())

@@ -849,3 +849,22 @@ fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
     drop(node);
     s.close();
 }
+
+/// An Open that fails on a connection already opened leaves it unopened: before, the Failure
+/// was answered and the connection went on serving under the earlier Open.
+#[test]
+fn l9_a_failed_second_open_leaves_the_connection_unopened() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, _) = gated_storage(d.path(), 1);
+    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let mut c = Client::connect(node.addr, 1);
+    let h = c.h(-1, -1);
+    assert!(matches!(c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }), Response::Failure { .. }));
+    let h = c.h(1, 0);
+    assert!(!matches!(c.try_recv_after(Request::MaxTransactionId { h }), Ok(Response::MaxTransactionId { .. })));
+    let mut a = admin(node.admin_addr.unwrap());
+    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: [8; 16], partition_count: 1 }), AdminResponse::Failure { .. }));
+    assert!(!matches!(a.try_recv_after(AdminRequest::Status { h: ah(-1) }), Ok(AdminResponse::Status { .. })));
+    drop(node);
+    s.close();
+}
