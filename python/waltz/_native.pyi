@@ -225,7 +225,7 @@ class StorageNode:
         max_list_bytes: int = 16 << 20,
         idle_timeout: float = 300.0,
         max_in_flight: int = 1024,
-        max_connections: int = 1024,
+        max_connections: int = 4096,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,

@@ -39,7 +39,7 @@ class NodeSection:
     max_list_bytes: int = 16 << 20
     idle_timeout: float = 300.0
     max_in_flight: int = 1024
-    max_connections: int = 1024
+    max_connections: int = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +205,10 @@ class PartitionSection:
     it bounds what an inconsistent replica is truncated back by."""
 
 
-MAX_TRANSACTION_BYTES_LIMIT = (64 << 20) - 1024
-"""The protocols' default frame limit, less room for the headers around one record."""
+FRAME_LIMIT = 64 << 20
+"""The storage protocol's default frame limit (`[node] max_frame`): a store batch is one Append."""
+RECORD_FRAMING = 64
+"""Bytes an Append spends around each record's data (id, request id, header, length, CRC), rounded up."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +234,10 @@ def load_server_config(path: str | pathlib.Path) -> ServerConfig:
         if f.name != "gather_turns":
             need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
     need(0 <= config.partition.gather_turns <= 1000, "[partition] gather_turns must be between 0 and 1000")
-    need(config.partition.max_transaction_bytes <= MAX_TRANSACTION_BYTES_LIMIT,
-         f"[partition] max_transaction_bytes must be at most {MAX_TRANSACTION_BYTES_LIMIT}: a transaction travels in one "
-         "frame of at most 64 MiB to the storage nodes, and back to readers")
+    p = config.partition
+    frame = p.max_batch_bytes + p.max_transaction_bytes + p.max_batch_records * RECORD_FRAMING + 1024
+    need(frame <= FRAME_LIMIT,
+         f"[partition] max_batch_bytes + max_transaction_bytes (+ {RECORD_FRAMING} bytes per record of max_batch_records) "
+         f"must fit one frame of {FRAME_LIMIT} bytes, the most a storage node takes ({frame} here): a batch gathers "
+         "transactions while under max_batch_bytes, so its last one may bring it to their sum")
     return config

@@ -146,8 +146,8 @@ def describe(exc: BaseException, *, client: bool) -> str:
         if reason in _CERT_REFUSED:
             return f"the peer refused our certificate: it is not signed by a CA the peer trusts [{reason}]"
         if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError)) or "EOF" in reason:
-            return ("the peer closed the connection during the handshake: a plaintext port, or it refused our "
-                    "certificate (its log says which)")
+            return ("the peer closed the connection during the handshake: a plaintext port, it refused our "
+                    "certificate, or it was at its connection limit (a storage node's [node] max_connections); its log says which")
     else:
         if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
             return f"the client presented no certificate (mutual TLS requires one) [{reason}]"

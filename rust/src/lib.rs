@@ -1313,7 +1313,7 @@ mod python {
     #[pymethods]
     impl PyStorageNode {
         #[staticmethod]
-        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=1024, tls_ca=None, tls_cert=None, tls_key=None))]
+        #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, tls_ca=None, tls_cert=None, tls_key=None))]
         #[allow(clippy::too_many_arguments)]
         fn start(
             py: Python<'_>,

@@ -62,7 +62,7 @@ impl Default for NodeOptions {
             idle_timeout: Duration::from_secs(300),
             max_in_flight: 1024,
             tls: None,
-            max_connections: 1024,
+            max_connections: 4096,
         }
     }
 }

@@ -88,17 +88,19 @@ def append(c: StorageClient) -> Any:
     [
         (lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)), append, "answered an append to partition 0 with max_transaction_id"),
         (lambda s, q, p: answer(SUCCESS, s, q, 3), append, "answered an append to partition 0 with success for partition 3"),
-        (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 0)), lambda c: c.append(0, 7, 0, BATCH), "with record_list, not success"),
-        (lambda s, q, p: answer(SUCCESS, s, q, p), lambda c: c.max_transaction_id(0, 7), "with success, not max_transaction_id"),
+        (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 0)), lambda c: c.append(0, 7, 0, BATCH), "with record_list for partition 0, not success"),
+        (lambda s, q, p: answer(SUCCESS, s, q, p), lambda c: c.max_transaction_id(0, 7), "with success for partition 0, not max_transaction_id"),
+        (lambda s, q, p: answer(SUCCESS, s, q, 2), lambda c: c.truncate(0, 7, 5), "with success for partition 2, not success for partition 0"),
         (lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)), lambda c: c.last_session_info(0, 7), "not last_session_info"),
-        (lambda s, q, p: answer(RECORD_HEADER, s, q, p, b"\x00"), lambda c: c.record(0, 7, 3), "with record_header, not record"),
+        (lambda s, q, p: answer(RECORD_HEADER, s, q, p, b"\x00"), lambda c: c.record(0, 7, 3), "with record_header for partition 0, not record"),
         (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 1) + wire_record(555, b"z")), lambda c: c.records(0, 7, 100, 10),
          "answered a list from 100 with ids ..., 555"),
         (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 2) + wire_record(100, b"a") + wire_record(102, b"b")),
          lambda c: c.records(0, 7, 100, 10), "answered a list from 100 with ids ..., 100, 102"),
         (lambda s, q, p: answer(RECORD, s, q, p, b"\x01" + wire_record(9, b"z")), lambda c: c.record(0, 7, 3), "answered a read of 3 with transaction 9"),
     ],
-    ids=["append-max-txid", "append-other-partition", "append-list", "max-txid-success", "session-info-max-txid", "record-header",
+    ids=["append-max-txid", "append-other-partition", "append-list", "max-txid-success", "truncate-other-partition",
+         "session-info-max-txid", "record-header",
          "list-wrong-start", "list-gap", "record-wrong-id"],
 )
 def test_a_wrong_answer_fails_the_request_clearly(answerer: Answerer, call: Callable[[StorageClient], Any], message: str) -> None:

@@ -166,17 +166,24 @@ def test_max_connections_closes_connections_over_it_with_a_warning(tmp_path):
     assert any("max_connections" in m for m in messages), messages
 
 
-def test_the_file_limit_is_raised_for_max_connections_or_warned_about(monkeypatch, caplog):
+def test_the_file_limit_is_raised_for_max_connections_or_the_connections_fitted_to_it(monkeypatch, caplog):
     from waltz.storage import daemon
 
     limits = {"soft": 1024, "hard": 2048}
     monkeypatch.setattr(daemon.resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
     monkeypatch.setattr(daemon.resource, "setrlimit", lambda _, v: limits.update(soft=v[0]))
     with caplog.at_level("WARNING", logger="waltz.storage"):
-        daemon.ensure_file_limit(100)  # needs 656
+        assert daemon.fit_file_limit(100) == 100  # needs 656
         assert limits["soft"] == 1024 and not caplog.records
-        daemon.ensure_file_limit(400)  # needs 1856: raised
+        assert daemon.fit_file_limit(400) == 400  # needs 1856: raised
         assert limits["soft"] == 1856 and not caplog.records
-        daemon.ensure_file_limit(1024)  # needs 4352, above the hard limit
+        # Needs 4352, above the hard limit: as many as 2048 descriptors hold.
+        assert daemon.fit_file_limit(1024) == (2048 - daemon.FILES_BESIDES_CONNECTIONS) // 4
         assert limits["soft"] == 2048
-    assert "max_connections = 1024" in caplog.text
+    assert "max_connections = 1024" in caplog.text and "serving at most 448 connections per port" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="waltz.storage"):
+        daemon.check_connections_for_partitions(4096, 100)
+        assert not caplog.records
+        daemon.check_connections_for_partitions(100, 100)
+    assert "at least 264 is advised" in caplog.text

@@ -25,10 +25,13 @@ def test_gather_turns_default_zero_and_bounds(tmp_path: pathlib.Path) -> None:
         load_server_config(_server(tmp_path, "max_batches_in_flight = 0\n"))
 
 
-def test_max_transaction_bytes_must_fit_a_frame(tmp_path: pathlib.Path) -> None:
-    """A larger transaction could be configured but never written to a storage node or read
-    back: every frame that carries it is limited to 64 MiB."""
-    ok = (64 << 20) - 1024
+def test_a_whole_batch_must_fit_a_frame(tmp_path: pathlib.Path) -> None:
+    """A batch gathers while under max_batch_bytes, so its last transaction may bring it to
+    max_batch_bytes + max_transaction_bytes: more than a storage node's 64 MiB frame could never
+    be appended (the node would close every replica's connection, again at each retry)."""
+    ok = (64 << 20) - (4 << 20) - 1000 * 64 - 1024
     assert load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok}\n")).partition.max_transaction_bytes == ok
-    with pytest.raises(ConfigError, match=r"\[partition\] max_transaction_bytes must be at most 67107840"):
+    with pytest.raises(ConfigError, match=r"\[partition\] max_batch_bytes \+ max_transaction_bytes .* must fit one frame of 67108864 bytes"):
         load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok + 1}\n"))
+    with pytest.raises(ConfigError, match=r"must fit one frame"):
+        load_server_config(_server(tmp_path, f"max_batch_bytes = {60 << 20}\n"))

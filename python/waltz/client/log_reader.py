@@ -159,20 +159,26 @@ class LogReader:
                 await asyncio.sleep(0.1)
 
     async def first_transaction_id(self, partition: int) -> int:
-        """The lowest id the partition's readable replicas still hold (retention moves it up)."""
+        """The lowest id any of the partition's readable replicas still holds (retention moves
+        each one's up on its own, a whole segment at a time): `read` from there finds every id
+        some replica holds. Asks every readable replica that answers."""
         self._check(partition)
         deadline, last = time.monotonic() + self.timeout, "no readable replica"
         while time.monotonic() < deadline:
+            firsts = []
             for address in await asyncio.to_thread(self._readable_replicas, partition):
                 try:
                     admin = await self._admin(address)
-                    for row in await admin.status():
-                        if row["partition"] == partition:
-                            return max(0, int(row["first_transaction_id"]))
-                    last = f"{address} does not hold partition {partition}"
+                    held = [int(row["first_transaction_id"]) for row in await admin.status() if row["partition"] == partition]
+                    if held:
+                        firsts.append(max(0, held[0]))
+                    else:
+                        last = f"{address} does not hold partition {partition}"
                 except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
                     last = f"{address}: {e}"
                     await self._drop_admin(address)
+            if firsts:
+                return min(firsts)
             await asyncio.sleep(0.1)
         raise errors.RequestTimeoutError(f"partition {partition}: no replica answered within {self.timeout} s ({last})")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl as _ssl
+import struct
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -40,6 +41,9 @@ _FAILURES: dict[str, type[errors.StorageError]] = {
     "corruption": errors.CorruptionError,
     "io": errors.StorageIOError,
 }
+
+
+_PARTITION_AT = struct.Struct(">i")
 
 
 def _failure(address: str, kind: str, message: str) -> errors.StorageError:
@@ -114,8 +118,9 @@ class _Connection:
         self.tls = tls
         self._decoder = ResponseReader(admin=self.ADMIN)
         self._pending: dict[int, asyncio.Future[tuple[str, Any]] | _AppendWait] = {}
-        self._expected: dict[int, str] = {}
-        """Sequence number → the kind of answer its request takes (appends: see `_AppendWait`)."""
+        self._expected: dict[int, tuple[str, int]] = {}
+        """Sequence number → the kind of answer its request takes, and its partition (every answer
+        repeats its request's message header; appends: see `_AppendWait`)."""
         self._seq = itertools.count(1)
         self._closed: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
@@ -174,10 +179,12 @@ class _Connection:
             except asyncio.TimeoutError as e:
                 raise errors.StorageTimeoutError(f"{peer} did not answer Hello") from e
             except OSError as e:
-                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(f"{peer}: {e}") from e
+                hint = " (a node at its [node] max_connections closes new connections so; its log says)" if isinstance(e, ConnectionResetError) else ""
+                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(f"{peer}: {e}{hint}") from e
             if not data:
                 raise tls.first_read_error(peer, None, self.tls) or errors.StorageConnectionError(
-                    f"{peer} closed the connection during Hello (if it requires mutual TLS, configure the CA, certificate and key)"
+                    f"{peer} closed the connection during Hello: it requires mutual TLS (configure the CA, certificate and key), "
+                    "or it is at its [node] max_connections (its log says which)"
                 )
             if not self.tls and tls.looks_like_tls(data):
                 raise tls.plaintext_refused(peer)
@@ -199,8 +206,9 @@ class _Connection:
                             raise wrong
                         continue
                     expected = self._expected.pop(seq, None)
-                    if expected is not None and kind not in (expected, "failure"):
-                        wrong = errors.ProtocolError(f"storage node {self.address} answered request {seq} with {kind}, not {expected}")
+                    if expected is not None and kind != "failure" and (kind, partition) != expected:
+                        wrong = errors.ProtocolError(f"storage node {self.address} answered request {seq} with {kind} for partition "
+                                                     f"{partition}, not {expected[0]} for partition {expected[1]}")
                         if waiting is not None and not waiting.done():
                             waiting.set_exception(wrong)
                         raise wrong
@@ -230,21 +238,25 @@ class _Connection:
         """Writes a request now (requests go out in call order) and returns its response future;
         an answer of another kind than `expect` (or a Failure) ends the connection."""
         fut: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
-        seq = self._write(encode, fut)
-        self._expected[seq] = expect
+        seq, frame = self._write(encode, fut)
+        # The message header's partition id, after length, magic, version and type (8 bytes)
+        # and the session id and seq (16).
+        self._expected[seq] = (expect, _PARTITION_AT.unpack_from(frame, 24)[0])
         return seq, fut
 
-    def _write(self, encode: Any, waiting: asyncio.Future[tuple[str, Any]] | _AppendWait) -> int:
+    def _write(self, encode: Any, waiting: asyncio.Future[tuple[str, Any]] | _AppendWait) -> tuple[int, bytes]:
+        """Sends the request `encode(seq)` builds; its seq and frame."""
         if self._closed is not None:
             raise errors.StorageConnectionError(f"connection to {self.address} is closed: {self._closed}")
         seq = next(self._seq)
+        frame = encode(seq)
         self._pending[seq] = waiting
         try:
-            self._writer.write(encode(seq))
+            self._writer.write(frame)
         except (ConnectionError, OSError) as e:
             self._pending.pop(seq, None)
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
-        return seq
+        return seq, frame
 
     async def _wait(self, seq: int, fut: asyncio.Future[tuple[str, Any]]) -> Any:
         try:

@@ -49,15 +49,15 @@ FILES_BESIDES_CONNECTIONS = 256
 """Descriptors kept for segment, index and control files, the HTTP port and the interpreter."""
 
 
-def ensure_file_limit(max_connections: int) -> None:
-    """A storage connection holds three file descriptors (its socket and its thread's event loop)
-    and an admin one its socket. If `max_connections` on both ports can exhaust the limit, a flood
-    of connections makes a segment roll fail and its partition refuse appends until reopened: the
-    soft limit is raised as far as the hard one allows, and a shortfall is a warning."""
+def fit_file_limit(max_connections: int) -> int:
+    """`max_connections`, or fewer when the file descriptor limit cannot hold them: a storage
+    connection holds three descriptors (its socket and its thread's event loop), an admin one its
+    socket, and a node out of descriptors fails its next segment roll, and that partition refuses
+    appends until reopened. The soft limit is raised as far as the hard one allows first."""
     need = 4 * max_connections + FILES_BESIDES_CONNECTIONS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
-        return
+        return max_connections
     target = need if hard == resource.RLIM_INFINITY else min(need, hard)
     if target > soft:
         try:
@@ -65,10 +65,24 @@ def ensure_file_limit(max_connections: int) -> None:
             soft = target
         except (ValueError, OSError) as e:
             log.debug("cannot raise the file descriptor limit to %d: %s", target, e)
-    if soft < need:
+    if soft >= need:
+        return max_connections
+    fitted = max(16, (soft - FILES_BESIDES_CONNECTIONS) // 4)
+    log.warning(
+        "the file descriptor limit (%d) is below the %d that [node] max_connections = %d may take with the storage files: "
+        "serving at most %d connections per port (raise the limit, ulimit -n, for more)", soft, need, max_connections, fitted,
+    )
+    return min(fitted, max_connections)
+
+
+def check_connections_for_partitions(max_connections: int, partitions: int) -> None:
+    """Each partition replica a node holds keeps one storage connection open for its store
+    session (two while sessions hand over), beside readers and admin tools."""
+    wanted = 2 * partitions + 64
+    if max_connections < wanted:
         log.warning(
-            "the file descriptor limit (%d) is below the %d that [node] max_connections = %d may take with the "
-            "storage files: lower max_connections or raise the limit (ulimit -n)", soft, need, max_connections,
+            "[node] max_connections = %d is low for the %d partitions this node holds: store sessions keep one connection "
+            "per partition open (two during a hand-over); at least %d is advised", max_connections, partitions, wanted,
         )
 
 
@@ -81,7 +95,8 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
     previous = {}
     try:
         n, tls = config.node, config.tls
-        ensure_file_limit(n.max_connections)
+        max_connections = fit_file_limit(n.max_connections)
+        check_connections_for_partitions(max_connections, len(storage.partition_ids()))
         node = StorageNode.start(
             storage,
             n.host,
@@ -92,7 +107,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             max_list_bytes=n.max_list_bytes,
             idle_timeout=n.idle_timeout,
             max_in_flight=n.max_in_flight,
-            max_connections=n.max_connections,
+            max_connections=max_connections,
             tls_ca=tls.ca,
             tls_cert=tls.cert,
             tls_key=tls.key,
