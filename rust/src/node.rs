@@ -516,6 +516,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
     let mut buf = FrameBuf::with_capacity(64 << 10);
     let mut waiting: Vec<Answer> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
+    // A send that failed may have left a frame half written: nothing may follow it.
+    let mut send_failed = false;
     let reason = 'conn: loop {
         loop {
             let (size, req) = match split_frame(buf.pending(), MAGIC_STORAGE, frame_limit(&shared, conn.opened)) {
@@ -540,21 +542,26 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
             }
             if out.len() >= FLUSH_BYTES {
                 if let Err(why) = send(&mut stream, &mut out, &shared, wait(&conn)).await {
+                    send_failed = true;
                     break 'conn why;
                 }
             }
         }
         settle_all(&shared, &mut waiting, &mut out);
         if let Err(why) = send(&mut stream, &mut out, &shared, wait(&conn)).await {
+            send_failed = true;
             break why;
         }
         if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(&conn)).await {
             break why;
         }
     };
-    // What was accepted before the connection ended is still answered, as far as the peer reads.
+    // What was accepted before the connection ended is still settled (synced), and answered
+    // unless the connection can no longer carry a whole frame.
     settle_all(&shared, &mut waiting, &mut out);
-    let _ = send(&mut stream, &mut out, &shared, wait(&conn)).await;
+    if !send_failed {
+        let _ = send(&mut stream, &mut out, &shared, wait(&conn)).await;
+    }
     if !reason.is_empty() {
         shared.stats.closed_bad_frames.fetch_add(reason.starts_with("bad frame") as u64, Ordering::Relaxed);
         log::warn!("closing connection from {peer}: {reason}");
