@@ -212,10 +212,13 @@ def test_a_range_the_files_no_longer_hold_fails_instead_of_coming_back_short(tmp
         list(_read_range(opts, RangePartition(0, 20, 150, str(d))))
 
 
+ONE_CLUSTER = uuid.UUID(int=9)  # directories of one cluster: two clusters' are refused together
+
+
 def directory(path: pathlib.Path, n: int, low_water_mark: int, *, drop_before: int | None = None) -> tuple[str, int]:
-    """Partition 0 holding `n` transactions in small segments, retention dropping those before
-    `drop_before`; returns the directory and its first id."""
-    with Storage.create(path, uuid.uuid4(), 1, segment_size=4096) as s:
+    """Partition 0 of ONE_CLUSTER holding `n` transactions in small segments, retention dropping
+    those before `drop_before`; returns the directory and its first id."""
+    with Storage.create(path, ONE_CLUSTER, 1, segment_size=4096) as s:
         s.add_partition(0)
         part = s.partition(0)
         for i in range(0, n, 10):
@@ -259,3 +262,24 @@ def test_an_unreachable_cluster_bounds_a_batch_read_by_low_water_marks(tmp_path:
         WaltzReader(Options.parse({"cluster": nowhere, "timeout": "2"})).partitions()
     with pytest.raises(ConnectionError):
         WaltzStreamReader(Options.parse({"cluster": nowhere, "timeout": "2"}, streaming=True)).initialOffset()
+
+
+def test_register_points_at_the_worker_transport_only_when_it_is_tcp(spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from waltz.spark import UNIX_SOCKETS, register
+
+    with caplog.at_level(logging.INFO, logger="waltz.spark"):
+        register(spark)  # the test session keeps Spark's default transport
+    assert [r for r in caplog.records if UNIX_SOCKETS in r.getMessage()]
+
+    class UnixSession:  # what register reads of a session started with the setting on
+        class conf:
+            @staticmethod
+            def get(key: str, default: str) -> str:
+                return "true" if key == UNIX_SOCKETS else default
+
+        dataSource = spark.dataSource
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="waltz.spark"):
+        register(UnixSession())
+    assert not [r for r in caplog.records if UNIX_SOCKETS in r.getMessage()]

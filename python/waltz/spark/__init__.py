@@ -11,9 +11,16 @@ Options and planning import without PySpark; the data source itself needs it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from waltz.spark.options import OptionError, Options
+
+log = logging.getLogger("waltz.spark")
+
+# Spark >= 4.1 setting for the link between Python workers and the JVM; it is read when the
+# session starts, so a source can only point at it, never turn it on.
+UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 
 SCHEMA = "partition int, transaction_id long, header int, client_id int, generation int, sequence int, data binary"
 
@@ -23,6 +30,15 @@ def register(spark: Any) -> None:
     from waltz.spark.source import WaltzDataSource
 
     spark.dataSource.register(WaltzDataSource)
+    try:
+        transport = str(spark.conf.get(UNIX_SOCKETS, "false")).lower()
+    except Exception:  # a Spark without the setting, or a Connect session that hides it
+        return
+    if transport != "true":
+        # Every Python data source's batches cross this link; over loopback TCP it costs about as
+        # much as Parquet's whole scan (docs/performance.md, "Unix domain sockets").
+        log.info("waltz: %s is off: batch scans move their Arrow batches to the JVM over TCP, 10-30 %% "
+                 "slower than over Unix domain sockets (set it when the session starts; docs/spark.md)", UNIX_SOCKETS)
 
 
 def __getattr__(name: str) -> Any:
