@@ -19,6 +19,7 @@ import ssl as _ssl
 import time
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
+from typing import Any
 
 from waltz import client_protocol as cp
 from waltz import errors
@@ -140,8 +141,11 @@ class LogReader:
                             raise errors.ProtocolError(f"{address} answered a read at {nxt} with transaction {records[0].txid}")
                         nxt = records[-1].txid + 1
                         progressed = True
-                        deadline = time.monotonic() + self.timeout
                         yield records
+                        # The wait counts from here: a consumer may hold the generator for longer
+                        # than the timeout (a Spark task writing downstream), and a connection
+                        # closed meanwhile must still get its retry.
+                        deadline = time.monotonic() + self.timeout
                 except errors.BelowLogStartError as e:
                     last = f"{address}: {e}"
                     gone.append(last)
@@ -161,26 +165,50 @@ class LogReader:
     async def first_transaction_id(self, partition: int) -> int:
         """The lowest id any of the partition's readable replicas still holds (retention moves
         each one's up on its own, a whole segment at a time): `read` from there finds every id
-        some replica holds. Asks every readable replica that answers."""
-        self._check(partition)
+        some replica holds."""
+        return (await self.first_transaction_ids([partition]))[partition]
+
+    async def first_transaction_ids(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        """Partition → `first_transaction_id`, from one Status of each readable replica, all asked
+        at once: an unreachable node costs one connect timeout for every partition together, not
+        one per partition in turn. A partition's answer is the lowest first id among its replicas
+        that answered and can serve it (a replica that cannot open the partition, or is not
+        readable, holds nothing a read could get)."""
+        wanted = list(range(self.info.partitions) if partitions is None else partitions)
+        for p in wanted:
+            self._check(p)
         deadline, last = time.monotonic() + self.timeout, "no readable replica"
-        while time.monotonic() < deadline:
-            firsts = []
-            for address in await asyncio.to_thread(self._readable_replicas, partition):
-                try:
-                    admin = await self._admin(address)
-                    held = [int(row["first_transaction_id"]) for row in await admin.status() if row["partition"] == partition]
-                    if held:
-                        firsts.append(max(0, held[0]))
-                    else:
-                        last = f"{address} does not hold partition {partition}"
-                except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
-                    last = f"{address}: {e}"
+        while True:
+            readable = await asyncio.to_thread(lambda: {p: self._readable_replicas(p) for p in wanted})
+            addresses = sorted({a for replicas in readable.values() for a in replicas})
+            answers = await asyncio.gather(*(self._status(a) for a in addresses), return_exceptions=True)
+            rows: dict[str, dict[int, dict[str, Any]]] = {}
+            for address, answer in zip(addresses, answers, strict=True):
+                if isinstance(answer, (OSError, errors.StorageError, errors.ProtocolError, TimeoutError)):
+                    last = f"{address}: {answer}"
                     await self._drop_admin(address)
-            if firsts:
-                return min(firsts)
+                elif isinstance(answer, BaseException):
+                    raise answer
+                else:
+                    rows[address] = answer
+            firsts: dict[int, int] = {}
+            for p in wanted:
+                held = [int(row["first_transaction_id"]) for a in readable[p] if (row := rows.get(a, {}).get(p)) is not None
+                        and row["readable"] and int(row["first_transaction_id"]) >= 0]
+                if held:
+                    firsts[p] = min(held)
+                elif any(a in rows for a in readable[p]):
+                    last = f"partition {p}: no readable replica that answered holds it"
+            if len(firsts) == len(wanted):
+                return firsts
+            if time.monotonic() > deadline:
+                missing = sorted(set(wanted) - set(firsts))
+                raise errors.RequestTimeoutError(f"partition {missing[0]}: no replica answered within {self.timeout} s ({last})")
             await asyncio.sleep(0.1)
-        raise errors.RequestTimeoutError(f"partition {partition}: no replica answered within {self.timeout} s ({last})")
+
+    async def _status(self, address: str) -> dict[int, dict[str, Any]]:
+        admin = await self._admin(address)
+        return {int(row["partition"]): row for row in await admin.status()}
 
     def _readable_replicas(self, partition: int) -> list[str]:
         """Addresses of the replicas recorded clean in the current store session."""

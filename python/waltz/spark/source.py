@@ -73,7 +73,7 @@ class _ClusterView:
                     raise OptionError(f"option partitions: the cluster has no partition {missing[0]} (it has {r.info.partitions})")
                 self.high_water_marks = await r.high_water_marks(wanted)
                 self.sessions = await r.sessions()
-                self.firsts = {p: await r.first_transaction_id(p) for p in wanted} if firsts else {}
+                self.firsts = await r.first_transaction_ids(wanted) if firsts else {}
 
         asyncio.run(ask())
 
