@@ -566,8 +566,16 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
         shared.stats.closed_bad_frames.fetch_add(reason.starts_with("bad frame") as u64, Ordering::Relaxed);
         log::warn!("closing connection from {peer}: {reason}");
     }
-    let _ = stream.shutdown().await;
+    // A clean close, unless a send failed: TLS would flush the rest of a half-written frame
+    // first. Bounded: TLS's close writes what it still holds, and a peer that reads nothing would
+    // keep this thread and its max_connections place for as long as it lives.
+    if !send_failed {
+        let _ = tokio::time::timeout(shared.opts.idle_timeout.min(CLOSE_TIMEOUT), stream.shutdown()).await;
+    }
 }
+
+/// How long a closing storage connection waits for the peer to take its last bytes.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn settle_all(shared: &Shared, waiting: &mut Vec<Answer>, out: &mut Vec<u8>) {
     for answer in waiting.drain(..) {

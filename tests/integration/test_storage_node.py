@@ -761,3 +761,51 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def test_a_tls_peer_that_reads_nothing_gives_its_connection_place_back(tmp_path):
+    """A TLS peer pipelines reads and never takes the answers. The node drops it after its idle
+    timeout, and the close does not wait on the peer (TLS's close flushes what it holds): the
+    thread and the max_connections place come back, and a healthy peer gets in."""
+    import ssl
+
+    from waltz.tls import generate_dev_certificates
+
+    certs = generate_dev_certificates(tmp_path / "certs")
+    key = uuid.uuid4()
+    s = Storage.create(tmp_path / "node", key, 1)
+    s.add_partition(0)
+    node = StorageNode.start(s, idle_timeout=1.0, max_connections=1, tls_ca=certs.ca, tls_cert=certs.node_cert,
+                             tls_key=certs.node_key)
+    ctx = certs.client_tls().client_context()
+    host, port = node.address
+    try:
+        async def fill():
+            async with await StorageClient.connect(host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10) as c:
+                await c.set_low_water_mark(0, 1, -1)
+                await c.append(0, 1, 0, RecordBatch([(ReqId(1, 1, 0, i), 0, b"x" * (4 << 20)) for i in range(4)]))
+
+        run(fill())
+        before = connection_threads()
+        raw = socket.create_connection((host, port))
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        stuck.settimeout(5)
+        stuck.sendall(encode_request("hello"))
+        assert stuck.recv(100)
+        stuck.sendall(encode_request("open", -1, 1, -1, cluster_key=key, partition_count=1))
+        assert stuck.recv(100)
+        for seq in range(20):  # 16 MiB answers each, never read
+            stuck.sendall(encode_request("record_list", 1, 10 + seq, 0, txid=0, max_count=1000))
+        assert settles_at(connection_threads, before) == before
+
+        async def healthy():
+            async with await StorageClient.connect(host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10) as c:
+                return await c.max_transaction_id(0, 1)
+
+        assert run(healthy()) == 3
+        assert node.stats()["refused_connections"] == 0
+        stuck.close()
+    finally:
+        node.stop()
+        s.close()
