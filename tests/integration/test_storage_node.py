@@ -767,8 +767,6 @@ def test_a_tls_peer_that_reads_nothing_gives_its_connection_place_back(tmp_path)
     """A TLS peer pipelines reads and never takes the answers. The node drops it after its idle
     timeout, and the close does not wait on the peer (TLS's close flushes what it holds): the
     thread and the max_connections place come back, and a healthy peer gets in."""
-    import ssl
-
     from waltz.tls import generate_dev_certificates
 
     certs = generate_dev_certificates(tmp_path / "certs")

@@ -115,7 +115,7 @@ def test_no_replica_answering_is_a_timeout_naming_the_partition() -> None:
 
 
 class _Dropping(_Replica):
-    """Fails the next read once after `drop()`: its connection closed while the consumer paused."""
+    """Fails the next read once `dropped` is set: its connection closed while the consumer paused."""
 
     def __init__(self, first: int, last: int) -> None:
         super().__init__(first, last)

@@ -193,8 +193,7 @@ class LogReader:
                     rows[address] = answer
             firsts: dict[int, int] = {}
             for p in wanted:
-                held = [int(row["first_transaction_id"]) for a in readable[p] if (row := rows.get(a, {}).get(p)) is not None
-                        and row["readable"] and int(row["first_transaction_id"]) >= 0]
+                held = [first for a in readable[p] if (first := _servable_first(rows.get(a, {}).get(p))) is not None]
                 if held:
                     firsts[p] = min(held)
                 elif any(a in rows for a in readable[p]):
@@ -245,3 +244,12 @@ class LogReader:
             return {p: self.metadata.partition_metadata(p)[0].session_id for p in range(self.info.partitions)}
 
         return await asyncio.to_thread(read)
+
+
+def _servable_first(row: dict[str, Any] | None) -> int | None:
+    """A Status row's first id, or None when that replica cannot serve reads of the partition:
+    no row, set unreadable, or not opened (first id -1)."""
+    if row is None or not row["readable"]:
+        return None
+    first = int(row["first_transaction_id"])
+    return first if first >= 0 else None
