@@ -9,7 +9,11 @@ The client finds each partition's server in the cluster metadata (and follows re
 watch), mounts every partition, applies every committed transaction to the application in order
 (`WaltzClientCallbacks.apply_transaction`), and re-executes contexts whose appends failed.
 Application code may be `async def` (awaited on this loop) or plain (run in `callback_threads`
-worker threads, so a blocking database call never stalls the feed)."""
+worker threads, so a blocking database call never stalls the feed).
+
+The client holds the services (configuration, application code, tasks, links, the cluster
+metadata); a submitted transaction's life is `waltz.client.submission.TransactionLife`'s, and
+each partition's sending and feed are `waltz.client.partition.ClientPartition`'s."""
 
 from __future__ import annotations
 
@@ -26,10 +30,12 @@ from waltz import client_protocol as cp
 from waltz import errors
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
-from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.context import TransactionContext
 from waltz.client.network import Link
-from waltz.client.partition import ClientPartition, Unavailable, Work
+from waltz.client.partition import ClientPartition, Unavailable
+from waltz.client.submission import Executed, TransactionLife
 from waltz.client.transaction import Transaction
+from waltz.client.work import Work
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import Assignment, ClusterMetadata
@@ -40,8 +46,6 @@ log = logging.getLogger("waltz.client")
 T = TypeVar("T")
 
 _callback_thread = threading.local()
-FRAME_OVERHEAD = 4096
-"""Room for an Append's fields and locks besides the data within one frame."""
 
 
 def in_callback_thread() -> bool:
@@ -50,10 +54,6 @@ def in_callback_thread() -> bool:
 
 def _mark_callback_thread() -> None:
     _callback_thread.active = True
-
-
-def _overridden(obj: object, name: str, base: type) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name)
 
 
 def _apply_all(fn: Callable[[Transaction], Any], txns: list[Transaction]) -> tuple[int, BaseException | None]:
@@ -78,6 +78,7 @@ class AsyncWaltzClient:
         self._store: MetadataStore | None = None
         self._watch: DataWatch | None = None
         self._parts: dict[int, ClientPartition] = {}
+        self._life = TransactionLife(self, self._parts)
         self._links: dict[tuple[str, str], Link] = {}
         self._link_locks: dict[tuple[str, str], asyncio.Lock] = {}
         # Servers drop mounts from a client's older connections (a lower seq). Counted from the
@@ -114,7 +115,7 @@ class AsyncWaltzClient:
             info = await asyncio.to_thread(metadata.info)
             self.num_partitions = info.partitions
             self.client_id = self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
-            self._parts = {p: ClientPartition(self, p) for p in range(info.partitions)}
+            self._parts.update((p, ClientPartition(self, self._life, p, self.client_id)) for p in range(info.partitions))
             loop = self.loop
 
             def on_assignment(a: Assignment) -> None:  # a store thread
@@ -185,9 +186,7 @@ class AsyncWaltzClient:
             part.slots.release()
             raise errors.ClientClosedError("the client is closed")
         future = self.loop.create_future()
-        work = Work(context, future, self.deadline_of(context), part.slots.release)
-        part.admit(work)
-        await self.execute(part, work)
+        await self._life.submit(Work(part.pid, context, future, self.deadline_of(context), part.slots.release))
         return future
 
     def route(self, context: TransactionContext) -> ClientPartition:
@@ -209,19 +208,10 @@ class AsyncWaltzClient:
         timeout = context.timeout if context.timeout is not None else self.config.transaction_timeout
         return time.monotonic() + timeout
 
-    def submitted(self, part: ClientPartition, work: Work, executed: tuple[TransactionBuilder, object] | BaseException | None) -> None:
-        """A context `WaltzClient` admitted and executed in the submitting thread, on the loop:
-        `executed` is what its first execution built and returned, what it raised, or None when
-        the context expired before it could run."""
-        part.admit(work)
-        if self._closed:  # close() failed what it knew of; this one came after
-            part.finish(work, errors.ClientClosedError("the client is closed"))
-        elif executed is None:
-            self.spawn(self.expire(part, work))
-        elif isinstance(executed, BaseException):
-            self.spawn(self.execution_failed(part, work, executed))
-        else:
-            self.built(part, work, *executed)
+    def submitted(self, work: Work, executed: Executed) -> None:
+        """A context `WaltzClient` admitted and executed in the submitting thread
+        (`waltz.client.submission.execute_here`), on the loop now."""
+        self._life.submitted(work, executed, closed=self._closed)
 
     async def flush(self) -> None:
         """Waits until every context submitted so far has completed and this client has applied
@@ -263,20 +253,6 @@ class AsyncWaltzClient:
             return await result
         return result
 
-    @staticmethod
-    def has_hook(context: TransactionContext, name: str) -> bool:
-        return _overridden(context, name, TransactionContext)
-
-    async def hook(self, context: TransactionContext, name: str, *args: Any) -> None:
-        """Calls a context's hook if it overrides the default; an exception is logged, never
-        allowed to break the client."""
-        if not _overridden(context, name, TransactionContext):
-            return
-        try:
-            await self.call(getattr(context, name), *args)
-        except Exception:
-            log.exception("%s.%s raised", type(context).__name__, name)
-
     async def apply(self, txns: list[Transaction]) -> tuple[int, BaseException | None]:
         fn = self.callbacks.apply_transaction
         if inspect.iscoroutinefunction(fn):
@@ -288,67 +264,6 @@ class AsyncWaltzClient:
             return len(txns), None
         assert self._pool is not None
         return await self.loop.run_in_executor(self._pool, _apply_all, fn, txns)
-
-    async def execute(self, part: ClientPartition, work: Work) -> None:
-        """(Re-)executes a context and queues its append."""
-        if work.finished:
-            return
-        if time.monotonic() > work.deadline:
-            await self.expire(part, work)
-            return
-        try:
-            mark = await self.call(self.callbacks.get_client_high_water_mark, part.pid)
-            builder = TransactionBuilder(part.pid, mark)
-            work.executions += 1
-            ok = await self.call(work.context.execute, builder)
-        except Exception as e:
-            await self.execution_failed(part, work, e)
-            return
-        self.built(part, work, builder, ok)
-
-    async def execution_failed(self, part: ClientPartition, work: Work, exc: BaseException) -> None:
-        await self.hook(work.context, "on_exception", exc)
-        part.finish(work, exc)
-
-    def built(self, part: ClientPartition, work: Work, builder: TransactionBuilder, ok: object) -> None:
-        if not isinstance(ok, bool):
-            self.spawn(self.execution_failed(part, work, TypeError(
-                f"{type(work.context).__name__}.execute must return True (submit) or False (drop), not {ok!r}"
-            )))
-        elif not ok:
-            self.spawn(self._declined(part, work))
-        elif len(builder.data) > self.config.max_frame - FRAME_OVERHEAD:
-            self.spawn(self.execution_failed(part, work, ValueError(
-                f"transaction data of {len(builder.data)} bytes does not fit in a frame (max_frame {self.config.max_frame})"
-            )))
-        else:
-            part.enqueue(work, builder)
-
-    async def _declined(self, part: ClientPartition, work: Work) -> None:
-        await self.hook(work.context, "on_completion", False)
-        part.finish(work, False)
-
-    async def completed(self, part: ClientPartition, work: Work) -> None:
-        await self.hook(work.context, "on_completion", True)
-        part.finish(work, True)
-
-    async def expire(self, part: ClientPartition, work: Work) -> None:
-        await self.hook(work.context, "on_expiration")
-        part.finish(work, errors.TransactionExpiredError(
-            f"{type(work.context).__name__} expired after {work.executions} execution(s) without committing"
-        ))
-
-    async def after_lock_failure(self, part: ClientPartition, work: Work, transaction_id: int) -> None:
-        """Lost a lock race to `transaction_id`: re-execute once the application has seen it."""
-        await self.hook(work.context, "on_lock_failure", transaction_id)
-        # The winner's id can be one that never commits (its batch died with a store session and
-        # nothing has taken the id since): the wait is bounded, a retry then simply tries again.
-        wait = min(work.deadline - time.monotonic(), max(5.0, 4 * self.config.settle_after))
-        try:
-            await asyncio.wait_for(part.applied_through(transaction_id), max(0.0, wait))
-        except asyncio.TimeoutError:
-            pass
-        await self.execute(part, work)  # expires it if the deadline passed
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
         if self._closed:
@@ -365,6 +280,11 @@ class AsyncWaltzClient:
             log.error("client task failed", exc_info=task.exception())
 
     # -- servers and links -----------------------------------------------------------------
+    async def next_client_id(self) -> int:
+        metadata = self.metadata
+        assert metadata is not None
+        return await asyncio.to_thread(metadata.next_id, "client")
+
     async def locate(self, partition: int) -> tuple[str, int, int]:
         """(endpoint, server id, generation) of the server assigned the partition."""
         metadata = self.metadata

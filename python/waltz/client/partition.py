@@ -7,53 +7,35 @@ in the cluster metadata, a Mount goes out on the server's stream link with the f
 (`received`), the feed replays, and once READY arrives every append still pending has failed
 (the server guarantees none of them can commit any more) and is executed again; then appends
 flow. A mount that makes no progress for `mount_timeout` fails what waits on the partition with
-`MountTimeoutError` and goes on trying in the background."""
+`MountTimeoutError` and goes on trying in the background.
+
+The partition knows the client only through two narrow protocols (`waltz.client.host`): the
+client's services (`ClientHost`) and the owner of each transaction's life (`TransactionOwner`,
+`waltz.client.submission.TransactionLife`), to which it reports what became of each append."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
-import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from waltz import client_protocol as cp
 from waltz import errors
-from waltz.client.context import TransactionBuilder, TransactionContext
+from waltz.client.context import TransactionBuilder
+from waltz.client.host import ClientHost, TransactionOwner
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.network import Link
 from waltz.client.transaction import Transaction
-
-if TYPE_CHECKING:
-    from waltz.client.aio import AsyncWaltzClient
+from waltz.client.work import Work
 
 log = logging.getLogger("waltz.client")
 
 SEQ_MAX = 2**31 - 1
 """The highest append sequence number (a request id carries it as a signed 32-bit integer)."""
 APPLY_BATCH = 1000
-
-
-@dataclasses.dataclass(eq=False)
-class Work:
-    """One submitted context, from submit to completion."""
-
-    context: TransactionContext
-    future: asyncio.Future[bool] | concurrent.futures.Future[bool]
-    """`AsyncWaltzClient`'s callers await an asyncio future; `WaltzClient`'s block on a
-    concurrent one, resolved right here on the loop (no hop back through the loop to copy it)."""
-    deadline: float
-    release: Callable[[], None]
-    """Frees the slot the context took at admission (`max_pending`)."""
-    executions: int = 0
-    transaction_id: int = -1
-    """Its committed transaction, once the feed delivered it."""
-    finished: bool = False
-    completing: asyncio.Task[None] | None = None
-    """`on_completion` running: `on_application` comes after it."""
 
 
 _Built = tuple[int, int, bytes, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -65,8 +47,8 @@ class Unavailable(Exception):
 
 
 class ClientPartition:
-    def __init__(self, client: AsyncWaltzClient, partition: int) -> None:
-        self.client, self.pid = client, partition
+    def __init__(self, client: ClientHost, owner: TransactionOwner, partition: int, client_id: int) -> None:
+        self.client, self.owner, self.pid = client, owner, partition
         cfg = client.config
         self.monitor: TransactionMonitor[Work] = TransactionMonitor()
         self.slots = asyncio.Semaphore(cfg.max_pending)
@@ -78,7 +60,7 @@ class ClientPartition:
         self.link: Link | None = None
         self.server: tuple[int, int] | None = None
         """(server id, generation) of the current mount."""
-        self.client_id = client.client_id
+        self.client_id = client_id
         """The client id of this partition's ReqIds: the client's, until every sequence number
         under it was used (`SEQ_MAX`), then a new one from the cluster (`_renew_client_id`)."""
         self.seq = 0
@@ -199,7 +181,7 @@ class ClientPartition:
         # READY: the server holds none of our earlier appends, and the feed delivered
         # everything committed; whatever is still pending failed.
         for attempt in self.monitor.fail_all():
-            self.retry(attempt.work)
+            self.owner.retry(attempt.work)
         log.debug("partition %d: mounted on %s, generation %d, from %d", self.pid, endpoint, resp.generation, self.received)
         return True
 
@@ -281,8 +263,7 @@ class ClientPartition:
             new = self.client.config.client_id
             while new < 0:
                 try:
-                    assert self.client.metadata is not None
-                    new = await asyncio.to_thread(self.client.metadata.next_id, "client")
+                    new = await self.client.next_client_id()
                 except Exception as e:  # the metadata store away for a while: keep trying, the outbox waits
                     log.warning("partition %d: a new client id could not be taken (retrying): %s", self.pid, e)
                     await asyncio.sleep(delay)
@@ -299,10 +280,6 @@ class ClientPartition:
         """Appends were settled: an outbox waiting for a new client id may go now."""
         if self.seq >= SEQ_MAX and self.outbox:
             self._send_outbox()
-
-    def retry(self, work: Work) -> None:
-        """An attempt failed (not committed): execute the context again."""
-        self.client.spawn(self.client.execute(self, work))
 
     def finish(self, work: Work, result: bool | BaseException) -> None:
         """The context is complete: its future is resolved and its slot freed."""
@@ -341,15 +318,12 @@ class ClientPartition:
             if e.req_id[0] == me and e.req_id[2] == self.pid:
                 attempt, failed = self.monitor.committed(e.req_id[3])
                 for f in failed:
-                    self.retry(f.work)
+                    self.owner.retry(f.work)
                 if attempt is not None:
                     self.newest_own = txid
                     attempt.work.transaction_id = txid
                     self._to_apply[txid] = attempt.work
-                    if self.client.has_hook(attempt.work.context, "on_completion"):
-                        attempt.work.completing = self.client.spawn(self.client.completed(self, attempt.work))
-                    else:
-                        self.finish(attempt.work, True)
+                    self.owner.committed(attempt.work)
             self._apply_queue.append(e)
         self._apply_wakeup.set()
         self._settle_flushed()
@@ -360,7 +334,7 @@ class ClientPartition:
             return
         attempt = self.monitor.refused(msg.req_id[3])
         if attempt is not None:
-            self.client.spawn(self.client.after_lock_failure(self, attempt.work, msg.transaction_id))
+            self.owner.lost_lock_race(attempt.work, msg.transaction_id)
             self._settled_some()
 
     def on_failure(self, link: Link, msg: cp.Failure) -> None:
@@ -419,7 +393,7 @@ class ClientPartition:
             self._flush = None
             for attempt in self.monitor.failed_through(newest):
                 log.debug("partition %d: append %d was dropped by the server; executing again", self.pid, attempt.seq)
-                self.retry(attempt.work)
+                self.owner.retry(attempt.work)
 
     # -- applying --------------------------------------------------------------------------
     async def _apply_loop(self) -> None:
@@ -435,7 +409,10 @@ class ClientPartition:
                 while i < len(txns):
                     done, exc = await self.client.apply(txns[i:])
                     if done:
-                        await self._on_application(txns[i : i + done])
+                        # Our own contexts' `on_application` hooks, before the transactions count
+                        # as applied (so `flush` returns after them).
+                        await self.owner.applied([w for t in txns[i : i + done]
+                                                  if (w := self._to_apply.pop(t.transaction_id, None)) is not None])
                         self._applied_through(txns[i + done - 1].transaction_id)
                         i += done
                         delay = self.client.config.reconnect_backoff
@@ -447,15 +424,6 @@ class ClientPartition:
                                           self.pid, txns[i].transaction_id)
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, self.client.config.reconnect_backoff_max)
-
-    async def _on_application(self, txns: list[Transaction]) -> None:
-        """Our own contexts' `on_application` hooks, each after its `on_completion`, before the
-        transactions count as applied (so `flush` returns after them)."""
-        works = [w for t in txns if (w := self._to_apply.pop(t.transaction_id, None)) is not None]
-        hooked = [w for w in works if self.client.has_hook(w.context, "on_application")]
-        if hooked:
-            await asyncio.gather(*(w.completing for w in hooked if w.completing is not None), return_exceptions=True)
-            await asyncio.gather(*(self.client.hook(w.context, "on_application") for w in hooked))
 
     def _applied_through(self, txid: int) -> None:
         self.applied = txid

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -26,8 +25,9 @@ from waltz import errors
 from waltz.client.aio import AsyncWaltzClient, in_callback_thread
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
-from waltz.client.context import TransactionBuilder, TransactionContext
-from waltz.client.partition import Work
+from waltz.client.context import TransactionContext
+from waltz.client.submission import execute_here
+from waltz.client.work import Work
 from waltz.event_loop import loop_factory
 
 T = TypeVar("T")
@@ -92,20 +92,13 @@ class WaltzClient:
             slots.release()  # wakes the next thread waiting here, which finds the same
             raise errors.ClientClosedError("the client is closed")
         result: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        work = Work(context, result, core.deadline_of(context), slots.release)
+        work = Work(part.pid, context, result, core.deadline_of(context), slots.release)
         handed_over = False
         try:
-            executed: tuple[TransactionBuilder, object] | BaseException | None = None
-            if time.monotonic() <= work.deadline:
-                try:
-                    builder = TransactionBuilder(part.pid, self._call_here(core.callbacks.get_client_high_water_mark, part.pid))
-                    work.executions += 1
-                    executed = (builder, self._call_here(context.execute, builder))
-                except Exception as e:
-                    executed = e
+            executed = execute_here(work, core.callbacks, self._call_here)
             with self._handing_over:
                 if not self._stopping:
-                    self._loop.call_soon_threadsafe(core.submitted, part, work, executed)
+                    self._loop.call_soon_threadsafe(core.submitted, work, executed)
                     handed_over = True
                     return result
             raise errors.ClientClosedError("the client was closed while this context executed (nothing was sent)")

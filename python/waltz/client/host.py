@@ -1,0 +1,71 @@
+"""What a `ClientPartition` needs from the client around it, as two narrow protocols, so the
+partition layer never depends on the client class (`AsyncWaltzClient` satisfies `ClientHost`,
+`waltz.client.submission.TransactionLife` satisfies `TransactionOwner`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.config import ClientConfig
+from waltz.client.network import Link
+from waltz.client.transaction import Transaction
+from waltz.client.work import Work
+
+T = TypeVar("T")
+
+
+class ClientHost(Protocol):
+    """The client's services: configuration, the application's code, tasks, links, the cluster."""
+
+    config: ClientConfig
+    callbacks: WaltzClientCallbacks
+    loop: asyncio.AbstractEventLoop
+
+    async def call(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
+        """Runs application code (on the loop or in a callback thread)."""
+        ...
+
+    async def apply(self, txns: list[Transaction]) -> tuple[int, BaseException | None]:
+        """Applies committed transactions in order: how many were applied, and the failure that
+        stopped the rest."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
+        """A task the client cancels when it closes (None: closed, the coroutine never runs)."""
+        ...
+
+    async def locate(self, partition: int) -> tuple[str, int, int]:
+        """(endpoint, server id, generation) of the partition's server."""
+        ...
+
+    async def link(self, endpoint: str, kind: str) -> Link: ...
+
+    async def next_client_id(self) -> int:
+        """A new client id from the cluster's counter."""
+        ...
+
+    async def transaction_data(self, partition: int, transaction_id: int) -> bytes: ...
+
+
+class TransactionOwner(Protocol):
+    """Who runs a submitted transaction's life; the partition reports what the server said."""
+
+    def retry(self, work: Work) -> None:
+        """The attempt failed without committing: execute the context again."""
+        ...
+
+    def committed(self, work: Work) -> None:
+        """The feed delivered the attempt's transaction (`work.transaction_id`)."""
+        ...
+
+    def lost_lock_race(self, work: Work, transaction_id: int) -> None:
+        """The attempt lost a lock to `transaction_id`."""
+        ...
+
+    async def applied(self, works: list[Work]) -> None:
+        """The application is applying these contexts' transactions: their `on_application`
+        hooks run before the transactions count as applied."""
+        ...
