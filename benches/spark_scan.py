@@ -87,8 +87,9 @@ def row_source() -> Any:
     """The `waltz` source with a row-at-a-time `read`: tuples instead of record batches."""
     from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+    from waltz.spark.datasource import WaltzDataSource
     from waltz.spark.options import Options
-    from waltz.spark.source import RangePartition, WaltzDataSource, WaltzReader
+    from waltz.spark.source import RangePartition, WaltzReader
     from waltz.storage.scan import iter_scan, scan_rows
 
     class RowReader(WaltzReader):

@@ -179,7 +179,7 @@ def test_a_micro_batch_the_cluster_answers_short_fails_instead_of_skipping(monke
     from waltz.spark import source
     from waltz.spark.options import Options
 
-    monkeypatch.setattr(source, "_log_reader", lambda opts: _ShortReader())
+    monkeypatch.setattr(source, "log_reader", lambda opts: _ShortReader())
     opts = Options.parse({"cluster": "embedded:/nowhere"}, streaming=True)
     got = []
     with pytest.raises(errors.ClusterError, match="returned transactions 10..12 of 10..19"):

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from waltz.spark.options import OptionError, Options
+from waltz.spark.schema import SCHEMA
 
 log = logging.getLogger("waltz.spark")
 
@@ -22,12 +23,10 @@ log = logging.getLogger("waltz.spark")
 # session starts, so a source can only point at it, never turn it on.
 UNIX_SOCKETS = "spark.python.unix.domain.socket.enabled"
 
-SCHEMA = "partition int, transaction_id long, header int, client_id int, generation int, sequence int, data binary"
-
 
 def register(spark: Any) -> None:
     """Makes `format("waltz")` available in `spark` (a SparkSession)."""
-    from waltz.spark.source import WaltzDataSource
+    from waltz.spark.datasource import WaltzDataSource
 
     spark.dataSource.register(WaltzDataSource)
     try:
@@ -43,7 +42,7 @@ def register(spark: Any) -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "WaltzDataSource":
-        from waltz.spark.source import WaltzDataSource
+        from waltz.spark.datasource import WaltzDataSource
 
         return WaltzDataSource
     raise AttributeError(name)

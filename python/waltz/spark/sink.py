@@ -24,7 +24,8 @@ from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StructType
 
-from waltz.client import ClientConfig, Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
+from waltz.client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
+from waltz.spark.connection import client_config, log_reader
 from waltz.spark.options import OptionError, Options
 
 log = logging.getLogger("waltz.spark")
@@ -103,8 +104,6 @@ class WaltzWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Row]) -> Appended:
         from pyspark import TaskContext
 
-        from waltz.spark.source import _log_reader
-
         opts = self.opts
         assert opts.metadata is not None
         rows = iter(iterator)
@@ -113,13 +112,10 @@ class WaltzWriter(DataSourceWriter):
             return Appended(0)
 
         async def marks() -> dict[int, int]:
-            async with _log_reader(opts) as r:
+            async with log_reader(opts) as r:
                 return await r.high_water_marks()
 
-        config = ClientConfig(
-            metadata=opts.metadata, cluster=opts.cluster, request_timeout=opts.timeout,
-            **({"tls_ca": opts.tls[0], "tls_cert": opts.tls[1], "tls_key": opts.tls[2]} if opts.tls else {}),  # type: ignore[arg-type]
-        )
+        config = client_config(opts)
         task = TaskContext.get()
         spread = itertools.count(task.partitionId() if task is not None else 0)
         futures: collections.deque[concurrent.futures.Future[bool]] = collections.deque()

@@ -1,5 +1,6 @@
-"""The `waltz` data source: batch scans of storage directories through the native reader,
-streaming reads of a live cluster, and an append-only sink (`waltz.spark.sink`).
+"""The `waltz` data source's reads: batch scans of storage directories through the native reader
+and of a live cluster, and streaming reads of a live cluster (`waltz.spark.datasource` ties them
+to the sink, `waltz.spark.sink`).
 
 Planning runs in a Python worker on the driver and reading in executors' workers: everything an
 input partition carries is plain (paths, ids), and native handles are opened inside `read`.
@@ -10,23 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceWriter,
-    InputPartition,
-)
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
-from pyspark.sql.types import StructType
 
 from waltz import errors
 from waltz._native import Storage
-from waltz.client.log_reader import LogReader
-from waltz.spark import SCHEMA, plan
+from waltz.spark import plan
+from waltz.spark.connection import log_reader
 from waltz.spark.options import DataLossError, OptionError, Options, check_partitions, select
 from waltz.storage.scan import iter_scan, records_to_arrow, scan_to_arrow
 
@@ -44,28 +37,13 @@ class RangePartition(InputPartition):
         return f"RangePartition(partition={self.partition}, [{self.start}, {self.end}), {self.path or 'cluster'})"
 
 
-def _ssl(opts: Options) -> Any:
-    if opts.tls is None:
-        return None
-    from pathlib import Path
-
-    from waltz.tls import TlsSection
-
-    return TlsSection(*(Path(p) for p in opts.tls)).client_context()
-
-
-def _log_reader(opts: Options) -> LogReader:
-    assert opts.metadata is not None
-    return LogReader(opts.metadata, opts.cluster, ssl=_ssl(opts), timeout=opts.timeout)
-
-
 class _ClusterView:
     """What the driver asks the cluster once per plan: key, high-water marks, sessions, and
     (for reads without files) where each partition's log starts."""
 
     def __init__(self, opts: Options, *, firsts: bool) -> None:
         async def ask() -> None:
-            async with _log_reader(opts) as r:
+            async with log_reader(opts) as r:
                 self.cluster_key = str(r.info.cluster_key)
                 wanted = [p for p in range(r.info.partitions) if opts.wants(p)]
                 missing = sorted(set(opts.partitions or ()) - set(wanted))
@@ -118,7 +96,7 @@ def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
 def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Iterator[pa.RecordBatch]:
     """Batches from a live cluster, one event loop per task driven from this generator."""
     loop = asyncio.new_event_loop()
-    reader = _log_reader(opts)
+    reader = log_reader(opts)
     try:
         loop.run_until_complete(reader.start())
         it = reader.read(partition, first, last, max_count=2000).__aiter__()
@@ -268,28 +246,3 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, int]) -> None:
         pass  # nothing to release: the log keeps every committed transaction
-
-
-class WaltzDataSource(DataSource):
-    """`spark.read.format("waltz")`, `spark.readStream.format("waltz")`, `df.write.format("waltz")`;
-    options in docs/spark.md."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "waltz"
-
-    def schema(self) -> str:
-        return SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return WaltzReader(Options.parse(self.options))
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return WaltzStreamReader(Options.parse(self.options, streaming=True))
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from waltz.spark.sink import WaltzWriter
-
-        if overwrite:
-            raise OptionError("a waltz log is append-only: use mode('append')")
-        return WaltzWriter(self.options, schema)
