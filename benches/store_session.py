@@ -30,7 +30,7 @@ from processes import start, stop, wait_http, write_config  # noqa: E402
 
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
-from waltz.server.partition import AppendRequest, Committed, Partition  # noqa: E402
+from waltz.server.partition import AppendRequest, Committed, ServerPartition  # noqa: E402
 from waltz.server.store_session import StoreSession  # noqa: E402
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient  # noqa: E402
 
@@ -80,7 +80,7 @@ def summarise(name: str, committed: int, lat: list[float], seconds: float, cpu: 
 
 
 CONFIGS = ((1, 1), (1, 32), (100, 8))  # (records per batch, batches in flight)
-APPENDERS = (1, 32, 256)  # single-transaction appenders through the Partition (server batching)
+APPENDERS = (1, 32, 256)  # single-transaction appenders through the ServerPartition (server batching)
 
 
 async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]:
@@ -139,11 +139,11 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
         payload = os.urandom(1024)
         for j, n in enumerate(APPENDERS):
             q = 2 * len(CONFIGS) + j
-            part = Partition(q, 1, await StoreSession.open(meta, q, generation=1))
+            part = ServerPartition(q, 1, await StoreSession.open(meta, q, generation=1))
             await part.start()
             seq = iter(range(1 << 40))
 
-            async def submit(_: object, part: Partition = part) -> None:
+            async def submit(_: object, part: ServerPartition = part) -> None:
                 s = next(seq)
                 r = await part.append(AppendRequest(ReqId(1, 1, part.partition_id, s), part.high_water_mark, 0, payload,
                                                     write_locks=[s % 1000]))

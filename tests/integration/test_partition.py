@@ -12,7 +12,7 @@ import pytest
 
 from waltz import errors
 from waltz.server.lock_table import lock_hash
-from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, Partition
+from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
@@ -27,10 +27,10 @@ def req(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, **l
     return AppendRequest(ReqId(client, gen, 0, seq), hwm, seq, data, **locks)
 
 
-def run(meta: Any, body: Callable[[Partition], Awaitable[None]], **kw: Any) -> None:
+def run(meta: Any, body: Callable[[ServerPartition], Awaitable[None]], **kw: Any) -> None:
     async def go() -> None:
         session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session, **kw)
+        p = ServerPartition(0, GEN, session, **kw)
         await p.start()
         try:
             await body(p)
@@ -43,7 +43,7 @@ def run(meta: Any, body: Callable[[Partition], Awaitable[None]], **kw: Any) -> N
 def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         # Write/write at the same high-water mark, submitted together: exactly one wins and the
         # loser learns the winner's id.
         a, b = await asyncio.gather(p.append(req(1, 1, -1, write_locks=[ACCOUNT[0]])), p.append(req(2, 1, -1, write_locks=[ACCOUNT[0]])))
@@ -83,7 +83,7 @@ def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, tur
     with a single client (nobody else to wait for), each goes alone."""
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         for c in range(clients):  # every client has appended before, as in a closed loop
             assert isinstance(await p.append(req(c + 1, 1, -1)), Committed)
         before = sum(p.commit_seconds[0])  # one commit-latency sample per store batch
@@ -106,7 +106,7 @@ def test_a_batch_does_not_wait_when_no_other_client_can_come(cluster) -> None:  
     delayed the other two)."""
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         for c in (1, 2):
             assert isinstance(await p.append(req(c, 1, -1)), Committed)
         before = sum(p.commit_seconds[0])
@@ -126,7 +126,7 @@ def test_a_batch_does_not_wait_when_no_other_client_can_come(cluster) -> None:  
 def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
     meta, nodes = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         assert isinstance(await p.append(req(1, 1, -1, b"good")), Committed)
         assert await p.append(req(1, 2, -1, b"stale", gen=GEN - 1)) == Ignored(f"generation {GEN - 1} is not the partition's {GEN}")
         assert isinstance(await p.append(req(1, 3, -1, b"good2")), Committed)
@@ -147,7 +147,7 @@ def test_a_broken_commit_order_tells_its_appenders_the_outcome_is_unknown(cluste
     final and submit again."""
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         assert isinstance(await p.append(req(1, 1, -1, b"first")), Committed)
         p._next += 1  # the bug the invariant guards against: ids assigned out of step
         with pytest.raises(errors.StoreSessionError, match="does not follow high-water mark"):
@@ -164,7 +164,7 @@ def test_a_batch_that_fails_midway_ends_the_session(cluster) -> None:  # noqa: F
     mount READY, the client would submit again, and the transaction could commit twice."""
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         assert isinstance(await p.append(req(1, 1, -1, b"first")), Committed)
 
         def broken_send(*_args: object, **_kwargs: object) -> None:
@@ -188,7 +188,7 @@ def test_an_assignment_change_during_a_session_switch_gets_a_switch_of_its_own(c
 
     async def go() -> None:
         opened: list[int] = []
-        p: Partition | None = None
+        p: ServerPartition | None = None
 
         async def open_session() -> StoreSession:
             opened.append(1)
@@ -199,7 +199,7 @@ def test_an_assignment_change_during_a_session_switch_gets_a_switch_of_its_own(c
             return new
 
         session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session, open_session=open_session)
+        p = ServerPartition(0, GEN, session, open_session=open_session)
         await p.start()
         try:
             assert isinstance(await p.append(req(1, 1, -1)), Committed)
@@ -230,7 +230,7 @@ def test_closing_while_the_store_session_switches_answers_the_append_that_waited
             raise AssertionError("unreachable")
 
         session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session, checkpoint_interval=1, open_session=stuck)
+        p = ServerPartition(0, GEN, session, checkpoint_interval=1, open_session=stuck)
         await p.start()
         assert isinstance(await p.append(req(1, 1, -1)), Committed)
         waiting = asyncio.ensure_future(p.append(req(1, 2, -1)))
@@ -245,7 +245,7 @@ def test_closing_while_the_store_session_switches_answers_the_append_that_waited
 def test_feed_order_equals_commit_order_for_every_reader(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         rng = random.Random(5)
         results: dict[tuple[int, int], Any] = {}
 
@@ -281,7 +281,7 @@ def test_a_pushed_feed_hands_over_every_commit_once_in_order(cluster, caplog) ->
     fails on, the iterator yields from there: together, every transaction once, in order."""
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         pushed: list[Any] = []
         got: list[Any] = []
         calls = {"push": 0, "declined": 0, "raised": 0}
@@ -334,7 +334,7 @@ def test_a_pushed_feed_hands_over_every_commit_once_in_order(cluster, caplog) ->
 def test_readers_behind_the_cache_catch_up_from_storage(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         for i in range(50):
             await p.append(req(1, i, p.high_water_mark, b"d%d" % i))
         assert p.high_water_mark == 49
@@ -363,7 +363,7 @@ def test_readers_behind_the_cache_catch_up_from_storage(cluster) -> None:  # noq
 def test_queue_limit_makes_appenders_wait(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(p: Partition) -> None:
+    async def body(p: ServerPartition) -> None:
         # Hold the append loop: four appends fill the queue, the next ones wait to get in.
         assert p._task is not None
         p._task.cancel()
@@ -389,7 +389,7 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
 
     async def go() -> None:
         first = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, first, checkpoint_interval=40, open_session=lambda: StoreSession.open(meta, 0, generation=GEN))
+        p = ServerPartition(0, GEN, first, checkpoint_interval=40, open_session=lambda: StoreSession.open(meta, 0, generation=GEN))
         await p.start()
         try:
             results = []

@@ -106,7 +106,7 @@ def fake_host(monkeypatch: pytest.MonkeyPatch) -> Any:
         return _FakeSession()
 
     monkeypatch.setattr(daemon.StoreSession, "open", staticmethod(fake_open))
-    monkeypatch.setattr(daemon, "Partition", _FakePartition)
+    monkeypatch.setattr(daemon, "ServerPartition", _FakePartition)
     return gate
 
 

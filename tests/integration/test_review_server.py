@@ -1,5 +1,5 @@
 """Regression tests from an adversarial review of the server write path (StoreSession,
-Partition): each failed on the code as first written; all use real storage node daemons and
+ServerPartition): each failed on the code as first written; all use real storage node daemons and
 real metadata (both stores)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from waltz import errors
 from waltz.server.lock_table import lock_hash
-from waltz.server.partition import AppendRequest, Committed, LockFailed, Partition
+from waltz.server.partition import AppendRequest, Committed, LockFailed, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
@@ -31,10 +31,10 @@ def req(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, hea
     return AppendRequest(ReqId(client, gen, 0, seq), hwm, header or seq, data, **locks)
 
 
-async def held_partition(meta: Any, **kw: Any) -> Partition:
+async def held_partition(meta: Any, **kw: Any) -> ServerPartition:
     """A started partition whose append loop is held (as test_partition's queue test does), so
     requests can be queued deterministically before the loop sees them."""
-    p = Partition(0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=30.0), **kw)
+    p = ServerPartition(0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=30.0), **kw)
     await p.start()
     assert p._task is not None
     p._task.cancel()
@@ -100,7 +100,7 @@ def test_a_waiting_feed_reader_learns_that_the_session_ended(cluster) -> None:  
 
     async def go() -> None:
         session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session)
+        p = ServerPartition(0, GEN, session)
         await p.start()
         try:
             assert isinstance(await p.append(req(1, 1, -1)), Committed)
@@ -128,7 +128,7 @@ def test_close_wakes_waiting_feed_readers(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
     async def go() -> None:
-        p = Partition(0, GEN, await StoreSession.open(meta, 0, generation=GEN))
+        p = ServerPartition(0, GEN, await StoreSession.open(meta, 0, generation=GEN))
         await p.start()
 
         async def next_entries() -> Any:
@@ -168,7 +168,7 @@ def test_close_answers_the_batch_waiting_for_an_in_flight_slot(cluster) -> None:
     meta, nodes = cluster
 
     async def go() -> None:
-        p = Partition(0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=60.0), max_batches_in_flight=1)
+        p = ServerPartition(0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=60.0), max_batches_in_flight=1)
         await p.start()
         for n in nodes[:2]:
             os.kill(n.proc.pid, signal.SIGSTOP)  # no quorum: the one in-flight batch stays in flight

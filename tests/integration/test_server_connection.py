@@ -11,7 +11,7 @@ from typing import Any
 from waltz import client_protocol as cp
 from waltz.server.connection import ClientConnection, Partitions
 from waltz.server.lock_table import lock_hash
-from waltz.server.partition import AppendRequest, Partition
+from waltz.server.partition import AppendRequest, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
@@ -67,11 +67,11 @@ def append(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, 
 
 
 @contextlib.asynccontextmanager
-async def serving(meta: Any, writers: list[asyncio.StreamWriter] | None = None) -> AsyncIterator[tuple[int, Partition, Partitions]]:
+async def serving(meta: Any, writers: list[asyncio.StreamWriter] | None = None) -> AsyncIterator[tuple[int, ServerPartition, Partitions]]:
     """Partition 0 served on a port: (port, partition, the registry connections look it up in).
     The server's side of each connection goes into `writers`."""
     session = await StoreSession.open(meta, 0, generation=GEN)
-    p = Partition(0, GEN, session)
+    p = ServerPartition(0, GEN, session)
     await p.start()
     parts = Partitions()
     parts.by_id[0] = p
@@ -89,7 +89,7 @@ async def serving(meta: Any, writers: list[asyncio.StreamWriter] | None = None) 
         await p.close()
 
 
-def serve(meta: Any, body: Callable[[int, Partition], Awaitable[None]]) -> None:
+def serve(meta: Any, body: Callable[[int, ServerPartition], Awaitable[None]]) -> None:
     async def go() -> None:
         async with serving(meta) as (port, p, _):
             await body(port, p)
@@ -100,7 +100,7 @@ def serve(meta: Any, body: Callable[[int, Partition], Awaitable[None]]) -> None:
 def test_mount_feed_append_and_lock_failure(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         for i in range(20):
             await p.append(AppendRequest(ReqId(9, GEN, 0, i), i - 1, 0, b"old"))
         c = await RawClient.connect(port)
@@ -136,7 +136,7 @@ def test_mount_feed_append_and_lock_failure(cluster) -> None:  # noqa: F811
 def test_mount_refusals(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         c = await RawClient.connect(port)
         c.send(cp.Mount(1, 0, 5, 100, 1))
         assert await c.next() == cp.MountResponse(1, 0, cp.MountStatus.CLIENT_AHEAD, -1, GEN)
@@ -154,7 +154,7 @@ def test_mount_refusals(cluster) -> None:  # noqa: F811
 def test_an_older_connection_of_the_client_is_ignored(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         old = await RawClient.connect(port)
         old.send(cp.Mount(1, 0, 5, -1, 1))
         await old.until(lambda m: isinstance(m, cp.MountResponse))
@@ -178,7 +178,7 @@ def test_an_older_connection_of_the_client_is_ignored(cluster) -> None:  # noqa:
 def test_a_malformed_frame_closes_only_that_connection(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         good = await RawClient.connect(port)
         bad = await RawClient.connect(port)
         frame = bytearray(append(5, 1, -1).frame())
@@ -197,7 +197,7 @@ def test_a_large_data_response_never_delays_the_feed(cluster) -> None:  # noqa: 
     connection does not even read must not hold back the feed on the stream connection."""
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         await p.append(AppendRequest(ReqId(9, GEN, 0, 0), -1, 0, bytes(8 << 20)))  # 8 MiB of data
         stream, rpc = await RawClient.connect(port), await RawClient.connect(port)
         stream.send(cp.Mount(1, 0, 5, 0, 1))
@@ -250,14 +250,14 @@ def test_feed_frames_are_encoded_once_for_every_connection(cluster) -> None:  # 
 
     async def go() -> None:
         session = await StoreSession.open(meta, 0, generation=GEN)
-        p = Partition(0, GEN, session)
+        p = ServerPartition(0, GEN, session)
         await p.start()
         parts = Partitions()
         parts.by_id[0] = p
         encoded: list[bytes] = []
         original = parts.feed_frame
 
-        def counting(partition: Partition, entries: Any) -> bytes:
+        def counting(partition: ServerPartition, entries: Any) -> bytes:
             frame = original(partition, entries)
             encoded.append(frame)
             return frame
@@ -308,7 +308,7 @@ def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(c
     older connection may commit after that."""
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         old = await mounted_with_appends(port)
         await asyncio.sleep(0.05)  # some read by the server and in flight, more queued
         new = await RawClient.connect(port)
@@ -335,7 +335,7 @@ def test_a_flush_never_vouches_for_appends_whose_store_session_ended(cluster) ->
     again and let READY settle it; a mark here could commit one transaction twice."""
     meta, _ = cluster
 
-    async def body(port: int, p: Partition) -> None:
+    async def body(port: int, p: ServerPartition) -> None:
         c = await mounted_with_appends(port)
         while p.high_water_mark < 0:  # the server is reading them; most are queued or in flight
             await asyncio.sleep(0.001)

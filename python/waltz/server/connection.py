@@ -21,7 +21,7 @@ from typing import Any
 from waltz import client_protocol as cp
 from waltz import errors, tls
 from waltz._native import ReqId, encode_frame
-from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, Partition
+from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Partitions:
     and the shared cache of encoded feed frames."""
 
     def __init__(self) -> None:
-        self.by_id: dict[int, Partition] = {}
+        self.by_id: dict[int, ServerPartition] = {}
         self.newest_mount: dict[tuple[int, int], int] = {}
         self._mounted_by: collections.Counter[tuple[int, int]] = collections.Counter()
         """Open connections that mounted each (client id, partition): the newest seq is
@@ -62,7 +62,7 @@ class Partitions:
             del self._mounted_by[key]
             self.newest_mount.pop(key, None)
 
-    def feed_frame(self, partition: Partition, entries: list[FeedEntry]) -> bytes:
+    def feed_frame(self, partition: ServerPartition, entries: list[FeedEntry]) -> bytes:
         key = (partition.partition_id, partition.generation, entries[0].transaction_id, entries[-1].transaction_id)
         frame = self._frames.get(key)
         if frame is None:
@@ -270,7 +270,7 @@ class ClientConnection:
             return
         self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
 
-    async def _feed(self, mount: cp.Mount, p: Partition) -> None:
+    async def _feed(self, mount: cp.Mount, p: ServerPartition) -> None:
         # The client fails every append it has not seen committed once READY arrives, so READY
         # must mean that none of them can commit any more: wait until this client's earlier
         # appends are resolved, and refuse while the store session is broken (what it had in

@@ -31,7 +31,7 @@ from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
 from waltz.server.connection import ClientConnection, Partitions
 from waltz.server.metrics import ServerCollector, health
-from waltz.server.partition import Partition
+from waltz.server.partition import ServerPartition
 from waltz.server.store_session import StoreSession
 
 log = logging.getLogger("waltz.server")
@@ -62,7 +62,7 @@ class PartitionHost:
         (partitions no longer wanted are out of it; wanted ones are opening or served)."""
         asyncio.run_coroutine_threadsafe(self._apply(wanted), self.loop).result(timeout=30)
 
-    def _close_later(self, part: Partition) -> asyncio.Task[None]:
+    def _close_later(self, part: ServerPartition) -> asyncio.Task[None]:
         task = asyncio.ensure_future(part.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
@@ -90,7 +90,7 @@ class PartitionHost:
 
     async def _run(self, pid: int, gen: int) -> None:
         delay = 0.2
-        part: Partition | None = None  # opened and not (or no longer) in the registry: ours to close
+        part: ServerPartition | None = None  # opened and not (or no longer) in the registry: ours to close
         try:
             while self._wanted(pid, gen):
                 try:
@@ -107,7 +107,7 @@ class PartitionHost:
                     continue
                 delay = 0.2
                 t = self.tuning
-                part = Partition(
+                part = ServerPartition(
                     pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
                     max_batches_in_flight=t.max_batches_in_flight, gather_turns=t.gather_turns, queue_limit=t.queue_limit,
                     lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,

@@ -92,7 +92,7 @@ class _Queued:
 
 
 FeedPush = Callable[[list[FeedEntry]], bool]
-"""Takes committed entries in the commit's own turn (True), or declines them (False): see `Partition.feed`."""
+"""Takes committed entries in the commit's own turn (True), or declines them (False): see `ServerPartition.feed`."""
 
 
 class _Follower:
@@ -107,8 +107,8 @@ class _Follower:
         self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
-class Partition:
-    """Use `Partition(partition_id, generation, session)`, `await start()`, `append()`, `feed()`."""
+class ServerPartition:
+    """Use `ServerPartition(partition_id, generation, session)`, `await start()`, `append()`, `feed()`."""
 
     def __init__(
         self,

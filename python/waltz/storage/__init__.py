@@ -1,4 +1,8 @@
-"""The storage engine: crash-safe segment logs of partitions in a storage directory."""
+"""The storage engine: crash-safe segment logs of partitions in a storage directory.
+
+`Partition` is the engine's partition (one segment log); `EnginePartition` names the same class
+where the server's (`waltz.server.partition.ServerPartition`) or the client's
+(`waltz.client.partition.ClientPartition`) is also in view."""
 
 from waltz._native import (
     Partition,
@@ -14,7 +18,10 @@ from waltz._native import (
 from waltz.storage.client import StorageAdminClient, StorageClient
 from waltz.storage.scan import iter_scan, scan_to_arrow
 
+EnginePartition = Partition
+
 __all__ = [
+    "EnginePartition",
     "Partition",
     "PartitionInfo",
     "Record",
