@@ -12,7 +12,7 @@ from rich.text import Text
 from waltz import errors
 from waltz.cli.context import admin_call, cluster_metadata, cluster_name, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
-from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
+from waltz.cluster.metadata import UNRESOLVED, ClusterInfo, ClusterMetadata, StorageNodeInfo
 from waltz.tls import handshake_error
 
 
@@ -130,23 +130,36 @@ def verify(out: Output, timeout: float) -> None:
         raise click.exceptions.Exit(1)
 
 
+class _Checks:
+    """The rows of `waltz cluster verify`: PASS (True), WARN (None) or FAIL (False) with a detail."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, check: str, ok: bool | None, detail: str) -> None:
+        self.rows.append({"check": check, "status": "PASS" if ok else ("WARN" if ok is None else "FAIL"), "detail": detail})
+
+
 def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
-    checks: list[dict[str, Any]] = []
-
-    def add(check: str, ok: bool | None, detail: str) -> None:
-        checks.append({"check": check, "status": "PASS" if ok else ("WARN" if ok is None else "FAIL"), "detail": detail})
-
+    checks = _Checks()
     info = meta.info()
     nodes = meta.storage_nodes()
-    quorum = info.replicas // 2 + 1
+    _check_replica_assignment(checks, info, nodes)
+    healthy = _check_storage_nodes(checks, meta, nodes, timeout)
+    _check_quorums(checks, info, nodes, healthy)
+    _check_servers(checks, meta, info, timeout)
+    _check_recovery(checks, meta, info, nodes)
+    return checks.rows
 
-    # Replica assignment.
+
+def _check_replica_assignment(checks: _Checks, info: ClusterInfo, nodes: list[StorageNodeInfo]) -> None:
+    found = len(checks.rows)
     for p in range(info.partitions):
         holders = [n.address for n in nodes if p in n.partitions]
         if len(holders) < info.replicas:
-            add(f"partition {p} replicas", False, f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})")
+            checks.add(f"partition {p} replicas", False, f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})")
         elif len(holders) > info.replicas:
-            add(f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured")
+            checks.add(f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured")
     # One storage node under two names counts as one replica.
     seen_at: dict[tuple[Any, ...], str] = {}
     for n in nodes:
@@ -156,21 +169,24 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
             continue
         for other, addr in seen_at.items():
             if set(other) & set(resolved):
-                add(f"storage {n.address} replicas", False, f"the same endpoint as {addr}: one node counted twice")
+                checks.add(f"storage {n.address} replicas", False, f"the same endpoint as {addr}: one node counted twice")
         seen_at[resolved] = n.address
-    if not any(c["check"].endswith("replicas") for c in checks):
-        add("replica assignment", True, f"every partition has {info.replicas} replicas assigned")
+    if len(checks.rows) == found:
+        checks.add("replica assignment", True, f"every partition has {info.replicas} replicas assigned")
 
-    # Storage nodes: reachable, holding what they are assigned, healthy.
+
+def _check_storage_nodes(checks: _Checks, meta: ClusterMetadata, nodes: list[StorageNodeInfo], timeout: float) -> dict[str, set[int]]:
+    """Each storage node reachable, holding what it is assigned, healthy; returns the healthy
+    partitions of each node."""
     healthy: dict[str, set[int]] = {}
     for n in nodes:
         try:
             status = admin_call(meta, n, lambda c: c.status(), timeout=timeout)
         except (errors.ClusterKeyMismatch, errors.PartitionCountMismatch) as e:
-            add(f"storage {n.address}", False, f"admin port {n.admin_address} belongs to another cluster: {e}")
+            checks.add(f"storage {n.address}", False, f"admin port {n.admin_address} belongs to another cluster: {e}")
             continue
         except (errors.WaltzError, OSError) as e:
-            add(f"storage {n.address}", False, f"admin port {n.admin_address} unreachable: {e}")
+            checks.add(f"storage {n.address}", False, f"admin port {n.admin_address} unreachable: {e}")
             continue
         present = {s["partition"]: s for s in status}
         missing = [p for p in n.partitions if p not in present]
@@ -185,32 +201,37 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
             problems.append(f"failed: {broken}")
         if closed:
             problems.append(f"marked unavailable: {closed}")
-        add(f"storage {n.address}", not problems, "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy")
+        checks.add(f"storage {n.address}", not problems, "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy")
         if extra:
-            add(f"storage {n.address} extra", None, f"holds partitions {extra} it is not assigned (`waltz storage remove-partition`)")
+            checks.add(f"storage {n.address} extra", None, f"holds partitions {extra} it is not assigned (`waltz storage remove-partition`)")
+    return healthy
 
-    # Quorums.
+
+def _check_quorums(checks: _Checks, info: ClusterInfo, nodes: list[StorageNodeInfo], healthy: dict[str, set[int]]) -> None:
+    quorum = info.replicas // 2 + 1
     short = []
     for p in range(info.partitions):
         ok = sum(1 for n in nodes if p in healthy.get(n.address, set()))
         if ok < quorum:
             short.append(f"{p} ({ok}/{quorum})")
-    add("quorums", not short, f"without a healthy quorum: {', '.join(short)}" if short else f"every partition has {quorum}+ healthy replicas")
+    checks.add("quorums", not short, f"without a healthy quorum: {', '.join(short)}" if short else f"every partition has {quorum}+ healthy replicas")
 
-    # Servers.
+
+def _check_servers(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, timeout: float) -> None:
+    """Each server reachable (through TLS when configured), and the assignment served as written."""
     servers = {s.server_id: s for s in meta.servers()}
     assignment, _ = meta.assignment()
     if not servers:
-        add("servers", False, "no server is registered")
+        checks.add("servers", False, "no server is registered")
     context = tls_context()
     for s in servers.values():
         try:
             with socket.create_connection((s.host, s.port), timeout=timeout) as sock:
                 if context is not None:
                     _tls_handshake(sock, context, s.host, f"server {s.endpoint}")
-            add(f"server {s.server_id}", True, f"{s.endpoint} reachable, serving {_ranges(sorted(s.serving))}")
+            checks.add(f"server {s.server_id}", True, f"{s.endpoint} reachable, serving {_ranges(sorted(s.serving))}")
         except OSError as e:
-            add(f"server {s.server_id}", False, f"{s.endpoint} unreachable: {e}")
+            checks.add(f"server {s.server_id}", False, f"{s.endpoint} unreachable: {e}")
     orphans = [p for p in range(info.partitions) if p not in assignment or assignment[p].server not in servers]
     mismatched = [
         p for p, a in assignment.items() if a.server in servers and servers[a.server].serving.get(p) != a.generation
@@ -220,12 +241,14 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
         if p not in assignment or assignment[p].server != s.server_id or assignment[p].session != s.session
     )
     if servers:
-        add("partition assignment", not orphans and not mismatched and not intruders,
-            (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}. " if mismatched else "")
-            + (f"served without being assigned: {', '.join(intruders)}" if intruders else "")
-            or "every partition is served by a live server under its current generation")
+        checks.add("partition assignment", not orphans and not mismatched and not intruders,
+                   (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}. " if mismatched else "")
+                   + (f"served without being assigned: {', '.join(intruders)}" if intruders else "")
+                   or "every partition is served by a live server under its current generation")
 
-    # Recovery.
+
+def _check_recovery(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, nodes: list[StorageNodeInfo]) -> None:
+    """Every assigned replica in its partition's current store session, its closing settled."""
     pending = []
     never = []
     for p in range(info.partitions):
@@ -240,11 +263,10 @@ def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
         if lagging:
             pending.append(f"{p}: {', '.join(lagging)}")
     if never:
-        add("recovery", None if not pending else False, f"no store session yet for partitions {_ranges(never)}"
-            + (f"; not recovered: {'; '.join(pending)}" if pending else ""))
+        checks.add("recovery", None if not pending else False, f"no store session yet for partitions {_ranges(never)}"
+                   + (f"; not recovered: {'; '.join(pending)}" if pending else ""))
     else:
-        add("recovery", not pending, f"replicas not in the current session: {'; '.join(pending)}" if pending else "every replica is in its partition's current store session")
-    return checks
+        checks.add("recovery", not pending, f"replicas not in the current session: {'; '.join(pending)}" if pending else "every replica is in its partition's current store session")
 
 
 def _tls_handshake(sock: socket.socket, context: ssl.SSLContext, host: str, peer: str) -> None:

@@ -503,30 +503,46 @@ class StoreSession:
             r.catching_up = False
 
     async def _bring_in(self, r: _Replica) -> None:
+        await self._reconnect(r)
+        meta, prep, lsn = await self._prepare_to_rejoin(r)
+        if prep.forgot:
+            self._keep_out_until_successor(r)
+            return
+        clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
+        await self._catch_up(r, prep.high_water_mark + 1, clean)
+
+    async def _reconnect(self, r: _Replica) -> None:
         while r.in_flight > 0 and self._failed is None:  # what it was sent before leaving settles first
             await asyncio.sleep(0.05)
         if r.broken or r.client is None:
             self._drop(r, r.left_because or "reconnecting")
             r.client = await self._connect(r.address)
             r.broken = False
+
+    async def _prepare_to_rejoin(self, r: _Replica) -> tuple[PartitionMetadata, recovery.Preparation, int]:
+        """Prepares the replica as the recovery says, under the metadata of this session (raises
+        `StaleSessionError` when the partition has moved on)."""
         meta, _ = await self._offload(self.metadata.partition_metadata, self.partition)
         if meta.session_id != self.session_id:
             raise errors.StaleSessionError(f"the partition metadata is at session {meta.session_id}")
         prep, lsn = await self._prepare(r, meta)
         log.info("partition %d session %d: %s reached: %s", self.partition, self.session_id, r.address, prep.why)
-        if prep.forgot:
-            # It lost its files: what it acknowledged in this session is gone, and caught up here
-            # it would soon vouch for this session again without it. Only a successor's recovery
-            # can count it right (it votes for every mark there); until then it stays out.
-            log.info("partition %d session %d: %s rejoins in the next store session", self.partition, self.session_id, r.address)
-            r.left_because = "lost its files; rejoins in the next store session"
-            if self.successor_wanted is None:
-                self.successor_wanted = f"{r.address} lost its files"
-                if self.on_successor_wanted is not None:
-                    self.on_successor_wanted()
-            return
-        nxt = prep.high_water_mark + 1
-        clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
+        return meta, prep, lsn
+
+    def _keep_out_until_successor(self, r: _Replica) -> None:
+        """It lost its files: what it acknowledged in this session is gone, and caught up here it
+        would soon vouch for this session again without it. Only a successor's recovery can count
+        it right (it votes for every mark there); until then it stays out."""
+        log.info("partition %d session %d: %s rejoins in the next store session", self.partition, self.session_id, r.address)
+        r.left_because = "lost its files; rejoins in the next store session"
+        if self.successor_wanted is None:
+            self.successor_wanted = f"{r.address} lost its files"
+            if self.on_successor_wanted is not None:
+                self.on_successor_wanted()
+
+    async def _catch_up(self, r: _Replica, nxt: int, clean: bool) -> None:
+        """Fills the replica from the write path from `nxt` on, records it clean once it holds the
+        session's start, and joins it once it holds everything committed."""
         turn = 0  # which write-path member to read from: the next one after a failure or a lag
         writes: deque[asyncio.Future[None]] = deque()  # catch-up appends in flight, in id order
 
@@ -537,47 +553,24 @@ class StoreSession:
         try:
             while self._failed is None:
                 if nxt > self.start_high_water_mark and not clean:
-                    # It holds the session's start: that is its low-water mark, and the metadata
-                    # records it clean before it acknowledges anything of this session.
                     await drain()
-                    await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
-                    await self._offload(_update, self.metadata, self.partition, self.session_id,
-                                        lambda m: recovery.after_catch_up(m, self.session_id, r.address))
+                    await self._record_clean(r)
                     clean = True
                     continue
                 if nxt > self.high_water_mark and clean:
                     await drain()
                     if nxt <= self.high_water_mark:
                         continue  # commits arrived while the last writes landed
-                    cut = next((p for p in self._pending if p.first < nxt <= p.last), None)
-                    if cut is not None:
-                        # Part of an in-flight batch survived a crash of the node: it never
-                        # acknowledged that batch, so the part goes and the whole batch is resent.
-                        await r.client.truncate(self.partition, self.session_id, cut.first - 1)
-                        nxt = cut.first
+                    resend_from = await self._cut_partial_batch(r, nxt)
+                    if resend_from is not None:
+                        nxt = resend_from
                         continue
                     self._join(r, nxt)
                     return
                 sources = [x for x in self._replicas if x.in_write_path]
                 if not sources:
                     return
-                target = self.high_water_mark
-                source = sources[turn % len(sources)]
-                try:
-                    got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
-                except errors.StaleSessionError:
-                    raise
-                except errors.StorageConnectionError as e:
-                    # The source's connection is gone, so it cannot take appends either: it
-                    # leaves the write path now rather than at the next append, which may never
-                    # come while clients wait for this catch-up (found by `waltz torture`).
-                    log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
-                    self._leave(source, str(e))
-                    got = []
-                except errors.WaltzError as e:  # the source's trouble, not r's: read from another
-                    log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
-                    got = []
-                records = _upto(got, target)
+                records = await self._read_for_catch_up(r, sources[turn % len(sources)], nxt)
                 if not records:
                     turn += 1
                     await drain()
@@ -591,6 +584,41 @@ class StoreSession:
             for w in writes:
                 w.cancel()
             await asyncio.gather(*writes, return_exceptions=True)
+
+    async def _record_clean(self, r: _Replica) -> None:
+        """It holds the session's start: that is its low-water mark, and the metadata records it
+        clean before it acknowledges anything of this session."""
+        await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
+        await self._offload(_update, self.metadata, self.partition, self.session_id,
+                            lambda m: recovery.after_catch_up(m, self.session_id, r.address))
+
+    async def _cut_partial_batch(self, r: _Replica, nxt: int) -> int | None:
+        """Part of an in-flight batch survived a crash of the node: it never acknowledged that
+        batch, so the part goes and the whole batch is resent (returns where from; None: no cut)."""
+        cut = next((p for p in self._pending if p.first < nxt <= p.last), None)
+        if cut is None:
+            return None
+        await r.client.truncate(self.partition, self.session_id, cut.first - 1)
+        return cut.first
+
+    async def _read_for_catch_up(self, r: _Replica, source: _Replica, nxt: int) -> list[Any]:
+        """Committed records from `nxt` on, read from a write-path member; none when that fails."""
+        target = self.high_water_mark
+        try:
+            got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
+        except errors.StaleSessionError:
+            raise
+        except errors.StorageConnectionError as e:
+            # The source's connection is gone, so it cannot take appends either: it leaves the
+            # write path now rather than at the next append, which may never come while clients
+            # wait for this catch-up (found by `waltz torture`).
+            log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+            self._leave(source, str(e))
+            return []
+        except errors.WaltzError as e:  # the source's trouble, not r's: read from another
+            log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+            return []
+        return _upto(got, target)
 
     def _join(self, r: _Replica, nxt: int) -> None:
         # Everything committed is on r. Of the batches in flight it is sent those it lacks, and
