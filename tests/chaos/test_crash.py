@@ -19,10 +19,11 @@ import uuid
 
 import pytest
 
-from chaos_payload import check_payload
+from support import script
+from support.chaos_payload import check_payload
 from waltz.storage import Storage
 
-WRITER = pathlib.Path(__file__).with_name("writer.py")
+WRITER = script("crash_writer.py")
 ROUNDS = int(os.environ.get("WALTZ_CRASH_ROUNDS", "20"))
 
 

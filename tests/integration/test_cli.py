@@ -19,10 +19,11 @@ from waltz import errors
 from waltz.cli.main import main
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
 
-from processes import start, stop, wait_http, write_config
+from support import script
+from support.processes import start, stop, wait_http, write_config
 
 PARTITIONS = 4
-MEMBER = str(pathlib.Path(__file__).parent.parent / "cluster_member.py")
+MEMBER = str(script("cluster_member.py"))
 
 
 class Cli:

@@ -24,9 +24,9 @@ from waltz.client import (
 )
 from waltz.cluster.metadata import ClusterMetadata
 
-from client_app import AsyncMemoryApp, Increment, MemoryApp, Write
-from processes import free_port
-from tcp_proxy import Proxy
+from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
+from support.processes import free_port
+from support.tcp_proxy import Proxy
 from test_cli import PARTITIONS, Node
 from test_server_daemon import setup, wait_served  # noqa: F401  (fixture)
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from waltz.client import JSON, Transaction, WaltzClient
 from waltz.client.sql import SqlCallbacks
 
-from client_app import Write
+from support.client_app import Write
 from test_cli import PARTITIONS
 from test_client import config, servers  # noqa: F401  (fixture)
 from test_server_daemon import setup  # noqa: F401  (fixture)

@@ -19,8 +19,10 @@ from waltz.cluster import open_store
 from waltz.cluster.metadata import Assignment, ClusterMetadata
 from waltz.cluster.store import MetadataStore
 
+from support import script
+
 PARTITIONS = 8
-MEMBER = str(pathlib.Path(__file__).parent.parent / "cluster_member.py")
+MEMBER = str(script("cluster_member.py"))
 
 
 class Members:

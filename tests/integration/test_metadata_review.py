@@ -45,7 +45,7 @@ def outage(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[t
         yield f"embedded:{path}", begin, end
         end()
     else:
-        from processes import ZooKeeperServer
+        from support.processes import ZooKeeperServer
 
         server = ZooKeeperServer(tmp_path / "zk")
         server.start()

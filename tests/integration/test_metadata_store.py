@@ -275,7 +275,7 @@ def test_bad_urls_and_unreachable_stores(tmp_path) -> None:
     junk.write_bytes(b"this is not a database" * 100)
     with pytest.raises(errors.MetadataUnavailableError):
         open_store(f"embedded:{junk}").start()
-    from processes import free_port
+    from support.processes import free_port
 
     with pytest.raises(errors.MetadataUnavailableError, match="cannot reach ZooKeeper"):
         open_store(f"zk://127.0.0.1:{free_port()}").start(timeout=1.0)
@@ -300,7 +300,7 @@ def test_embedded_session_suspends_while_the_file_is_locked(tmp_path) -> None:
 
 
 def test_zookeeper_session_suspends_when_the_server_dies(tmp_path) -> None:
-    from processes import ZooKeeperServer
+    from support.processes import ZooKeeperServer
     from waltz.torture.proxy import FaultProxy, ProxyLoop
 
     server = ZooKeeperServer(tmp_path / "zk")

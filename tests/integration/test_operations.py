@@ -19,7 +19,7 @@ from waltz.cli.node import main as node_main
 from waltz.client import WaltzClient
 from waltz.local import LocalCluster
 
-from client_app import MemoryApp, Write
+from support.client_app import MemoryApp, Write
 
 ROOT = pathlib.Path(__file__).parents[2]
 

@@ -427,6 +427,6 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
     try:
         asyncio.run(go())
     finally:
-        from processes import stop
+        from support.processes import stop
 
         stop(extra.proc)

@@ -16,7 +16,7 @@ import pytest
 
 from waltz import client_protocol as cp
 
-from processes import start, stop, wait_http
+from support.processes import start, stop, wait_http
 from test_server_daemon import mounted, setup, start_server, wait_served  # noqa: F401  (fixture)
 from test_store_session import admin_read_all
 

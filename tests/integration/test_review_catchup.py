@@ -16,7 +16,7 @@ from waltz.server import daemon
 from waltz.server.connection import Partitions
 from waltz.server.store_session import StoreSession
 
-from processes import start, stop, wait_http
+from support.processes import start, stop, wait_http
 from test_store_session import batch, cluster  # noqa: F401  (fixture)
 
 

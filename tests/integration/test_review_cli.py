@@ -213,6 +213,6 @@ def test_verify_on_a_node_of_another_cluster_says_so(cli: Cli, nodes: list[Node]
         detail = checks[f"storage {stranger.address}"]["detail"]
         assert "unreachable" not in detail, detail
     finally:
-        from processes import stop
+        from support.processes import stop
 
         stop(stranger.proc)

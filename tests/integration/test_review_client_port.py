@@ -17,7 +17,7 @@ from waltz.server.lock_table import lock_hash
 from waltz.server.partition import AppendRequest, Committed, LockFailed
 from waltz.storage import ReqId
 
-from processes import stop
+from support.processes import stop
 from test_server_connection import GEN, RawClient, append, mounted, serving
 from test_store_session import cluster  # noqa: F401  (fixture)
 

@@ -18,7 +18,7 @@ from waltz.server.partition import AppendRequest, Committed, LockFailed, Partiti
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
-from processes import start, stop, wait_http
+from support.processes import start, stop, wait_http
 from test_cli import Node
 from test_store_session import batch, cluster, read_all  # noqa: F401  (fixture)
 

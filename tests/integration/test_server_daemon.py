@@ -20,7 +20,7 @@ from waltz import client_protocol as cp
 from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 
-from processes import free_port, get, stop, toml_sections
+from support.processes import free_port, get, stop, toml_sections
 from test_cli import PARTITIONS, Cli, Node
 from test_server_connection import RawClient, feed_ids
 

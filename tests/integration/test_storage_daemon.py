@@ -18,7 +18,7 @@ import pytest
 
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
 
-from processes import get, start, stop, wait_http, write_config
+from support.processes import get, start, stop, wait_http, write_config
 
 
 def test_daemon_serves_reports_and_stops_cleanly(tmp_path):

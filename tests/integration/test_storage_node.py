@@ -21,7 +21,9 @@ from waltz import errors
 from waltz._native import ResponseReader, encode_append, encode_request
 from waltz.storage import RecordBatch, ReqId, Storage, StorageClient, StorageNode
 
-NODE_PROCESS = pathlib.Path(__file__).with_name("node_process.py")
+from support import script
+
+NODE_PROCESS = script("node_process.py")
 
 
 def batch(first: int, n: int, size: int = 100) -> RecordBatch:

@@ -16,7 +16,7 @@ from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
 from waltz.server.store_session import StoreSession
 from waltz.storage import RecordBatch, ReqId
 
-from processes import start, stop, wait_http
+from support.processes import start, stop, wait_http
 from test_cli import Node
 
 PARTITIONS = 4  # test_cli.Node's partition count

@@ -25,8 +25,8 @@ from waltz.cluster.metadata import ClusterMetadata
 from waltz.storage import StorageAdminClient, StorageClient
 from waltz.tls import DevCertificates, generate_dev_certificates
 
-from client_app import MemoryApp, Write
-from processes import stop
+from support.client_app import MemoryApp, Write
+from support.processes import stop
 from test_cli import PARTITIONS, Cli, Node
 from test_server_daemon import start_server, wait_served
 

@@ -48,7 +48,7 @@ class Live:
     JSON payloads; `written[p]` is what the client's own feed applied, in id order."""
 
     def __init__(self, directory: pathlib.Path) -> None:
-        from client_app import MemoryApp
+        from support.client_app import MemoryApp
 
         from waltz.client import WaltzClient
         from waltz.local import LocalCluster
@@ -66,7 +66,7 @@ class Live:
         return self.cluster.directory / "data" / f"storage-{i}"
 
     def write(self, name: str, n: int) -> None:
-        from client_app import Write
+        from support.client_app import Write
 
         for f in [self.client.submit(Write(f"{name}-{i}", partition=i % 2, header=i)) for i in range(n)]:
             assert f.result(timeout=60)

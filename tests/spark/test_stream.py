@@ -198,7 +198,7 @@ def test_ids_the_replicas_dropped_fail_a_cluster_read_at_once_or_are_skipped_wit
     import asyncio
     import logging
 
-    from client_app import MemoryApp, Write
+    from support.client_app import MemoryApp, Write
 
     from waltz import errors
     from waltz._native import Storage

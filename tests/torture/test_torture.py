@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from processes import zookeeper_available
+from support.processes import zookeeper_available
 from waltz.torture.nemesis import FAULTS
 from waltz.torture.run import TortureOptions, run_torture
 

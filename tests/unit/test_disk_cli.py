@@ -9,7 +9,7 @@ import pathlib
 import pytest
 from click.testing import CliRunner, Result
 
-from engine_helpers import append_range, flip_byte, payload, record_offsets, segment_files
+from support.engine_helpers import append_range, flip_byte, payload, record_offsets, segment_files
 from waltz.cli.main import main
 from waltz.storage import Storage
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine_helpers import append_range, assert_log, flip_byte, payload, record_offsets, records, segment_files
+from support.engine_helpers import append_range, assert_log, flip_byte, payload, record_offsets, records, segment_files
 from waltz import errors
 from waltz.storage import RecordBatch, Storage
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import spec_reader as sr
+from support import spec_reader as sr
 from waltz.storage import RecordBatch, ReqId, Storage
 
 SEG_SIZE = 4096  # the engine's minimum: many small segments

@@ -17,9 +17,9 @@ import argparse
 import random
 import sys
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0])
+sys.path.insert(0, __file__.rsplit("/", 2)[0])  # tests/, for `support` when run as a script
 
-from chaos_payload import payload_for  # noqa: E402
+from support.chaos_payload import payload_for  # noqa: E402
 
 from waltz import errors  # noqa: E402
 from waltz.storage import ReqId, Storage  # noqa: E402

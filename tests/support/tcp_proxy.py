@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from waltz import client_protocol as cp
 
-from processes import free_port
+from support.processes import free_port
 
 
 class Proxy:

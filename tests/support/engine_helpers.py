@@ -56,6 +56,6 @@ def flip_byte(path: pathlib.Path, offset: int) -> None:
 
 def record_offsets(part_dir: pathlib.Path, seg: pathlib.Path) -> list[int]:
     """Offsets of the records in `seg`, found by the independent spec reader."""
-    import spec_reader
+    from support import spec_reader
 
     return [r.offset for r in spec_reader.read_segment(seg).records]
