@@ -25,10 +25,9 @@ from waltz.client import (
 from waltz.cluster.metadata import ClusterMetadata
 
 from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
+from support.daemons import PARTITIONS, Node, setup, wait_served  # noqa: F401  (fixture)
 from support.processes import free_port
 from support.tcp_proxy import Proxy
-from test_cli import PARTITIONS, Node
-from test_server_daemon import setup, wait_served  # noqa: F401  (fixture)
 
 
 class Servers:

@@ -19,9 +19,8 @@ from waltz.client import JSON, Transaction, WaltzClient
 from waltz.client.sql import SqlCallbacks
 
 from support.client_app import Write
-from test_cli import PARTITIONS
+from support.daemons import PARTITIONS, setup  # noqa: F401  (fixture)
 from test_client import config, servers  # noqa: F401  (fixture)
-from test_server_daemon import setup  # noqa: F401  (fixture)
 
 PER_INSTANCE = 100
 

@@ -16,8 +16,9 @@ import pytest
 
 from waltz import client_protocol as cp
 
+from support.daemons import setup, start_server, wait_served  # noqa: F401  (fixture)
 from support.processes import start, stop, wait_http
-from test_server_daemon import mounted, setup, start_server, wait_served  # noqa: F401  (fixture)
+from test_server_daemon import mounted
 from test_store_session import admin_read_all
 
 CLIENT = 42

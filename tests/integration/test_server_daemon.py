@@ -11,68 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from waltz import client_protocol as cp
-from waltz.cluster import open_store
-from waltz.cluster.metadata import ClusterMetadata
 
-from support.processes import free_port, get, stop, toml_sections
-from test_cli import PARTITIONS, Cli, Node
+from support.daemons import PARTITIONS, Cli, setup, start_server, wait_served  # noqa: F401  (setup is a fixture)
+from support.processes import free_port, get
 from test_server_connection import RawClient, feed_ids
-
-
-@pytest.fixture
-def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
-    store = open_store(metadata_url)
-    store.start()
-    meta = ClusterMetadata(store, "/waltz/e2e")
-    info, _ = meta.create("e2e", PARTITIONS, 3)
-    nodes = [Node(tmp_path / f"n{i}", info.cluster_key) for i in range(3)]
-    for i, n in enumerate(nodes):
-        meta.add_storage_node(n.address, n.ports["admin_port"], i)
-        meta.auto_assign(i)
-
-        async def assign_all(c: Any) -> None:
-            for p in range(PARTITIONS):
-                await c.assign(p)
-
-        n.admin(assign_all)
-    yield meta, nodes, metadata_url
-    for n in nodes:
-        if n.proc.poll() is None:
-            stop(n.proc)
-    store.close()
-
-
-def start_server(
-    tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None,
-    event_loop: str = "uvloop",
-) -> subprocess.Popen[str]:
-    """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls])."""
-    config = tmp_path / f"{name}.toml"
-    config.write_text(
-        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n'
-        f'event_loop = "{event_loop}"\n\n[logging]\nlevel = "info"\n' + toml_sections(sections)
-    )
-    log = open(tmp_path / f"{name}.log", "a")
-    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True)
-
-
-def wait_served(meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0) -> tuple[str, int]:
-    """(endpoint, generation) of the live server serving `partition` under its current generation."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assignment, _ = meta.assignment()
-        a = assignment.get(partition)
-        for s in meta.servers():
-            if a is not None and s.server_id == a.server != not_by and s.serving.get(partition) == a.generation:
-                return s.endpoint, a.generation
-        time.sleep(0.1)
-    raise AssertionError(f"partition {partition} not served: {meta.assignment()[0]}, {meta.servers()}")
 
 
 async def mounted(endpoint: str, hwm: int, connection_seq: int) -> tuple[RawClient, cp.MountResponse, list[cp.Message]]:

@@ -4,7 +4,9 @@ pipelined quorum commits, fencing by a newer session, replicas failing, refusing
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +18,8 @@ from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
 from waltz.server.store_session import StoreSession
 from waltz.storage import RecordBatch, ReqId
 
+from support.daemons import Node
 from support.processes import start, stop, wait_http
-from test_cli import Node
 
 PARTITIONS = 4  # test_cli.Node's partition count
 
@@ -233,3 +235,100 @@ def test_too_few_replicas_reachable(cluster) -> None:
     pm, _ = meta.partition_metadata(0)
     assert pm.replicas == {}  # nothing recorded as clean
 
+
+# -- Regressions from an adversarial review of the write path and of catch-up: each failed on
+#    the code as first written. --------------------------------------------------------------------
+
+
+GEN = 1
+
+
+# 5. (Fixed by the recovery vote.) settle() ignored the partition metadata's replica states, so replicas that never held the
+#    committed transactions can "agree". Documented procedure (docs/operations.md, "Adding or
+#    replacing a storage node", filling is optional): replace n1 by a new, empty n3 while n2 lags
+#    (it left the write path; catch-up is not built) and n0 is briefly down. n2 and n3 are a
+#    reachable majority of {n0, n2, n3} and agree on an empty log: the new session starts at -1,
+#    the acknowledged transactions 0..2 are lost and new ones are committed at the same ids.
+def test_replicas_that_never_held_the_commits_cannot_settle_the_start(cluster, tmp_path: pathlib.Path) -> None:  # noqa: F811
+    meta, nodes = cluster
+    n0, n1, n2 = nodes
+
+    async def first_session() -> int:
+        s = await StoreSession.open(meta, 0, generation=GEN, timeout=5.0)
+        await asyncio.to_thread(stop, n2.proc)  # n2 is out of the write path of this session
+        assert await s.append(batch("acked")) == (0, 2)  # acknowledged: on n0 and n1
+        assert n2.address not in s.replicas_in_write_path
+        await s.close()
+        return s.session_id
+
+    asyncio.run(first_session())
+    n2.proc = start(n2.config)
+    wait_http(n2.ports["http_port"], n2.proc)
+    info = meta.info()
+    n3 = Node(tmp_path / "n3", info.cluster_key)
+    try:
+        meta.add_storage_node(n3.address, n3.ports["admin_port"], 3)
+        meta.assign_partition(n3.address, 0)
+        n3.admin(lambda c: c.assign(0))
+        meta.unassign_partition(n1.address, 0)  # n1 replaced by n3
+        stop(n0.proc)  # n0 restarting
+
+        async def second_session() -> None:
+            # The electorate is the last session's write set {n0, n1, n2}: n1 (unassigned, still
+            # reachable) holds 0..2, n2 was clean in it but holds nothing, n0 is down. Undecidable
+            # until n2 is filled from n1; then 2 is decided and the new write set {n2, n3} holds it.
+            s = await StoreSession.open(meta, 0, generation=GEN, timeout=2.0)
+            assert s.high_water_mark == 2
+            assert await s.append(batch("other")) == (3, 5)
+            await s.close()
+            for n in (n2, n3):
+                held = await asyncio.to_thread(read_all, n, 99)
+                assert [bytes(r.data) for r in held] == [b"acked-0", b"acked-1", b"acked-2", b"other-0", b"other-1", b"other-2"]
+
+        asyncio.run(second_session())
+    finally:
+        if n3.proc.poll() is None:
+            stop(n3.proc)
+
+
+async def _node2_behind(meta: Any, nodes: Any) -> None:
+    s = await StoreSession.open(meta, 0, generation=1, timeout=5.0)
+    for i in range(10):
+        await s.append(batch(f"a{i}", 50))
+    await asyncio.to_thread(stop, nodes[2].proc)
+    for i in range(10):
+        await s.append(batch(f"b{i}", 50))  # committed on nodes 0 and 1 only
+    await s.close()
+    nodes[2].proc = start(nodes[2].config)
+    await asyncio.to_thread(wait_http, nodes[2].ports["http_port"], nodes[2].proc)
+
+
+def test_a_hiccup_on_the_catch_up_source_excludes_the_replica_for_good(cluster) -> None:  # noqa: F811
+    """The source of catch-up (the first write-path member) stalls once, its read times out; the
+    replica being caught up is then never retried though every node is healthy again and another
+    member holds everything committed."""
+    meta, nodes = cluster
+
+    async def go() -> None:
+        await _node2_behind(meta, nodes)
+        s2 = await StoreSession.open(meta, 0, generation=1, timeout=1.0)
+        assert nodes[2].address not in s2.replicas_in_write_path
+        source = s2.replicas_in_write_path[0]
+        src = next(n for n in nodes if n.address == source)
+        os.kill(src.proc.pid, signal.SIGSTOP)  # before the catch-up task first runs
+        try:
+            await asyncio.sleep(1.5)  # its read from the source times out (1 s)
+        finally:
+            os.kill(src.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.2)
+        deadline = asyncio.get_running_loop().time() + 10
+        while nodes[2].address not in s2.replicas_in_write_path and s2.failed is None:
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await s2.append(batch("d", 1))
+            await asyncio.sleep(0.05)
+        in_path = s2.replicas_in_write_path
+        await s2.close()
+        assert nodes[2].address in in_path, "node 2 never rejoined after one timed-out read on the source"
+
+    asyncio.run(go())

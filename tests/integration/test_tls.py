@@ -27,8 +27,7 @@ from waltz.tls import DevCertificates, generate_dev_certificates
 
 from support.client_app import MemoryApp, Write
 from support.processes import stop
-from test_cli import PARTITIONS, Cli, Node
-from test_server_daemon import start_server, wait_served
+from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
 
 pytestmark = pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 
