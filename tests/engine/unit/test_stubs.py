@@ -17,6 +17,6 @@ def test_stub_matches_the_extension():
 
 def test_package_type_checks_strictly():
     """`mypy --strict` over python/waltz (configured in pyproject.toml): the package ships py.typed."""
-    root = pathlib.Path(__file__).parents[2]
+    root = pathlib.Path(__file__).parents[3]
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
