@@ -21,7 +21,7 @@ from waltz.local import LocalCluster
 
 from support.client_app import MemoryApp, Write
 
-ROOT = pathlib.Path(__file__).parents[2]
+ROOT = pathlib.Path(__file__).parents[3]
 
 
 def leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
