@@ -59,7 +59,7 @@ from peers import loadgen  # noqa: E402
 from peers.etcd import EtcdCluster, EtcdSession  # noqa: E402
 from peers.loadgen import PeerUnavailable, closed_loop, cpu_seconds, log  # noqa: E402
 from peers.zookeeper import ZooKeeperEnsemble, ZooKeeperSession  # noqa: E402
-from processes import free_port, wait_http, write_config  # noqa: E402
+from support.processes import free_port, wait_http, write_config  # noqa: E402
 
 from waltz import client_protocol as cp  # noqa: E402
 from waltz.client import (  # noqa: E402

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tests"))
 
-from processes import start, stop, wait_http, write_config  # noqa: E402
+from support.processes import start, stop, wait_http, write_config  # noqa: E402
 
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402

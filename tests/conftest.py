@@ -22,7 +22,7 @@ def data_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory):
     """One real ZooKeeper server for the session; tests isolate themselves by chroot."""
-    from processes import ZooKeeperServer, zookeeper_available
+    from support.processes import ZooKeeperServer, zookeeper_available
 
     if not zookeeper_available():
         pytest.fail("ZooKeeper is not installed: run scripts/setup.sh (apt package `zookeeper`, Java)")
@@ -35,7 +35,7 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def postgresql():
     """One real PostgreSQL server for the session; tests create their own databases."""
-    from processes import PostgresServer
+    from support.processes import PostgresServer
 
     server = PostgresServer()
     try:

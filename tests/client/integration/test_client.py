@@ -1,0 +1,646 @@
+"""The client library against real processes: 3 storage nodes and a server (`waltz-node`),
+embedded metadata (one test on ZooKeeper). Sync and async APIs, lock retries, the transaction
+monitor settling appends the server dropped, 1,000 transactions through a proxy that keeps
+cutting the client's connections, catching up from -1, mount errors."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client import (
+    JSON, AsyncWaltzClient, ClientConfig, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext, WaltzClient,
+)
+from waltz.cluster.metadata import ClusterMetadata
+
+from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
+from support.daemons import PARTITIONS, Node, setup, wait_served  # noqa: F401  (fixture)
+from support.processes import free_port
+from support.tcp_proxy import Proxy
+
+
+class Servers:
+    """`waltz-node server` processes of the test cluster, optionally behind a proxy each."""
+
+    def __init__(self, tmp_path: pathlib.Path, url: str, meta: ClusterMetadata) -> None:
+        self.tmp_path, self.url, self.meta = tmp_path, url, meta
+        self.procs: list[subprocess.Popen[str]] = []
+        self.proxies: list[Proxy] = []
+
+    def start(self, name: str, *, proxied: bool = False, extra: str = "") -> subprocess.Popen[str]:
+        port = free_port()
+        advertised = ""
+        if proxied:
+            proxy = Proxy(port)
+            self.proxies.append(proxy)
+            advertised = f'advertised_address = "127.0.0.1:{proxy.port}"\n'
+        config = self.tmp_path / f"{name}.toml"
+        config.write_text(
+            f'[server]\nmetadata = "{self.url}"\ncluster = "e2e"\nport = {port}\nhttp_port = 0\nsession_timeout = 2.0\n'
+            f"{advertised}{extra}\n[logging]\nlevel = \"info\"\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+                                stderr=open(self.tmp_path / f"{name}.log", "a"), text=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait_all_served(self) -> None:
+        for p in range(PARTITIONS):
+            wait_served(self.meta, p)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        for proxy in self.proxies:
+            proxy.close()
+
+
+@pytest.fixture
+def servers(setup, tmp_path: pathlib.Path) -> Iterator[tuple[Servers, ClusterMetadata, list[Node], str]]:  # noqa: F811
+    meta, nodes, url = setup
+    s = Servers(tmp_path, url, meta)
+    yield s, meta, nodes, url
+    s.stop()
+
+
+def config(url: str, **kw: Any) -> ClientConfig:
+    return ClientConfig(metadata=url, cluster="e2e", **kw)
+
+
+def submit_from_threads(client: WaltzClient, contexts: list[Any], threads: int = 4, pause: float = 0.0) -> list[Any]:
+    """Submits the contexts from `threads` threads at once (each a slice); their futures."""
+    futures: list[Any] = []
+
+    def submit(chunk: list[Any]) -> None:
+        for c in chunk:
+            futures.append(client.submit(c))
+            time.sleep(pause)
+
+    workers = [threading.Thread(target=submit, args=(contexts[i::threads],)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return futures
+
+
+def read_log(url: str) -> dict[int, list[tuple[int, Any]]]:
+    """Every partition's committed transactions, read by a new client from -1."""
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as c:
+        for p in range(c.partitions):
+            top = c.high_water_mark(p)
+            deadline = time.monotonic() + 60
+            while app.marks[p] < top:
+                assert time.monotonic() < deadline, f"partition {p} applied {app.marks[p]} of {top}"
+                time.sleep(0.02)
+    assert not app.errors, app.errors
+    return app.applied
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded", "zookeeper"], indirect=True)
+def test_sync_client_commits_applies_in_order_and_fetches_data(servers) -> None:
+    s, meta, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as client:
+        assert client.partitions == PARTITIONS
+        contexts = [Write(f"tx{i}", partition=i, header=i) for i in range(40)]
+        futures = [client.submit(ctx) for ctx in contexts]
+        assert [f.result(30) for f in futures] == [True] * 40
+        client.flush()
+        for ctx in contexts:
+            assert ctx.events == ["completion:True", "application"], ctx.events
+            assert ctx.executions == 1
+        for p in range(PARTITIONS):
+            ids = [t for t, _ in app.applied[p]]
+            assert ids == list(range(10)), ids  # dense, in order, from 0
+            assert sorted(d["id"] for _, d in app.applied[p]) == sorted(f"tx{i}" for i in range(40) if i % PARTITIONS == p)
+            assert client.high_water_mark(p) == 9
+    assert not app.errors, app.errors
+    # A new client catches up from -1 and sees the same log; one resuming from 5 sees the rest.
+    assert read_log(url) == app.applied
+    later = MemoryApp(start={p: 5 for p in range(PARTITIONS)})
+    with WaltzClient(later, config(url, event_loop="asyncio")) as client:  # the standard loop works as well
+        deadline = time.monotonic() + 30
+        while any(later.marks[p] < 9 for p in range(PARTITIONS)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert {p: later.applied[p] for p in range(PARTITIONS)} == {p: app.applied[p][6:] for p in range(PARTITIONS)}
+
+
+class AsyncWrite(TransactionContext):
+    def __init__(self, n: int, decline: bool = False) -> None:
+        super().__init__()
+        self.n, self.decline = n, decline
+        self.completed: list[bool] = []
+
+    async def execute(self, builder: TransactionBuilder) -> bool:
+        await asyncio.sleep(0)
+        builder.set_data({"id": f"a{self.n}"}, JSON)
+        return not self.decline
+
+    async def on_completion(self, result: bool) -> None:
+        self.completed.append(result)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_async_client(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+
+    async def go() -> None:
+        app = AsyncMemoryApp()
+        async with AsyncWaltzClient(app, config(url)) as client:
+            contexts = [AsyncWrite(i, decline=(i == 3)) for i in range(20)]
+            done = [await client.submit(ctx) for ctx in contexts]
+            results = await asyncio.gather(*done)
+            assert results == [i != 3 for i in range(20)]
+            await client.flush()
+            assert [c.completed for c in contexts] == [[i != 3] for i in range(20)]
+            assert [d["id"] for _, d in app.applied[0]] == [f"a{i}" for i in range(20) if i != 3]  # one by one, in order
+            assert await client.high_water_mark(0) == 18
+            assert await client.transaction_data(0, 2) == JSON.serialize({"id": "a2"})
+            with pytest.raises(errors.RequestFailedError, match="no committed transaction") as e:
+                await client.transaction_data(0, 1000)
+            assert e.value.kind == "not_committed"
+        assert not app.errors
+        with pytest.raises(errors.ClientClosedError):
+            await client.submit(AsyncWrite(99))
+
+    asyncio.run(go())
+
+
+class FetchWhenTold(MemoryApp):
+    """Holds each apply until `go` is set, then fetches the data (from the callback thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go, self.fetching = threading.Event(), threading.Event()
+        self.outcomes: list[BaseException | None] = []
+
+    def apply_transaction(self, transaction: Any) -> None:
+        self.go.wait(60)
+        self.fetching.set()
+        try:
+            transaction.data(JSON)
+            self.outcomes.append(None)
+        except BaseException as e:
+            self.outcomes.append(e)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_cancels_a_data_fetch_in_flight(servers) -> None:
+    """A callback's data fetch, retrying while no server answers, when the client closes: the
+    fetch is cancelled on the loop and its caller told the client closed. The loop used to stop
+    with the fetch pending; the garbage collector finalized it later and its cleanup ran on the
+    closed loop (an unraisable RuntimeError at some unrelated test)."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = FetchWhenTold()
+    client = WaltzClient(app, config(url))
+    try:
+        assert client.submit(Write("t", partition=0)).result(30)
+        s.stop()  # the fetch now retries until request_timeout (30 s)
+        app.go.set()
+        assert app.fetching.wait(30)
+        time.sleep(0.3)
+    finally:
+        client.close()
+    assert asyncio.all_tasks(client._loop) == set()  # nothing left for the collector to finalize
+    deadline = time.monotonic() + 10
+    while not app.outcomes:
+        assert time.monotonic() < deadline, "the fetch's caller is still waiting"
+        time.sleep(0.02)
+    assert isinstance(app.outcomes[0], errors.ClientClosedError), app.outcomes
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_settles_every_context_and_wakes_threads_waiting_for_room(servers, caplog) -> None:
+    """`max_pending = 1`: a context whose `execute` raised a BaseException (the exception reaches
+    the caller, nothing is sent) and a context whose future was cancelled each free their slot,
+    with no error on the loop; a context held by its own hook (inside a task the close cancels) fails
+    with ClientClosedError, and so does a thread waiting for the partition's slot behind it.
+    Before, the held context's future was never resolved (its caller waited for ever) and the
+    waiting thread got a bare CancelledError."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    hold = threading.Event()
+
+    class Held(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise KeyError("held")
+
+        async def on_exception(self, exc: BaseException) -> None:
+            hold.set()
+            await asyncio.Event().wait()  # until the close cancels it
+
+    class Interrupt(BaseException):
+        pass
+
+    class Interrupted(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise Interrupt()
+
+    app = MemoryApp()
+    client = WaltzClient(app, config(url, max_pending=1))
+    try:
+        with pytest.raises(Interrupt):
+            client.submit(Interrupted("never sent"))
+        first = client.submit(Write("cancelled"))
+        first.cancel()  # pending: the caller no longer wants it; the append still goes
+        assert client.submit(Write("after")).result(30) is True  # the slot was freed
+        deadline = time.monotonic() + 30
+        while app.marks[0] < 1:
+            assert time.monotonic() < deadline, app.marks
+            time.sleep(0.02)
+        held = client.submit(Held("held"))
+        assert hold.wait(30)
+        outcome: list[BaseException | bool] = []
+
+        def waiter() -> None:
+            try:
+                outcome.append(client.submit(Write("waits")).result(30))
+            except BaseException as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)
+        assert not outcome, "the partition has one slot and the held context has it"
+    finally:
+        client.close()
+    t.join(30)
+    assert not t.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.ClientClosedError), outcome
+    assert not outcome[0].outcome_unknown, "never sent: it certainly did not commit"
+    with pytest.raises(errors.ClientClosedError) as closed:
+        held.result(10)
+    assert not closed.value.outcome_unknown
+    assert [d["id"] for _, d in app.applied[0]] == ["cancelled", "after"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+class FailsOnceAndSoDoesItsHandler(MemoryApp):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.transaction_id == 2 and not self.failed:
+            self.failed = True
+            raise RuntimeError("the database hiccuped")
+        super().apply_transaction(transaction)
+
+    def uncaught_exception(self, partition: int, transaction_id: int, exc: BaseException) -> None:
+        raise RuntimeError("and so did the error handler")
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_an_error_handler_that_raises_does_not_stop_applying(servers) -> None:
+    """Before, the handler's exception ended the partition's apply task silently: commits still
+    resolved, nothing more was applied, and `flush()` waited for ever."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = FailsOnceAndSoDoesItsHandler()
+    with WaltzClient(app, config(url)) as client:
+        futures = [client.submit(Write(f"tx{i}", partition=0)) for i in range(5)]
+        assert [f.result(30) for f in futures] == [True] * 5
+        flushed = threading.Event()
+        threading.Thread(target=lambda: (client.flush(), flushed.set()), daemon=True).start()
+        assert flushed.wait(60), "flush() never returned: applying stopped"  # a liveness bound, not a speed check
+        assert app.failed and [t for t, _ in app.applied[0]] == [0, 1, 2, 3, 4]
+    assert not app.errors, app.errors
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_client_restarted_with_its_fixed_id_mounts_again(servers) -> None:
+    """A server drops mounts from a client's older connections (a lower connection seq). A
+    client restarted with the same fixed `client_id` counted its connections from 1 again, so
+    its mounts were dropped without an answer until the server restarted."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    for run in range(2):
+        app = MemoryApp()
+        with WaltzClient(app, config(url, client_id=4242, mount_timeout=10.0)) as client:
+            futures = [client.submit(Write(f"run{run}-{i}", partition=i)) for i in range(2 * PARTITIONS)]
+            assert [f.result(30) for f in futures] == [True] * (2 * PARTITIONS)
+            client.flush()
+            if run == 0:
+                # Connections lost and made again: the server's newest connection seq rises.
+                core = client._core
+                for link in list(core._links.values()):
+                    core.loop.call_soon_threadsafe(link.close)
+                more = [client.submit(Write(f"again-{i}", partition=i)) for i in range(PARTITIONS)]
+                assert [f.result(30) for f in more] == [True] * PARTITIONS
+
+
+class ReqIdApp(MemoryApp):
+    """Also records each applied transaction's request id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.req_ids: dict[int, list[tuple[int, int, int, int]]] = collections.defaultdict(list)
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        super().apply_transaction(transaction)
+        with self.lock:
+            self.req_ids[transaction.partition].append(tuple(transaction.req_id))
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_the_last_sequence_number_renews_the_partitions_client_id(servers) -> None:
+    """A request id carries the append sequence as a signed 32-bit integer. Once a partition has
+    used them all, it waits until every append it sent is settled and goes on under a new client
+    id from the cluster (request ids stay unique, sequences rise under each id). Before, the
+    partition refused every later transaction until the client was closed. Here the last
+    sequence's append is dropped on the way (a Flush must settle it before the renewal) while
+    contexts on one lock keep failing and retrying across the change."""
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    app = ReqIdApp()
+    with WaltzClient(app, config(url, settle_after=0.3)) as client:
+        assert client.submit(Write("first", partition=0)).result(30)
+        part = client._core._parts[0]
+        original = part.client_id
+        assert original == client.client_id
+        part.seq = 2**31 - 3
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[3] == 2**31 - 1)
+        contexts = [Increment(app, partition=0) for _ in range(30)]
+        futures = submit_from_threads(client, contexts)
+        assert all(f.result(60) for f in futures)
+        assert client.submit(Write("other partitions are untouched", partition=1)).result(30)
+        client.flush()
+        assert len(proxy.dropped) == 1
+        renewed = part.client_id
+        assert renewed != original and client._core._parts[1].client_id == original
+        # Mounted again under the new id: the server tells this client's stale connections from
+        # its newest by the mount's id, so appends under an id never mounted would escape that.
+        assert part._mounted_as == renewed
+    assert not app.errors, app.errors
+    assert app.counters[0] == 30
+    ids = app.req_ids[0]
+    assert len(set(ids)) == len(ids), "a request id was used twice"
+    old = [r for r in ids if r[0] == original]
+    assert ids[: len(old)] == old and all(r[0] == renewed for r in ids[len(old):]) and len(old) < len(ids)
+    for under in (old, ids[len(old):]):
+        assert [r[3] for r in under] == sorted({r[3] for r in under}), "sequences must rise under one client id"
+    assert old[0][3] == 1 and old[-1][3] <= 2**31 - 1 and ids[len(old)][3] >= 1 and ids[-1][3] < 1000
+    # The renewed partition mounts and commits after a reconnect, under its new id.
+    assert read_log(url)[0] == app.applied[0]
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_fixed_client_id_is_kept_when_its_sequence_numbers_run_out(servers) -> None:
+    """A configured `client_id` is not swapped for one from the cluster's counter (it could be
+    another fixed client's): the partition mounts again under it and counts from 1, as after a
+    restart."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = ReqIdApp()
+    with WaltzClient(app, config(url, client_id=4242)) as client:
+        part = client._core._parts[0]
+        part.seq = 2**31 - 2
+        futures = [client.submit(Write(f"w{i}", partition=0)) for i in range(5)]
+        assert [f.result(30) for f in futures] == [True] * 5
+        assert (part.client_id, part._mounted_as) == (4242, 4242) and part.seq < 10
+        client.flush()
+    assert [r[0] for r in app.req_ids[0]] == [4242] * 5
+    assert [d["id"] for _, d in app.applied[0]] == sorted(d["id"] for _, d in app.applied[0])
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_with_a_sent_transaction_says_its_outcome_is_unknown(servers) -> None:
+    """A transaction sent and not yet seen in the feed may still commit: the error closing the
+    client gives it says so in `outcome_unknown`, which tells the application not to submit it
+    again on its own (the message alone did before)."""
+    import os
+    import signal
+
+    s, _, _, url = servers
+    server = s.start("s1")
+    s.wait_all_served()
+    client = WaltzClient(MemoryApp(), config(url))
+    try:
+        assert client.submit(Write("mounted", partition=0)).result(30)
+        os.kill(server.pid, signal.SIGSTOP)  # the append reaches its socket and gets no answer
+        sent = client.submit(Write("in flight", partition=0))
+        part = client._core._parts[0]
+        deadline = time.monotonic() + 30
+        while len(part.monitor) == 0:
+            assert time.monotonic() < deadline, "the append was never sent"
+            time.sleep(0.01)
+    finally:
+        client.close()
+        os.kill(server.pid, signal.SIGCONT)
+    with pytest.raises(errors.ClientClosedError) as closed:
+        sent.result(10)
+    assert closed.value.outcome_unknown and "may still commit" in str(closed.value)
+
+
+class SlowCompletion(Write):
+    started = threading.Event()
+
+    async def on_completion(self, result: bool) -> None:  # type: ignore[override]
+        SlowCompletion.started.set()
+        await asyncio.Event().wait()  # until the close cancels it
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_closing_while_on_completion_runs_reports_the_commit(servers) -> None:
+    """The feed delivered the transaction, and its on_completion hook still ran when the client
+    closed: the close told it ClientClosedError (outcome certain: not committed), and an
+    application trusting that would submit it again."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    client = WaltzClient(MemoryApp(), config(url))
+    try:
+        committed = client.submit(SlowCompletion("committed"))
+        assert SlowCompletion.started.wait(30)
+    finally:
+        client.close()
+    assert committed.result(10) is True
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_contexts_on_one_lock_all_succeed_by_retrying(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = MemoryApp()
+    with WaltzClient(app, config(url)) as client:
+        contexts = [Increment(app, partition=1) for _ in range(60)]
+        futures = submit_from_threads(client, contexts)
+        assert all(f.result(60) for f in futures)
+        client.flush()
+    assert not app.errors, app.errors  # every applied increment saw the state before it
+    assert app.counters[1] == 60
+    assert sum(c.executions for c in contexts) > 60  # some lost the race and ran again
+    assert sum(c.lock_failures for c in contexts) == sum(c.executions for c in contexts) - 60
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_appends_the_server_drops_are_detected_and_retried(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    app = MemoryApp()
+    with WaltzClient(app, config(url, settle_after=0.3)) as client:
+        # 1. The only append in flight vanishes: a Flush settles it, and it is sent again.
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[3] == 1)
+        lone = Write("lone", partition=2)
+        assert client.submit(lone).result(30)
+        assert lone.executions == 2 and len(proxy.dropped) == 1
+        # 2. An append vanishes and a later one commits first: the feed shows the first failed.
+        proxy.drop(lambda m: isinstance(m, cp.Append) and m.req_id[2] == 3 and m.req_id[3] == 1)
+        first, second = Write("first", partition=3), Write("second", partition=3)
+        f1, f2 = client.submit(first), client.submit(second)
+        assert f1.result(30) and f2.result(30)
+        assert first.executions == 2 and second.executions == 1 and len(proxy.dropped) == 2
+        client.flush()
+    assert [d["id"] for _, d in app.applied[2]] == ["lone"]
+    assert [d["id"] for _, d in app.applied[3]] == ["second", "first"]
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    app = MemoryApp()
+    stop = threading.Event()
+
+    def cutter() -> None:
+        while not stop.wait(0.1):
+            proxy.cut()
+
+    contexts = [Write(f"p{i}", partition=i, locks=(PartitionLocalLock("k", i % 7),) if i % 3 == 0 else ()) for i in range(1000)]
+    with WaltzClient(app, config(url, settle_after=0.5, mount_timeout=60)) as client:
+        cutting = threading.Thread(target=cutter)
+        cutting.start()
+        try:
+            futures = submit_from_threads(client, contexts, pause=0.01)  # spread over seconds: many cuts land mid-stream
+            assert all(f.result(120) for f in futures)
+            client.flush()
+        finally:
+            stop.set()
+            cutting.join()
+    assert proxy.cuts >= 10
+    assert not app.errors, app.errors
+    log = read_log(url)
+    assert log == {p: app.applied[p] for p in range(PARTITIONS)}  # the applier saw exactly the log
+    committed = collections.Counter(d["id"] for p in log for _, d in log[p])
+    assert committed == collections.Counter(c.payload for c in contexts)  # each exactly once
+    for p in log:
+        assert [t for t, _ in log[p]] == list(range(len(log[p])))
+    print(f"\n{proxy.cuts} cuts, {sum(c.executions for c in contexts)} executions for 1000 transactions")
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_client_ahead_is_an_error_not_a_hang(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    with pytest.raises(errors.ClientAheadError, match="above the cluster's"):
+        WaltzClient(MemoryApp(start={2: 1000}), config(url, mount_timeout=10))
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_mount_timeout_without_a_server(servers) -> None:
+    _, _, _, url = servers
+    t = time.monotonic()
+    with pytest.raises(errors.MountTimeoutError, match="not assigned|not registered|could not be mounted"):
+        WaltzClient(MemoryApp(), config(url, mount_timeout=1.0))
+    assert time.monotonic() - t < 30
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_oversized_and_failing_contexts(servers) -> None:
+    s, _, _, url = servers
+    s.start("s1", extra="\n[partition]\nmax_transaction_bytes = 1000\n")
+    s.wait_all_served()
+
+    class Big(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            self.executions += 1
+            builder.set_data(b"x" * 5000)
+            return True
+
+    class Broken(Write):
+        def execute(self, builder: TransactionBuilder) -> bool:
+            raise KeyError("no such account")
+
+    class Nowhere(Write):
+        def partition_id(self, num_partitions: int) -> int:
+            return num_partitions
+
+    app = MemoryApp(fetch_data=False)
+    with WaltzClient(app, config(url)) as client:
+        with pytest.raises(errors.RequestFailedError, match="max_transaction_bytes") as e:
+            client.submit(Big("big")).result(30)
+        assert e.value.kind == "append_rejected"
+        with pytest.raises(KeyError, match="no such account"):
+            client.submit(Broken("broken")).result(30)
+        with pytest.raises(ValueError, match="not a partition id"):
+            client.submit(Nowhere("w"))
+        assert client.submit(Write("fine")).result(30)
+        client.flush()
+        assert client.high_water_mark(0) == 0  # only the fine one
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_the_server_is_killed_under_load_and_another_takes_over(servers) -> None:
+    s, meta, _, url = servers
+    first = s.start("s1")
+    s.wait_all_served()
+    s.start("s2")
+    app = MemoryApp()
+    contexts = [Write(f"f{i}", partition=i) for i in range(300)]
+    with WaltzClient(app, config(url, settle_after=0.5)) as client:
+        futures: list[Any] = []
+
+        def submit() -> None:
+            for c in contexts:
+                futures.append(client.submit(c))
+                time.sleep(0.01)
+
+        t = threading.Thread(target=submit)
+        t.start()
+        time.sleep(1.0)
+        first.kill()  # SIGKILL: its partitions move to s2 after its metadata session expires
+        first.wait()
+        t.join()
+        assert all(f.result(120) for f in futures)
+        client.flush()
+    assert not app.errors, app.errors
+    log = read_log(url)
+    assert log == {p: app.applied[p] for p in range(PARTITIONS)}
+    assert collections.Counter(d["id"] for p in log for _, d in log[p]) == collections.Counter(c.payload for c in contexts)
