@@ -94,6 +94,7 @@ class Image:
     volumes: list[str]
     healthcheck: list[str]
     path: list[str]
+    healthcheck_retries: int = 3
 
 
 def containerfile(path: pathlib.Path = DEPLOY / "Containerfile") -> Image:
@@ -116,6 +117,8 @@ def containerfile(path: pathlib.Path = DEPLOY / "Containerfile") -> Image:
             image.volumes += json.loads(rest) if rest.startswith("[") else rest.split()
         elif word == "HEALTHCHECK":
             image.healthcheck = json.loads(rest[rest.index("CMD ") + 4:])
+            retries = re.search(r"--retries=(\d+)", rest)
+            image.healthcheck_retries = int(retries.group(1)) if retries else 3
         elif word == "ENV":
             m = re.search(r"PATH=(\S+)", rest)
             if m:
@@ -198,9 +201,9 @@ def _free_on(address: str) -> bool:
 class HostRun:
     """Starts a deployment's members as processes here; stops them all (servers first) at the end."""
 
-    def __init__(self, tmp: pathlib.Path, metadata_url: str, cluster_key: str, copies: Mapping[str, pathlib.Path] = {}) -> None:
+    def __init__(self, tmp: pathlib.Path, metadata_url: str, cluster_key: str, copies: Mapping[str, pathlib.Path] | None = None) -> None:
         self.tmp, self.metadata_url, self.cluster_key = tmp, metadata_url, cluster_key
-        self.copies = dict(copies)
+        self.copies = dict(copies or {})
         self.addresses: dict[str, str] = {}
         self.procs: dict[str, tuple[Member, subprocess.Popen[str], pathlib.Path]] = {}
         self.rng = random.Random()

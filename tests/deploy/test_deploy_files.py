@@ -13,6 +13,7 @@ import copy
 import os
 import pathlib
 import subprocess
+import time
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -165,6 +166,13 @@ def _commit_and_check(run: HostRun, cluster: str, storage: list[Member], servers
         contexts = [Write(f"deploy-{p}", partition=p) for p in range(client.partitions)]
         assert [client.submit(c).result(60) for c in contexts] == [True] * len(contexts)
         assert all(client.high_water_mark(p) == 0 for p in range(client.partitions))
+        deadline = time.monotonic() + 60
+        while any(not app.applied[p] for p in range(client.partitions)):
+            assert time.monotonic() < deadline, f"not applied: {dict(app.applied)}"
+            time.sleep(0.05)
+    assert not app.errors, app.errors
+    assert {p: [(txid, d["id"]) for txid, d in app.applied[p]] for p in app.applied} == \
+        {p: [(0, f"deploy-{p}")] for p in range(len(contexts))}
     verify = Member("verify", ["waltz", "cluster", "verify"], init_env, search_path=["/opt/waltz/bin"])
     run.run(verify)
     codes = run.stop_all()
@@ -264,8 +272,14 @@ def test_compose_services_run_a_cluster(host_run: HostRun) -> None:
             if name in host_run.procs:
                 member = members[name]
                 host_run.wait_healthy(member, timeout=90)
-                # The image's HEALTHCHECK, as the runtime runs it in the container.
-                done = host_run.run_check(member, image.healthcheck)
+                # The image's HEALTHCHECK, as the runtime runs it in the container: a runtime
+                # calls a container unhealthy after --retries failures in a row (a server is 503
+                # for a moment while partitions move to a server that just started).
+                for _ in range(image.healthcheck_retries):
+                    done = host_run.run_check(member, image.healthcheck)
+                    if done.returncode == 0:
+                        break
+                    time.sleep(1)
                 assert done.returncode == 0, f"{name}: HEALTHCHECK failed: {done.stdout} {done.stderr}"
                 assert '"status": "ok"' in done.stdout
                 healthy.add(name)
