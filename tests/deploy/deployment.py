@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -182,6 +183,8 @@ class Member:
     """The name others reach it by; its loopback address stands in for it."""
     search_path: list[str] = dataclasses.field(default_factory=list)
     """Where argv[0] is looked for, as the member sees its file system."""
+    notify: bool = False
+    """A systemd Type=notify service: started once it sends READY=1 on $NOTIFY_SOCKET."""
 
     @property
     def kind(self) -> str:
@@ -206,6 +209,7 @@ class HostRun:
         self.copies = dict(copies or {})
         self.addresses: dict[str, str] = {}
         self.procs: dict[str, tuple[Member, subprocess.Popen[str], pathlib.Path]] = {}
+        self.notifications: dict[str, list[str]] = {}
         self.rng = random.Random()
 
     def address(self, host: str) -> str:
@@ -268,8 +272,30 @@ class HostRun:
     def start(self, member: Member) -> None:
         argv, env = self.prepare(member)
         log = self.root(member) / "daemon.log"
+        listener = None
+        if member.notify:  # as systemd does for Type=notify: a datagram socket, READY=1 awaited
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            path = tempfile.mkdtemp(prefix="sd-", dir="/tmp") + "/notify"  # sun_path holds 108 bytes
+            listener.bind(path)
+            env["NOTIFY_SOCKET"] = path
         proc = subprocess.Popen(argv, env=env, cwd=self.root(member), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
         self.procs[member.name] = (member, proc, log)
+        if listener is not None:
+            with listener:
+                self.notifications[member.name] = self._wait_ready(member, proc, listener)
+
+    def _wait_ready(self, member: Member, proc: subprocess.Popen[str], listener: socket.socket) -> list[str]:
+        messages: list[str] = []
+        deadline = time.monotonic() + 60
+        listener.settimeout(0.2)
+        while not any("READY=1" in m.split("\n") for m in messages):
+            assert proc.poll() is None, f"{member.name} exited {proc.returncode} before READY=1:\n{self.log(member.name)[-3000:]}"
+            assert time.monotonic() < deadline, f"{member.name} sent no READY=1 in 60 s: {messages}"
+            try:
+                messages.append(listener.recv(4096).decode())
+            except TimeoutError:
+                pass
+        return messages
 
     def run(self, member: Member, timeout: float = 180) -> str:
         """A one-shot member (an init job): its output; it must exit 0."""

@@ -204,16 +204,18 @@ def test_systemd_units_run_a_cluster(host_run: HostRun) -> None:
         config = argv[argv.index("--config") + 1]
         files = {config: (DEPLOY / "systemd" / pathlib.Path(config).name).read_text()}
         state = [f"/var/lib/{expand_specifiers(d, instance)}" for d in service.get("StateDirectory", [])]
-        return Member(name, argv, env, files, state, float(service["TimeoutStopSec"][0]), host)
+        return Member(name, argv, env, files, state, float(service["TimeoutStopSec"][0]), host,
+                      notify=service["Type"] == ["notify"])
 
     storage = [member("waltz-storage@.service", f"storage-{i}", host, str(i)) for i, host in enumerate(hosts)]
     for m in storage:
-        host_run.start(m)
-    for m in storage:
-        host_run.wait_healthy(m)
+        host_run.start(m)  # returns once READY=1 came, as systemctl start would
+        assert host_run.notifications[m.name][0].startswith("READY=1\nSTATUS=serving ")
+        host_run.wait_healthy(m, timeout=1)  # ready means serving
     host_run.run(Member("init", ["sh", str(DEPLOY / "init-cluster.sh")], init_env, search_path=["/bin", "/usr/bin"]))
     server = member("waltz-server.service", "server-0", server_host, "")
     host_run.start(server)
+    assert host_run.notifications[server.name][0].startswith("READY=1\nSTATUS=server ")
     _commit_and_check(host_run, init_env["WALTZ_CLUSTER"], storage, [server], init_env)
     # The storage directory is the unit's StateDirectory, given by the unit's Environment=.
     assert (host_run.root(storage[0]) / "var/lib/waltz/storage-0/waltz-storage.ctl").exists()
