@@ -12,6 +12,8 @@ command -v strace >/dev/null || need_apt+=(strace)
 command -v java >/dev/null || need_apt+=(default-jre-headless)
 # A real PostgreSQL for the client's exactly-once tests (waltz.client.sql).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+# systemd-analyze and systemd-sysusers check the unit files of deploy/systemd (tests/deploy).
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing ${need_apt[*]} (apt)"

@@ -1,15 +1,22 @@
 """Configuration files (TOML). Every key and its default is documented in docs/configuration.md;
-an unknown key or a wrong type is an error naming the file and the key."""
+an unknown key or a wrong type is an error naming the file and the key.
+
+Environment variables override the file, so that one file can serve every member of a
+container deployment: `WALTZ_STORAGE__<SECTION>__<KEY>` for a storage node and
+`WALTZ_SERVER__<SECTION>__<KEY>` for a server (`WALTZ_STORAGE__NODE__PORT=55380`). An unknown
+section or key, or a value that does not parse as the key's type, is an error naming the
+variable."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 import tomllib
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from waltz.errors import ConfigError as ConfigError
@@ -99,16 +106,16 @@ def _coerce(kind: str, value: Any) -> Any:
     return value
 
 
-def _requirer(path: pathlib.Path) -> Callable[[bool, str], None]:
+def _requirer(where: str | pathlib.Path) -> Callable[[bool, str], None]:
     def need(ok: bool, what: str) -> None:
         if not ok:
-            raise ConfigError(f"{path}: {what}")
+            raise ConfigError(f"{where}: {what}")
 
     return need
 
 
-def _check_ranges(path: pathlib.Path, config: StorageNodeConfig) -> None:
-    need = _requirer(path)
+def _check_ranges(where: str, config: StorageNodeConfig) -> None:
+    need = _requirer(where)
     n, st = config.node, config.storage
     for name in ("port", "admin_port", "http_port"):
         need(0 <= getattr(n, name) <= 65535, f"[node] {name} must be between 0 and 65535")
@@ -135,33 +142,97 @@ def _read_toml(path: pathlib.Path, sections: set[str]) -> dict[str, Any]:
     return raw
 
 
+STORAGE_ENV_PREFIX = "WALTZ_STORAGE__"
+SERVER_ENV_PREFIX = "WALTZ_SERVER__"
+
+
+def _env_value(variable: str, kind: str, text: str) -> Any:
+    """`text` as the key's type: strings, paths and UUIDs as written; numbers, booleans and lists
+    as TOML values (`1_048_576`, `true`, `["a", "b"]`); empty for an optional key unsets it."""
+    if text == "" and "None" in kind:
+        return None
+    if kind.startswith(("str", "Path", "pathlib.Path", "UUID", "uuid.UUID")):
+        return text
+    if kind.startswith("bool"):
+        word = text.strip().lower()
+        if word in ("true", "1", "yes", "on"):
+            return True
+        if word in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{variable}={text!r}: expected true or false")
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        what = "an integer" if kind.startswith("int") else "a number" if kind.startswith("float") else "a TOML value"
+        raise ConfigError(f"{variable}={text!r}: expected {what}") from None
+
+
+def _env_overrides(cls: type[Any], prefix: str, env: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The `prefix<SECTION>__<KEY>` variables of `env` as TOML tables (None: unset the key), and
+    their names."""
+    sections = typing.get_type_hints(cls)
+    tables: dict[str, dict[str, Any]] = {}
+    used = sorted(name for name in env if name.upper().startswith(prefix))
+    for variable in used:
+        section, sep, key = variable[len(prefix):].lower().partition("__")
+        if not sep or not key:
+            raise ConfigError(f"{variable}: name a section and a key, as {prefix}<SECTION>__<KEY>")
+        if section not in sections:
+            raise ConfigError(f"{variable}: no section [{section}] (known: {', '.join(sections)})")
+        fields = {f.name: str(f.type) for f in dataclasses.fields(sections[section])}
+        if key not in fields:
+            raise ConfigError(f"{variable}: no key {key} in [{section}] (known: {', '.join(fields)})")
+        tables.setdefault(section, {})[key] = _env_value(variable, fields[key], env[variable])
+    return tables, used
+
+
+def _merge(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`overrides` over `raw`; None (an empty variable) removes the key, leaving its default."""
+    merged = {name: dict(table) for name, table in raw.items()}
+    for section, table in overrides.items():
+        target = merged.setdefault(section, {})
+        for key, value in table.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+    return merged
+
+
 C = TypeVar("C")
 
 
-def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str = "") -> C:
-    """Reads a TOML file whose sections are the fields of `cls` (each a dataclass)."""
+def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str = "", *,
+          env_prefix: str, env: Mapping[str, str] | None) -> tuple[C, str]:
+    """Reads a TOML file whose sections are the fields of `cls` (each a dataclass), with the
+    `env_prefix` variables of `env` (the process's environment by default) over it. Returns the
+    configuration and the name its errors go by: the file, and the variables when there are any."""
     sections = typing.get_type_hints(cls)
-    raw = _read_toml(path, set(sections))
+    overrides, variables = _env_overrides(cls, env_prefix, os.environ if env is None else env)
+    raw = _merge(_read_toml(path, set(sections)), overrides)
+    where = f"{path} (with {', '.join(variables)})" if variables else str(path)
     section, key = required
     if section not in raw or key not in raw[section]:
-        raise ConfigError(f"{path}: [{section}] {key} is required{hint}")
+        raise ConfigError(f"{where}: [{section}] {key} is required{hint}")
     values = {}
     for name, kind in sections.items():
         try:
-            values[name] = _section(kind, raw.get(name, {}), f"{path} [{name}]")
+            values[name] = _section(kind, raw.get(name, {}), f"{where} [{name}]")
         except ConfigError as e:
             # A section's own checks (TlsSection's) name the key; the file is added here.
-            raise ConfigError(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
+            raise ConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     config = cls(**values)
     level = config.logging.level  # type: ignore[attr-defined]
-    _requirer(path)(level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
-    return config
+    _requirer(where)(level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
+    return config, where
 
 
-def load_storage_node_config(path: str | pathlib.Path) -> StorageNodeConfig:
-    path = pathlib.Path(path)
-    config = _load(path, StorageNodeConfig, ("storage", "directory"))
-    _check_ranges(path, config)
+def load_storage_node_config(path: str | pathlib.Path, env: Mapping[str, str] | None = None) -> StorageNodeConfig:
+    """The file at `path` with the `WALTZ_STORAGE__<SECTION>__<KEY>` variables of `env` (default:
+    the process's environment) over it."""
+    config, where = _load(pathlib.Path(path), StorageNodeConfig, ("storage", "directory"),
+                          env_prefix=STORAGE_ENV_PREFIX, env=env)
+    _check_ranges(where, config)
     return config
 
 
@@ -219,10 +290,12 @@ class ServerConfig:
     tls: TlsSection = TlsSection()
 
 
-def load_server_config(path: str | pathlib.Path) -> ServerConfig:
-    path = pathlib.Path(path)
-    config = _load(path, ServerConfig, ("server", "metadata"), " (zk://host:port/chroot or embedded:/path/metadata.db)")
-    need = _requirer(path)
+def load_server_config(path: str | pathlib.Path, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """The file at `path` with the `WALTZ_SERVER__<SECTION>__<KEY>` variables of `env` (default:
+    the process's environment) over it."""
+    config, where = _load(pathlib.Path(path), ServerConfig, ("server", "metadata"),
+                          " (zk://host:port/chroot or embedded:/path/metadata.db)", env_prefix=SERVER_ENV_PREFIX, env=env)
+    need = _requirer(where)
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
     need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")

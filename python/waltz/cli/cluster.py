@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import uuid
 from typing import Any
 
 import click
@@ -25,13 +26,15 @@ def cluster() -> None:
 @click.option("--name", help="Cluster name (default: the --cluster option).")
 @click.option("--partitions", type=click.IntRange(1, 1 << 20), required=True, help="Number of partitions.")
 @click.option("--replicas", type=click.IntRange(1, 64), required=True, help="Replicas per partition.")
+@click.option("--key", "cluster_key", type=click.UUID, envvar="WALTZ_CLUSTER_KEY",
+              help="The cluster key to create it with (env WALTZ_CLUSTER_KEY; default: a new one).")
 @pass_output
 @user_errors
-def create(out: Output, name: str | None, partitions: int, replicas: int) -> None:
-    """Create a cluster with a new cluster key (idempotent for the same shape)."""
+def create(out: Output, name: str | None, partitions: int, replicas: int, cluster_key: uuid.UUID | None) -> None:
+    """Create a cluster with a new cluster key, or --key (idempotent for the same shape and key)."""
     name = name or cluster_name()
     with cluster_metadata(name) as meta:
-        info, created = meta.create(name, partitions, replicas)
+        info, created = meta.create(name, partitions, replicas, cluster_key)
     out.emit(
         {"created": created, "name": info.name, "cluster_key": str(info.cluster_key), "partitions": info.partitions, "replicas": info.replicas},
         lambda: out.line(

@@ -165,9 +165,12 @@ class ClusterMetadata:
     def exists(self) -> bool:
         return self.store.exists(self.paths.store) is not None
 
-    def create(self, name: str, partitions: int, replicas: int) -> tuple[ClusterInfo, bool]:
-        """Creates the cluster (a new cluster key) with everything under it in one transaction.
-        Returns (info, created); an existing cluster with the same shape is returned as is."""
+    def create(self, name: str, partitions: int, replicas: int,
+               cluster_key: uuid.UUID | None = None) -> tuple[ClusterInfo, bool]:
+        """Creates the cluster (with `cluster_key`, or a new one) with everything under it in one
+        transaction. Returns (info, created); an existing cluster with the same shape (and key,
+        when one is given) is returned as is. A deployment names the key so that its storage
+        nodes, configured before the cluster exists, can create their directories with it."""
         if partitions < 1 or replicas < 1:
             raise errors.ClusterError("a cluster needs at least one partition and one replica")
         if self.exists():
@@ -177,8 +180,10 @@ class ClusterMetadata:
                     f"cluster {info.name} exists with {info.partitions} partitions and {info.replicas} replicas; "
                     f"not changing it to {partitions} and {replicas}"
                 )
+            if cluster_key is not None and info.cluster_key != cluster_key:
+                raise errors.ClusterError(f"cluster {info.name} exists with key {info.cluster_key}, not {cluster_key}")
             return info, False
-        info = ClusterInfo(name, uuid.uuid4(), partitions, replicas, int(time.time() * 1000))
+        info = ClusterInfo(name, cluster_key or uuid.uuid4(), partitions, replicas, int(time.time() * 1000))
         p = self.paths
         self.store.ensure_path(p.root)
         ops: list[Any] = [
@@ -200,7 +205,7 @@ class ClusterMetadata:
             self.store.transaction(ops)
         except errors.MetadataTransactionError as e:
             if isinstance(e.cause, errors.MetadataExistsError) and e.index == 0:
-                return self.create(name, partitions, replicas)  # someone else created it just now
+                return self.create(name, partitions, replicas, cluster_key)  # someone else created it just now
             raise
         return info, True
 

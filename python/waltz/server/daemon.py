@@ -29,6 +29,7 @@ from waltz.cluster.store import DataWatch
 from waltz.config import PartitionSection, ServerConfig
 from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
+from waltz.sd_notify import notify
 from waltz.server.connection import ClientConnection, Partitions
 from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import ServerPartition
@@ -199,7 +200,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             log.warning(NO_TLS_WARNING)
         if ready is not None:
             ready.set_result(port)
+        notify(f"READY=1\nSTATUS=server {membership.server_id} serving cluster {s.cluster} on {s.host}:{port}")
         await stop.wait()
+        notify("STOPPING=1")
         log.info("stopping server %d", membership.server_id)
         await asyncio.to_thread(membership.close)
         replica_watch.stop()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from waltz import errors
 from waltz._native import Storage, StorageNode
 from waltz.config import StorageNodeConfig
+from waltz.sd_notify import notify
 from waltz.storage.http import serve_http
 
 log = logging.getLogger("waltz.storage")
@@ -125,7 +126,9 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             log.warning(NO_TLS_WARNING)
         if ready is not None:
             ready.set()
+        notify(f"READY=1\nSTATUS=serving {storage.path} on {host}:{port}")
         stop.wait()
+        notify("STOPPING=1")
         log.info("stopping storage node")
     finally:
         if http is not None:
