@@ -25,7 +25,7 @@ import yaml
 
 from waltz.client import ClientConfig, WaltzClient
 from waltz.config import NodeSection
-from client_app import MemoryApp, Write
+from support.client_app import MemoryApp, Write
 from deployment import (
     BIN, DEPLOY, HostRun, Image, Member, compose_model, compose_schema, containerfile, env_file, expand_specifiers,
     compose_binary, kubernetes_documents, systemd_unit,

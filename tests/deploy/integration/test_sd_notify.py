@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from waltz.sd_notify import notify
-from processes import get, write_config
+from support.processes import get, write_config
 
 
 def _receive(listener: socket.socket) -> str:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from waltz.cli.main import main as waltz_cli
 from waltz.config import ConfigError, _env_value, load_server_config, load_storage_node_config
-from processes import free_port, get, stop, wait_http, write_config
+from support.processes import free_port, get, stop, wait_http, write_config
 
 
 def _node(tmp_path: pathlib.Path, extra: str = "") -> pathlib.Path:

@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 BIN = pathlib.Path(sys.executable).parent
 KEY_PLACEHOLDER = "replace-with-the-cluster-key"
