@@ -12,10 +12,10 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use std::sync::Arc;
 use waltz_fuzz::{fix_trailing_crc, MemFs, Parts};
-use waltz_native::control::{PartitionInfo, CONTROL_FILE};
-use waltz_native::inspect::inspect_control;
-use waltz_native::partition::default_options;
-use waltz_native::storage::{Storage, FENCE_FILE};
+use waltz_native::engine::control::{PartitionInfo, CONTROL_FILE};
+use waltz_native::engine::inspect::inspect_control;
+use waltz_native::engine::partition::default_options;
+use waltz_native::engine::storage::{Storage, FENCE_FILE};
 
 fuzz_target!(|data: &[u8]| {
     let mut parts = Parts::new(data);

@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use waltz_native::fs::{FileHandle, FileSystem, StdFs};
-use waltz_native::node::{self, NodeOptions};
-use waltz_native::partition::default_options;
-use waltz_native::protocol::{
+use waltz_native::engine::fs::{FileHandle, FileSystem, StdFs};
+use waltz_native::node::server::{self, NodeOptions};
+use waltz_native::engine::partition::default_options;
+use waltz_native::node::protocol::{
     split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
 };
-use waltz_native::record::{crc32, ReqId};
-use waltz_native::storage::Storage;
+use waltz_native::engine::record::{crc32, ReqId};
+use waltz_native::engine::storage::Storage;
 
 const KEY: [u8; 16] = [7; 16];
 
@@ -276,7 +276,7 @@ fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
     for _ in 0..trials {
         let d = tempfile::tempdir().unwrap();
         let (s, gate) = gated_storage(d.path(), 1);
-        let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+        let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
         let mut a = Client::connect(node.addr, 1);
         let h = a.h(5, 0);
         assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -333,7 +333,7 @@ fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
 fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(5, 0);
     assert!(matches!(c.call(Request::Append { h, records: recs(0, 3, 10) }), Response::Success { .. }));
@@ -384,7 +384,7 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
 fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_served() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(5, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -432,7 +432,7 @@ fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_ser
 fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(5, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -501,7 +501,7 @@ fn status_of_0(adm: &mut Admin) -> (i64, i64, bool) {
 fn r8_mutations_waiting_behind_set_availability_at_the_gate_are_refused() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let mut b = Client::connect(node.addr, 1);
     let mut adm = admin(node.admin_addr.unwrap());
@@ -581,7 +581,7 @@ fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
     let opts = NodeOptions { idle_timeout: Duration::from_secs(2), ..NodeOptions::default() };
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
     let (mut greeted, mut refused) = (Conn::<StoragePort>::connect(node.addr), Conn::<StoragePort>::connect(node.addr));
     assert!(matches!(greeted.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
     assert!(matches!(refused.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
@@ -629,7 +629,7 @@ fn l2_connections_over_max_connections_are_closed_at_once() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
     let opts = NodeOptions { max_connections: 2, ..NodeOptions::default() };
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
     let admin_addr = node.admin_addr.unwrap();
     let mut a = Client::connect(node.addr, 1);
     let b = Client::connect(node.addr, 1);
@@ -666,7 +666,7 @@ fn l2_connections_over_max_connections_are_closed_at_once() {
 fn l3_an_opened_storage_connection_survives_silence_longer_than_idle_timeout() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(1, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -699,7 +699,7 @@ impl<P: Port> Conn<P> {
 fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let claim_1mib = |s: &mut TcpStream| {
         let mut b = (1u32 << 20).to_be_bytes().to_vec();
         b.extend_from_slice(&[0; 1000]);
@@ -740,7 +740,7 @@ fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
 fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(1, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -766,11 +766,11 @@ fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
 fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut c = Conn::<StoragePort>::connect(node.addr);
     assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
     let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
-    let ours = waltz_native::control::format_uuid(&KEY);
+    let ours = waltz_native::engine::control::format_uuid(&KEY);
     match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
         Response::Failure { message, .. } => {
             assert!(!message.contains(&ours) && !message.contains(&ours.replace('-', "")), "the answer tells the node's key: {message}")
@@ -787,7 +787,7 @@ fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
 fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(1, 0);
     assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -821,7 +821,7 @@ fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
 fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, short_idle()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(1, 0);
     assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -856,7 +856,7 @@ fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
 fn l9_a_failed_second_open_leaves_the_connection_unopened() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(-1, -1);
     assert!(matches!(c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }), Response::Failure { .. }));

@@ -3,11 +3,11 @@
 //! struct of the control file with its checksum, and a segment's records, where they stop being
 //! valid and why, and whether its index agrees. Files are opened read-only and read in bounded
 //! chunks; every length read from disk is checked before anything is allocated for it.
-use crate::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{FileHandle, FileSystem};
-use crate::record::{be_i64, ReqId};
-use crate::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::fs::{FileHandle, FileSystem};
+use crate::engine::record::{be_i64, ReqId};
+use crate::engine::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -295,10 +295,10 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::{ControlFile, PartitionInfo};
-    use crate::fs::StdFs;
-    use crate::record::{encode_record, NewRecord};
-    use crate::segment::{create_segment, data_name};
+    use crate::engine::control::{ControlFile, PartitionInfo};
+    use crate::engine::fs::StdFs;
+    use crate::engine::record::{encode_record, NewRecord};
+    use crate::engine::segment::{create_segment, data_name};
     use std::os::unix::fs::FileExt;
 
     const KEY: [u8; 16] = [3; 16];

@@ -3,9 +3,9 @@
 //! it finds the last index checkpoint it can prove, scans the data file from there, rebuilds the
 //! index tail and classifies whatever follows the last valid record as a torn tail (truncated)
 //! or as corruption (an error, unless the caller asked for repair).
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::engine::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -270,8 +270,8 @@ pub fn check_header(path: &Path, b: &[u8], ctx: &SegmentContext<'_>) -> Result<(
     if h.cluster_key != ctx.cluster_key {
         return Err(Error::ClusterKeyMismatch {
             path: path.to_path_buf(),
-            expected: crate::control::format_uuid(&ctx.cluster_key),
-            found: crate::control::format_uuid(&h.cluster_key),
+            expected: crate::engine::control::format_uuid(&ctx.cluster_key),
+            found: crate::engine::control::format_uuid(&h.cluster_key),
         });
     }
     if h.partition_id != ctx.partition_id {
@@ -788,8 +788,8 @@ pub(crate) fn find_valid_record_after(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::StdFs;
-    use crate::record::{encode_record, NewRecord, ReqId};
+    use crate::engine::fs::StdFs;
+    use crate::engine::record::{encode_record, NewRecord, ReqId};
     use std::os::unix::fs::FileExt;
 
     const KEY: [u8; 16] = [9; 16];
@@ -913,7 +913,7 @@ mod tests {
             } else {
                 assert!(matches!(r, Err(Error::Corruption { offset: 32, .. })));
             }
-            let report = crate::inspect::inspect_segment(&StdFs, &d.path().join(data_name(top)), 10, 1 << 20);
+            let report = crate::engine::inspect::inspect_segment(&StdFs, &d.path().join(data_name(top)), 10, 1 << 20);
             assert_eq!(report.is_ok(), recovers);
         }
     }

@@ -105,7 +105,7 @@ pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
     out.extend_from_slice(rec.data);
     // With the data's CRC known (it travels in the storage protocol) the data is not hashed again.
     let crc = match rec.data_crc {
-        Some(data_crc) => crate::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64),
+        Some(data_crc) => crate::engine::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64),
         None => crc32(&out[start..]),
     };
     out.extend_from_slice(&crc.to_be_bytes());
@@ -200,7 +200,7 @@ pub fn check_record(buf: &[u8], expected: Option<i64>, max_data: usize) -> Resul
     // The data matches its CRC, so the record's CRC follows from the prefix's: the data is
     // hashed once, not twice (a third of a scan's time went to CRCs).
     let stored = be_u32(&buf[RECORD_PREFIX + len..total]);
-    if crate::crc::extend(crc32(&buf[..RECORD_PREFIX]), data_crc, len as u64) != stored {
+    if crate::engine::crc::extend(crc32(&buf[..RECORD_PREFIX]), data_crc, len as u64) != stored {
         return Err(Invalid::RecordCrc);
     }
     Ok(RecordView {

@@ -5,7 +5,7 @@
 //! Frame: length u32 (bytes after this field), magic u16, version u8, message type u8, payload,
 //! CRC-32 u32 over magic..payload. Every count and length read from a frame is checked against
 //! the bytes actually present before anything is allocated.
-use crate::record::{crc32, Record, RecordHeader, ReqId};
+use crate::engine::record::{crc32, Record, RecordHeader, ReqId};
 
 pub const MAGIC_STORAGE: u16 = 0x5753; // "WS"
 pub const MAGIC_ADMIN: u16 = 0x5741; // "WA"
@@ -869,7 +869,7 @@ mod tests {
     }
 
     fn all_responses() -> Vec<Response> {
-        let hd = crate::record::RecordHeader { txid: 3, req_id: ReqId::default(), header: 1 };
+        let hd = crate::engine::record::RecordHeader { txid: 3, req_id: ReqId::default(), header: 1 };
         vec![
             Response::HelloOk { version: 1 },
             Response::Success { h: h(0) },

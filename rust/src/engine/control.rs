@@ -1,10 +1,10 @@
 //! `waltz-storage.ctl`: a 128-byte header (version, creation time, cluster key, partition count)
 //! then 60 bytes per partition: its id and two checksummed info structs written alternately, so a
 //! torn update leaves the previous struct to fall back to.
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::record::{be_i32, be_i64, be_u32, crc32};
-use crate::segment::{now_ms, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::engine::record::{be_i32, be_i64, be_u32, crc32};
+use crate::engine::segment::{now_ms, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -250,7 +250,7 @@ impl ControlFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::StdFs;
+    use crate::engine::fs::StdFs;
     use std::os::unix::fs::FileExt;
 
     fn corrupt(path: &Path, off: u64) {

@@ -5,13 +5,13 @@
 //! written has succeeded. Concurrent appenders elect one leader per sync; the others wait for a
 //! sync that covers them. Any write or sync error poisons the partition: it acknowledges nothing
 //! more until reopened, because after a failed fsync the page cache no longer tells the truth.
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{tmp_path, write_file_atomically, FileSystem};
-use crate::record::{
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
+use crate::engine::record::{
     be_i64, be_u32, check_record, crc32, encode_record, parse_prefix, Invalid, NewRecord, Record, RecordHeader,
     RECORD_OVERHEAD, RECORD_PREFIX,
 };
-use crate::segment::{
+use crate::engine::segment::{
     create_segment, data_name, index_name, now_ms, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
     Segment, SegmentContext, SegmentFiles, HEADER_LEN, SegmentHeader, Tail, FORMAT_VERSION,
 };
@@ -276,7 +276,7 @@ impl Partition {
     pub fn create(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16]) -> Result<()> {
         if !fs.exists(dir) {
             fs.create_dir(dir).at(dir)?;
-            fs.sync_dir(crate::fs::parent_dir(dir)).at(dir)?;
+            fs.sync_dir(crate::engine::fs::parent_dir(dir)).at(dir)?;
         }
         let has_segment = fs
             .list_dir(dir)
@@ -1374,23 +1374,20 @@ pub fn default_options() -> PartitionOptions {
 }
 
 #[cfg(test)]
-#[path = "partition_faults.rs"]
 mod faults;
 
 #[cfg(test)]
-#[path = "partition_prealloc.rs"]
 mod prealloc;
 
 #[cfg(test)]
-#[path = "partition_order.rs"]
 mod order;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::{FaultFs, StdFs};
-    use crate::record::ReqId;
-    use crate::segment::HEADER_LEN;
+    use crate::engine::fs::{FaultFs, StdFs};
+    use crate::engine::record::ReqId;
+    use crate::engine::segment::HEADER_LEN;
     use std::os::unix::fs::FileExt;
 
     pub(super) const KEY: [u8; 16] = [3; 16];

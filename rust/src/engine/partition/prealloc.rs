@@ -3,9 +3,9 @@
 //! open (what kill -9 leaves: everything written, in the page cache).
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::fs::{FaultFs, StdFs};
-use crate::record::ReqId;
-use crate::segment::{data_name, HEADER_LEN};
+use crate::engine::fs::{FaultFs, StdFs};
+use crate::engine::record::ReqId;
+use crate::engine::segment::{data_name, HEADER_LEN};
 use std::os::unix::fs::FileExt;
 
 const STEP: u64 = 64 << 10;
@@ -96,7 +96,7 @@ fn a_torn_record_in_preallocated_space_is_a_torn_tail() {
     crash_copy(d.path(), &crashed);
     // Half a record for id 2: its header and part of its data, zeros after.
     let mut half = Vec::new();
-    crate::record::encode_record(&mut half, 2, &NewRecord { req_id: ReqId::default(), header: 0, data: &[0xEE; 900], data_crc: None });
+    crate::engine::record::encode_record(&mut half, 2, &NewRecord { req_id: ReqId::default(), header: 0, data: &[0xEE; 900], data_crc: None });
     half.truncate(500);
     std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&half, end).unwrap();
     let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();

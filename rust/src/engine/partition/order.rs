@@ -5,9 +5,9 @@
 //! written since its last sync, and checks every index write against them at that moment.
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::fs::{FileHandle, StdFs, WrapFs};
-use crate::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
-use crate::segment::HEADER_LEN;
+use crate::engine::fs::{FileHandle, StdFs, WrapFs};
+use crate::engine::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
+use crate::engine::segment::HEADER_LEN;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -203,7 +203,7 @@ fn recovery_syncs_the_records_it_scanned_before_indexing_them() {
     crash_copy(d.path(), &crashed);
     p.close();
     // The crash left part of the index tail unwritten: recovery has windows to write back.
-    let idx = crashed.join(crate::segment::index_name(0));
+    let idx = crashed.join(crate::engine::segment::index_name(0));
     let f = std::fs::OpenOptions::new().write(true).open(&idx).unwrap();
     f.set_len(HEADER_LEN + 8 * 4).unwrap();
     drop(f);
@@ -237,7 +237,7 @@ fn a_failed_checkpoint_write_is_retried_and_loses_no_entry() {
     let last = p.max_txid();
     p.close();
     assert_in_order(&disk);
-    let idx = d.path().join(crate::segment::index_name(0));
+    let idx = d.path().join(crate::engine::segment::index_name(0));
     assert_eq!(std::fs::metadata(&idx).unwrap().len(), HEADER_LEN + 8 * (last as u64 + 1), "a closed partition has its whole index");
     check_reads(d.path(), last);
 }

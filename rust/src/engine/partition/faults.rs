@@ -1,9 +1,9 @@
 //! Fault and race tests of the partition: gated fsyncs, injected write errors, damaged index
 //! entries. Found by an adversarial review; each one failed before its fix.
 use super::*;
-use crate::fs::{FaultFs, FileHandle, StdFs, WrapFs};
-use crate::record::ReqId;
-use crate::segment::HEADER_LEN;
+use crate::engine::fs::{FaultFs, FileHandle, StdFs, WrapFs};
+use crate::engine::record::ReqId;
+use crate::engine::segment::HEADER_LEN;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Condvar;
@@ -340,7 +340,7 @@ fn write_250(dir: &Path, cp: u64) {
 fn r4_damaged_entry_in_an_earlier_window_is_trusted_forever() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&[0u8; 8], HEADER_LEN + 8 * 50).unwrap(); // window [0,100), below cp 200
     for _ in 0..2 {
         let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
@@ -360,7 +360,7 @@ fn r4_damaged_entry_in_an_earlier_window_is_trusted_forever() {
 fn r5_index_entry_minus_one_hangs_or_panics_the_reader() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&[0xFFu8; 8], HEADER_LEN + 8 * 50).unwrap();
     let p = Arc::new(open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap());
     let (tx, rx) = mpsc::channel();
@@ -431,7 +431,7 @@ fn r8_read_only_open_with_intent_serves_truncated_records() {
 fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&(HEADER_LEN as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap(); // entry 50 := 128
     let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
     assert_eq!(p.truncate(49).unwrap(), 49);
@@ -443,7 +443,7 @@ fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
         "after truncate(49) record 10 is {:?}; max_txid {}; data file {} bytes",
         r.map(|o| o.map(|r| r.txid)).map_err(|e| e.to_string()),
         p.max_txid(),
-        std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len()
+        std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len()
     );
 }
 
@@ -454,13 +454,13 @@ fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
 fn r10_truncate_through_an_entry_equal_to_the_end_cuts_the_records() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let data_len = std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len();
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let data_len = std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len();
+    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     // Entry 50 := the end, in a window below the last checkpoint (recovery proves only that one).
     idx.write_all_at(&(data_len as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap();
     let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
     assert_eq!(p.truncate(49).unwrap(), 49);
-    assert!(std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len() < data_len, "nothing was cut");
+    assert!(std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len() < data_len, "nothing was cut");
     for t in 50..55 {
         p.append(t, &one(format!("new-{t}").as_bytes())).unwrap();
     }
@@ -519,14 +519,14 @@ fn r11_a_read_only_open_follows_records_appended_while_it_scans() {
         p.append(t, &one(&payload(t))).unwrap();
     }
     drop(p);
-    let (seg, idx) = (d.path().join(crate::segment::data_name(0)), d.path().join(crate::segment::index_name(0)));
+    let (seg, idx) = (d.path().join(crate::engine::segment::data_name(0)), d.path().join(crate::engine::segment::index_name(0)));
     let entry = |i: u64| {
         let mut b = [0u8; 8];
         std::fs::File::open(&idx).unwrap().read_exact_at(&mut b, HEADER_LEN + 8 * i).unwrap();
         i64::from_be_bytes(b) as u64
     };
     let (at, last) = (entry(5), entry(6));
-    let end = last + (crate::record::RECORD_OVERHEAD + payload(6).len()) as u64;
+    let end = last + (crate::engine::record::RECORD_OVERHEAD + payload(6).len()) as u64;
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
     let mut bytes = vec![0u8; (end - at) as usize];
     file.read_exact_at(&mut bytes, at).unwrap();
@@ -555,7 +555,7 @@ struct ListingMissesOnce {
     hidden: Mutex<Option<PathBuf>>,
 }
 
-impl crate::fs::FileSystem for ListingMissesOnce {
+impl crate::engine::fs::FileSystem for ListingMissesOnce {
     fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
         StdFs.open(path, writable)
     }
