@@ -770,7 +770,7 @@ fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
     let mut c = Conn::<StoragePort>::connect(node.addr);
     assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
     let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
-    let ours = waltz_native::engine::control::format_uuid(&KEY);
+    let ours = waltz_native::engine::format::format_uuid(&KEY);
     match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
         Response::Failure { message, .. } => {
             assert!(!message.contains(&ours) && !message.contains(&ours.replace('-', "")), "the answer tells the node's key: {message}")

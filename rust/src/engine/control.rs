@@ -4,7 +4,7 @@
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
 use crate::engine::record::{be_i32, be_i64, be_u32, crc32};
-use crate::engine::segment::{now_ms, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::format::{now_ms, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -127,11 +127,6 @@ pub struct ControlFile {
     file: Arc<dyn FileHandle>,
     pub header: ControlHeader,
     entries: Vec<Entry>,
-}
-
-pub fn format_uuid(k: &[u8; 16]) -> String {
-    let h: String = k.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 fn entry_offset(pid: i32) -> u64 {

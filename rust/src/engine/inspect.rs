@@ -7,7 +7,8 @@ use crate::engine::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LE
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::fs::{FileHandle, FileSystem};
 use crate::engine::record::{be_i64, ReqId};
-use crate::engine::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader};
+use crate::engine::format::{FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -3,7 +3,9 @@
 pub mod control;
 pub mod crc;
 pub mod error;
+pub mod format;
 pub mod fs;
+pub mod index;
 pub mod inspect;
 pub mod partition;
 pub mod record;

@@ -4,13 +4,13 @@
 //! index tail and classifies whatever follows the last valid record as a torn tail (truncated)
 //! or as corruption (an error, unless the caller asked for repair).
 use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{format_uuid, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::index::{verify_window, Durable, PendingIndex};
 use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
 use crate::engine::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-pub const FORMAT_VERSION: i32 = 1;
-pub const HEADER_LEN: u64 = 128;
 const SCAN_CHUNK: usize = 4 << 20;
 /// A read-only open of a live log looks again this many times, `LIVE_TAIL_PAUSE` apart, at
 /// invalid bytes that end the last segment before it judges them (see `follow_live_tail`).
@@ -49,13 +49,6 @@ impl SegmentHeader {
     }
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 pub fn data_name(first_txid: i64) -> String {
     format!("{first_txid:019}.seg")
 }
@@ -89,15 +82,8 @@ pub struct RecoverOptions {
     pub mode: RecoveryMode,
 }
 
-/// Index entries not (yet) in the index file: those written since the last checkpoint, or, in a
-/// read-only open, those recovery rebuilt. Entries cover segment positions [base, base + len).
-#[derive(Debug, Default)]
-pub struct PendingIndex {
-    pub base: u64,
-    pub offsets: Vec<u64>,
-}
-
-/// The open files of one segment plus its in-memory index tail.
+/// The open files of one segment plus its in-memory index tail (whose methods, the index
+/// checkpointing, are in `engine::index`).
 pub struct SegmentFiles {
     pub first_txid: i64,
     pub data_path: PathBuf,
@@ -105,91 +91,6 @@ pub struct SegmentFiles {
     pub data: Arc<dyn FileHandle>,
     pub index: Option<Arc<dyn FileHandle>>,
     pub pending: RwLock<PendingIndex>,
-}
-
-impl SegmentFiles {
-    /// Byte offset in the data file of the record at position `i` of this segment.
-    pub fn offset_of(&self, i: u64) -> Result<u64> {
-        {
-            let p = self.pending.read().unwrap_or_else(|e| e.into_inner());
-            if i >= p.base && i - p.base < p.offsets.len() as u64 {
-                return Ok(p.offsets[(i - p.base) as usize]);
-            }
-        }
-        let idx = self
-            .index
-            .as_ref()
-            .ok_or_else(|| Error::corruption(&self.index_path, 0, "index entry not available"))?;
-        let mut b = [0u8; 8];
-        let pos = HEADER_LEN + 8 * i;
-        let n = idx.read_full_at(&mut b, pos).at(&self.index_path)?;
-        if n != 8 {
-            return Err(Error::corruption(&self.index_path, pos, "index entry missing"));
-        }
-        let off = be_i64(&b);
-        // Range-checked so no later offset arithmetic can overflow on a damaged entry.
-        if off < HEADER_LEN as i64 || off > (1i64 << 48) {
-            return Err(Error::corruption(&self.index_path, pos, format!("index entry {off} is out of range")));
-        }
-        Ok(off as u64)
-    }
-
-    /// Writes pending entries up to the last multiple of `interval` (all of them when `all`) to
-    /// the index file, never for positions at or past `synced`: the records there may not be on
-    /// the disk yet, and recovery checks a window's record prefixes and its last record, not
-    /// every byte between, so a window must never outlive the data it points into.
-    /// Returns whether anything was written; the caller syncs the index.
-    pub fn write_pending(&self, interval: u64, all: bool, synced: u64) -> Result<bool> {
-        let idx = match &self.index {
-            Some(i) => i,
-            None => return Ok(false),
-        };
-        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
-        let end = (p.base + p.offsets.len() as u64).min(synced);
-        let upto = if all { end } else { (end / interval) * interval };
-        if upto <= p.base {
-            return Ok(false);
-        }
-        let file_len = idx.len().at(&self.index_path)?;
-        if file_len != HEADER_LEN + 8 * p.base {
-            return Err(Error::corruption(
-                &self.index_path,
-                file_len,
-                format!("index file holds {} entries, expected {} (internal invariant)", (file_len.saturating_sub(HEADER_LEN)) / 8, p.base),
-            ));
-        }
-        let n = (upto - p.base) as usize;
-        let mut buf = Vec::with_capacity(n * 8);
-        for o in &p.offsets[..n] {
-            buf.extend_from_slice(&(*o as i64).to_be_bytes());
-        }
-        if let Err(e) = idx.write_all_at(&buf, HEADER_LEN + 8 * p.base) {
-            // Part of the window may be in the file: cut it back, so the file keeps ending at
-            // `base` and a later write can retry these entries.
-            let _ = idx.set_len(file_len);
-            return Err(e).at(&self.index_path);
-        }
-        p.offsets.drain(..n);
-        p.base = upto;
-        Ok(true)
-    }
-
-    /// Drops index entries at positions >= `keep`, in the file and in memory.
-    pub fn truncate_index(&self, keep: u64) -> Result<()> {
-        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
-        if keep < p.base {
-            if let Some(idx) = &self.index {
-                idx.set_len(HEADER_LEN + 8 * keep).at(&self.index_path)?;
-                idx.sync_data().at(&self.index_path)?;
-            }
-            p.base = keep;
-            p.offsets.clear();
-        } else {
-            let k = (keep - p.base) as usize;
-            p.offsets.truncate(k);
-        }
-        Ok(())
-    }
 }
 
 /// A segment as the partition tracks it: files plus how many records and bytes are valid.
@@ -270,8 +171,8 @@ pub fn check_header(path: &Path, b: &[u8], ctx: &SegmentContext<'_>) -> Result<(
     if h.cluster_key != ctx.cluster_key {
         return Err(Error::ClusterKeyMismatch {
             path: path.to_path_buf(),
-            expected: crate::engine::control::format_uuid(&ctx.cluster_key),
-            found: crate::engine::control::format_uuid(&h.cluster_key),
+            expected: format_uuid(&ctx.cluster_key),
+            found: format_uuid(&h.cluster_key),
         });
     }
     if h.partition_id != ctx.partition_id {
@@ -517,13 +418,16 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         let mut changed = index_len != HEADER_LEN + 8 * base;
         // What the scan read may be page cache a crashed process left unsynced: it is made
         // durable (with the cut) before any index entry that points into it is written.
-        if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
-            data.sync_data().at(&data_path)?;
-        }
+        // (With nothing synced, nothing is pending past `base` either.)
+        let durable = if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
+            Durable::sync_data(&files)?
+        } else {
+            Durable::first(base)
+        };
         if changed {
             idx.set_len(HEADER_LEN + 8 * base).at(&index_path)?;
         }
-        changed |= files.write_pending(n, ctx.next_first.is_some(), u64::MAX)?;
+        changed |= files.write_pending(n, ctx.next_first.is_some(), durable)?;
         if changed {
             idx.sync_data().at(&index_path)?;
         }
@@ -604,39 +508,6 @@ pub fn read_record_at(
     data.read_full_at(&mut buf, off).at(path)?;
     check_record(&buf, Some(txid), max).map_err(|e| Error::corruption(path, off, e.to_string()))?;
     Ok(total)
-}
-
-/// Checks index entries [lo, hi): each points at a record with the right id, each record starts
-/// where the previous one ends, and the last is whole and valid. Returns the end of the last.
-fn verify_window(files: &SegmentFiles, lo: u64, hi: u64, first: i64, max: usize, data_len: u64) -> Option<u64> {
-    let idx = files.index.as_ref()?;
-    let mut raw = vec![0u8; ((hi - lo) * 8) as usize];
-    if idx.read_full_at(&mut raw, HEADER_LEN + 8 * lo).ok()? != raw.len() {
-        return None;
-    }
-    let mut prev_end: Option<u64> = None;
-    for (j, chunk) in raw.chunks_exact(8).enumerate() {
-        let off = be_i64(chunk);
-        if off < HEADER_LEN as i64 || off as u64 + RECORD_OVERHEAD as u64 > data_len {
-            return None;
-        }
-        let off = off as u64;
-        if let Some(p) = prev_end {
-            if p != off {
-                return None;
-            }
-        }
-        let mut prefix = [0u8; 36];
-        files.data.read_full_at(&mut prefix, off).ok()?;
-        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
-        if h.txid != first + (lo + j as u64) as i64 {
-            return None;
-        }
-        prev_end = Some(off + (RECORD_OVERHEAD + len) as u64);
-    }
-    let last_off = files.offset_of(hi - 1).ok()?;
-    let total = read_record_at(&files.data, &files.data_path, last_off, first + (hi - 1) as i64, max, data_len).ok()?;
-    Some(last_off + total as u64)
 }
 
 struct ScanResult {

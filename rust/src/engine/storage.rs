@@ -1,5 +1,6 @@
 //! A storage directory: the control file plus one folder per partition.
-use crate::engine::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
+use crate::engine::control::{ControlFile, PartitionInfo, CONTROL_FILE};
+use crate::engine::format::format_uuid;
 
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::fs::{parent_dir, FileSystem, StdFs};

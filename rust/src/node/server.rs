@@ -682,12 +682,12 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         conn.opened = false;
         let s = &shared.storage;
         if cluster_key != s.cluster_key {
-            let theirs = crate::engine::control::format_uuid(&cluster_key);
+            let theirs = crate::engine::format::format_uuid(&cluster_key);
             // The key is what makes a peer one of the cluster's: the answer must not teach it.
             log::warn!(
                 "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
                 conn.peer,
-                crate::engine::control::format_uuid(&s.cluster_key)
+                crate::engine::format::format_uuid(&s.cluster_key)
             );
             return Ok(now(fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"))));
         }

@@ -1,6 +1,7 @@
 //! Offline inspection (`waltz disk`): control and segment files decoded without opening the storage.
 use super::errors::{run, InvalidArgumentError};
-use crate::engine::control::{format_uuid, PartitionInfo};
+use crate::engine::control::PartitionInfo;
+use crate::engine::format::format_uuid;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;

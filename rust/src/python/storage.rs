@@ -2,7 +2,8 @@
 use super::errors::{run, InvalidArgumentError};
 use super::scan::PyScanChunk;
 use super::types::{parse_key, parse_req_id, PyPartitionInfo, PyRecord, PyRecordBatch, PyRecordHeader};
-use crate::engine::control::{format_uuid, PartitionInfo};
+use crate::engine::control::PartitionInfo;
+use crate::engine::format::format_uuid;
 use crate::engine::partition::{default_options, PartitionOptions};
 use crate::engine::record::NewRecord;
 use crate::engine::segment::RecoveryMode;

@@ -3,10 +3,10 @@
 use super::*;
 use crate::engine::fs::{FaultFs, FileHandle, StdFs, WrapFs};
 use crate::engine::record::ReqId;
-use crate::engine::segment::HEADER_LEN;
+use crate::engine::format::HEADER_LEN;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::Condvar;
+use std::sync::{mpsc, Condvar};
 use super::tests::{open_with, opts, KEY};
 
 #[derive(Default)]

@@ -8,16 +8,17 @@
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
 use crate::engine::record::{
-    be_i64, be_u32, check_record, crc32, encode_record, parse_prefix, Invalid, NewRecord, Record, RecordHeader,
-    RECORD_OVERHEAD, RECORD_PREFIX,
+    be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
 use crate::engine::segment::{
-    create_segment, data_name, index_name, now_ms, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
-    Segment, SegmentContext, SegmentFiles, HEADER_LEN, SegmentHeader, Tail, FORMAT_VERSION,
+    create_segment, data_name, index_name, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode, Segment,
+    SegmentContext, SegmentFiles, SegmentHeader, Tail,
 };
+use crate::engine::format::{now_ms, FORMAT_VERSION};
+use crate::engine::index::{self, locate, Checkpointer, Durable};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
@@ -53,7 +54,6 @@ pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
-const INDEX_SYNC_INTERVAL: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
@@ -179,7 +179,7 @@ pub struct Partition {
     last_sync_ns: AtomicU64,
     durable: AtomicI64,
     health: Arc<Health>,
-    checkpointer: Mutex<Option<mpsc::Sender<Arc<SegmentFiles>>>>,
+    checkpointer: Checkpointer,
     closed: AtomicBool,
     appends: AtomicU64,
     records: AtomicU64,
@@ -225,36 +225,6 @@ impl Health {
         }
         self.poisoned.store(true, Ordering::Release);
         log::error!("partition {partition}: {err}; refusing appends until reopened");
-    }
-}
-
-/// Syncs index files written at checkpoints, off the acknowledgement path: recovery verifies
-/// every checkpoint window against the data before trusting it, so these syncs only bound how
-/// much a recovery after power loss rescans. A failure still stops the partition.
-/// Index syncs are coalesced to at most one per INDEX_SYNC_INTERVAL: each costs the concurrent
-/// data fdatasyncs a journal commit (measured: +40% latency at one checkpoint per append), and
-/// it only shortens a recovery after power loss, by at most this interval's worth of appends.
-fn run_checkpointer(partition: i32, rx: mpsc::Receiver<Arc<SegmentFiles>>, health: Arc<Health>) {
-    let mut last_sync: Option<Instant> = None;
-    while let Ok(first) = rx.recv() {
-        if let Some(t) = last_sync {
-            let next = t + INDEX_SYNC_INTERVAL;
-            let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            }
-        }
-        last_sync = Some(Instant::now());
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        batch.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        for files in batch {
-            if let Some(idx) = &files.index {
-                if let Err(e) = idx.sync_data().at(&files.index_path) {
-                    health.poison(partition, &e);
-                }
-            }
-        }
     }
 }
 
@@ -451,7 +421,7 @@ impl Partition {
             last_sync_ns: AtomicU64::new(0),
             durable: AtomicI64::new(next_txid - 1),
             health: Arc::new(Health::default()),
-            checkpointer: Mutex::new(None),
+            checkpointer: Checkpointer::default(),
             closed: AtomicBool::new(false),
             appends: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -541,17 +511,16 @@ impl Partition {
         self.write_index_tail()
     }
 
-    /// Writes and syncs the tail's index entries for every durable record (index entries never
-    /// reach the file before the data they point into is synced: see `write_pending`).
+    /// Writes and syncs the tail's index entries for every durable record.
     fn write_index_tail(&self) -> Result<()> {
         let st = lock(&self.state);
         let files = &st.segments.last().unwrap().files;
-        if files.write_pending(1, true, self.durable_positions(files))? {
-            if let Some(idx) = &files.index {
-                idx.sync_data().at(&files.index_path)?;
-            }
-        }
-        Ok(())
+        index::write_all_durable(files, self.durable(files))
+    }
+
+    /// The segment's records that are durable: up to the acknowledged max transaction id.
+    fn durable(&self, files: &SegmentFiles) -> Durable {
+        Durable::first(self.durable_positions(files))
     }
 
     /// How many of the segment's first records are durable.
@@ -571,7 +540,7 @@ impl Partition {
         if synced < st.index_retry_at {
             return;
         }
-        match files.write_pending(interval, false, synced) {
+        match files.write_pending(interval, false, Durable::first(synced)) {
             Ok(true) => self.request_index_sync(files),
             Ok(false) => {}
             Err(e) => {
@@ -850,9 +819,9 @@ impl Partition {
         if st.tail_allocated > end {
             tail.data.set_len(end).at(&tail.data_path)?;
         }
-        tail.data.sync_data().at(&tail.data_path)?;
+        let durable = Durable::sync_data(&tail)?;
         // Its whole index only now: every record it points to is on the disk.
-        tail.write_pending(1, true, u64::MAX)?;
+        tail.write_pending(1, true, durable)?;
         if let Some(idx) = &tail.index {
             idx.sync_data().at(&tail.index_path)?;
         }
@@ -866,30 +835,10 @@ impl Partition {
     }
 
     fn request_index_sync(&self, files: Arc<SegmentFiles>) {
-        let mut tx = lock(&self.checkpointer);
-        if tx.is_none() {
-            let (sender, rx) = mpsc::channel();
-            let (id, health) = (self.id, self.health.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("waltz-checkpoint-{id}"))
-                .spawn(move || run_checkpointer(id, rx, health));
-            match spawned {
-                Ok(_) => *tx = Some(sender),
-                Err(e) => {
-                    // No thread to spare: sync inline rather than skip the checkpoint.
-                    log::warn!("partition {}: no checkpointer thread ({e}); syncing the index inline", self.id);
-                    if let Some(idx) = &files.index {
-                        if let Err(e) = idx.sync_data().at(&files.index_path) {
-                            self.poison(e);
-                        }
-                    }
-                    return;
-                }
-            }
-        }
-        if let Some(tx) = tx.as_ref() {
-            let _ = tx.send(files);
-        }
+        let (id, health) = (self.id, self.health.clone());
+        self.checkpointer.request(id, files, move |e| health.poison(id, e), |e| {
+            self.poison(e);
+        });
     }
 
     /// Commit delay: a new sync leader waits, at most as long as the last sync took and never more than
@@ -1318,48 +1267,6 @@ impl Drop for Partition {
     }
 }
 
-/// Byte offset of the record at position `i` of a segment, proven against the data: the index
-/// entry when the record there carries the right id, otherwise found by walking forward from the
-/// nearest earlier entry that does (or from the segment start). A damaged index entry thus costs
-/// a short scan instead of a record. `end` is where the segment's records end; the record at `i`
-/// must exist (every caller asks for one), so an entry equal to `end` is damaged, not the end.
-pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64> {
-    let want = files.first_txid + i as i64;
-    let id_at = |off: u64| -> Option<(i64, u64)> {
-        if off < HEADER_LEN || off.checked_add(RECORD_OVERHEAD as u64)? > end {
-            return None;
-        }
-        let mut prefix = [0u8; RECORD_PREFIX];
-        files.data.read_full_at(&mut prefix, off).ok()?;
-        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
-        Some((h.txid, off + (RECORD_OVERHEAD + len) as u64))
-    };
-    if let Ok(off) = files.offset_of(i) {
-        if id_at(off).is_some_and(|(t, _)| t == want) {
-            return Ok(off);
-        }
-    }
-    log::warn!("{}: index entry {i} does not match the data; locating the record by scanning", files.index_path.display());
-    let (mut pos, mut t) = (HEADER_LEN, files.first_txid);
-    for j in (0..i).rev() {
-        if let Some(off) = files.offset_of(j).ok().filter(|o| id_at(*o).is_some_and(|(t, _)| t == files.first_txid + j as i64)) {
-            pos = off;
-            t = files.first_txid + j as i64;
-            break;
-        }
-    }
-    while t < want {
-        match id_at(pos) {
-            Some((found, next)) if found == t => {
-                pos = next;
-                t += 1;
-            }
-            _ => return Err(Error::corruption(&files.data_path, pos, format!("cannot locate transaction {want}: record {t} is not where expected"))),
-        }
-    }
-    Ok(pos)
-}
-
 pub fn default_options() -> PartitionOptions {
     PartitionOptions {
         segment_size: 1 << 30,
@@ -1387,7 +1294,7 @@ mod tests {
     use super::*;
     use crate::engine::fs::{FaultFs, StdFs};
     use crate::engine::record::ReqId;
-    use crate::engine::segment::HEADER_LEN;
+    use crate::engine::format::HEADER_LEN;
     use std::os::unix::fs::FileExt;
 
     pub(super) const KEY: [u8; 16] = [3; 16];

@@ -7,7 +7,7 @@ use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
 use crate::engine::fs::{FileHandle, StdFs, WrapFs};
 use crate::engine::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
-use crate::engine::segment::HEADER_LEN;
+use crate::engine::format::HEADER_LEN;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::FileExt;

@@ -5,7 +5,8 @@ use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
 use crate::engine::fs::{FaultFs, StdFs};
 use crate::engine::record::ReqId;
-use crate::engine::segment::{data_name, HEADER_LEN};
+use crate::engine::format::HEADER_LEN;
+use crate::engine::segment::data_name;
 use std::os::unix::fs::FileExt;
 
 const STEP: u64 = 64 << 10;
