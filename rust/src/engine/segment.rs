@@ -201,57 +201,15 @@ pub fn ids_fit(first_txid: i64, data_len: u64) -> bool {
     first_txid >= 0 && first_txid.checked_add(room).is_some()
 }
 
+/// Recovers one segment: checks its header, opens (or rebuilds) its index, finds the last
+/// checkpoint window proven against the data, scans from there, judges what stops the scan
+/// (preallocated zeros, a torn tail, corruption) and settles the index file.
 pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
-    let fs = ctx.fs;
     let opts = ctx.opts;
-    let data_path = ctx.dir.join(data_name(ctx.first_txid));
+    let (data_path, data, mut data_len, hb) = open_data_file(ctx)?;
     let index_path = ctx.dir.join(index_name(ctx.first_txid));
-    let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
-    let mut data_len = data.len().at(&data_path)?;
-    let mut hb = [0u8; HEADER_LEN as usize];
-    if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
-        return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
-    }
-    check_header(&data_path, &hb, ctx)?;
-    if !ids_fit(ctx.first_txid, data_len) {
-        return Err(Error::corruption(&data_path, 32, format!("first transaction id {} leaves no room for the file's records", ctx.first_txid)));
-    }
-
-    // The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
-    let mut index: Option<Arc<dyn FileHandle>> = None;
-    let mut claimed = 0u64;
-    let mut file_entries = 0u64;
-    let mut index_len = HEADER_LEN;
-    if fs.exists(&index_path) {
-        let f = fs.open(&index_path, !opts.read_only).at(&index_path)?;
-        let len = f.len().at(&index_path)?;
-        let mut ib = [0u8; HEADER_LEN as usize];
-        let header_ok = len >= HEADER_LEN
-            && f.read_full_at(&mut ib, 0).at(&index_path)? == HEADER_LEN as usize
-            && ib[..40] == hb[..40];
-        if header_ok {
-            claimed = (len - HEADER_LEN) / 8;
-            file_entries = claimed;
-            index_len = len;
-        } else if !opts.read_only {
-            log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
-            f.set_len(0).at(&index_path)?;
-            f.write_all_at(&hb, 0).at(&index_path)?;
-            f.sync_data().at(&index_path)?;
-        }
-        if header_ok || !opts.read_only {
-            index = Some(f);
-        }
-    } else if !opts.read_only {
-        log::warn!("{}: index missing, rebuilding it", index_path.display());
-        write_file_atomically(fs, &index_path, &hb).at(&index_path)?;
-        index = Some(fs.open(&index_path, true).at(&index_path)?);
-    }
-    if let Some(next) = ctx.next_first {
-        claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
-    }
-    // An index never holds more entries than records fit in the data file (keeps ids in range).
-    claimed = claimed.min((data_len - HEADER_LEN) / RECORD_OVERHEAD as u64);
+    let opened = open_index_file(ctx, &index_path, &hb, data_len)?;
+    let (index, claimed, file_entries, index_len) = (opened.file, opened.claimed, opened.file_entries, opened.len);
 
     let mut files = SegmentFiles {
         first_txid: ctx.first_txid,
@@ -262,54 +220,163 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         pending: RwLock::new(PendingIndex::default()),
     };
 
-    // Sealed segments were synced whole before the next one was created: when the index agrees
-    // with the next segment and its last entry ends the file exactly, the segment is complete.
-    if let Some(next) = ctx.next_first {
-        if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
-            if let Ok(end) = record_end(&files, claimed - 1, ctx.first_txid, opts.max_record_size, data_len) {
-                if end == data_len {
-                    // The index file holds every entry: nothing is pending.
-                    files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
-                    return Ok(Recovered {
-                        segment: Segment {
-                            files: Arc::new(files),
-                            count: claimed,
-                            end,
-                        },
-                        tail: Tail::Clean,
-                        scanned_records: 0,
-                    });
-                }
-            }
-        }
+    if let Some(end) = sealed_and_complete(ctx, &files, claimed, index_len, data_len) {
+        // The index file holds every entry: nothing is pending.
+        files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
+        return Ok(Recovered {
+            segment: Segment {
+                files: Arc::new(files),
+                count: claimed,
+                end,
+            },
+            tail: Tail::Clean,
+            scanned_records: 0,
+        });
     }
 
-    // The highest checkpoint whose whole window of index entries is proven against the data.
-    let n = opts.checkpoint_interval.max(1);
-    let mut cp = (claimed / n) * n;
-    let mut start = HEADER_LEN;
-    while cp > 0 {
-        if let Some(end) = verify_window(&files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len) {
-            start = end;
-            break;
-        }
-        log::warn!(
-            "{}: index checkpoint at record {} does not match the data, trying the one before",
-            index_path.display(),
-            cp
-        );
-        cp -= n;
-    }
-
+    let (cp, start) = last_proven_checkpoint(ctx, &files, claimed, data_len);
     let mut scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
     let mut zero_tail = None;
     if opts.read_only && ctx.next_first.is_none() {
         (zero_tail, data_len) = follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
     }
     let count = cp + scan.offsets.len() as u64;
+    let (tail, end) = judge_stop(ctx, &data, &data_path, &scan, zero_tail, data_len, count)?;
+    check_reaches_next(ctx, &data_path, &tail, count, end)?;
+    settle_index(ctx, &mut files, scan.offsets, cp, file_entries, index_len, end, data_len)?;
+    Ok(Recovered {
+        segment: Segment {
+            files: Arc::new(files),
+            count,
+            end,
+        },
+        tail,
+        scanned_records: count - cp,
+    })
+}
+
+/// Opens the data file and checks its header; returns the path, the file, its length and the
+/// header bytes (the index file must carry the same).
+fn open_data_file(ctx: &SegmentContext<'_>) -> Result<(PathBuf, Arc<dyn FileHandle>, u64, [u8; HEADER_LEN as usize])> {
+    let (fs, opts) = (ctx.fs, ctx.opts);
+    let data_path = ctx.dir.join(data_name(ctx.first_txid));
+    let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
+    let data_len = data.len().at(&data_path)?;
+    let mut hb = [0u8; HEADER_LEN as usize];
+    if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
+        return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
+    }
+    check_header(&data_path, &hb, ctx)?;
+    if !ids_fit(ctx.first_txid, data_len) {
+        return Err(Error::corruption(&data_path, 32, format!("first transaction id {} leaves no room for the file's records", ctx.first_txid)));
+    }
+    Ok((data_path, data, data_len, hb))
+}
+
+/// An index file as recovery found it: the handle (None in a read-only open of a missing or
+/// unusable one), how many entries it claims (at most as many as fit the segment), how many it
+/// holds and its length.
+struct OpenedIndex {
+    file: Option<Arc<dyn FileHandle>>,
+    claimed: u64,
+    file_entries: u64,
+    len: u64,
+}
+
+/// The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
+fn open_index_file(ctx: &SegmentContext<'_>, index_path: &Path, hb: &[u8; HEADER_LEN as usize], data_len: u64) -> Result<OpenedIndex> {
+    let (fs, opts) = (ctx.fs, ctx.opts);
+    let mut index: Option<Arc<dyn FileHandle>> = None;
+    let mut claimed = 0u64;
+    let mut file_entries = 0u64;
+    let mut index_len = HEADER_LEN;
+    if fs.exists(index_path) {
+        let f = fs.open(index_path, !opts.read_only).at(index_path)?;
+        let len = f.len().at(index_path)?;
+        let mut ib = [0u8; HEADER_LEN as usize];
+        let header_ok = len >= HEADER_LEN
+            && f.read_full_at(&mut ib, 0).at(index_path)? == HEADER_LEN as usize
+            && ib[..40] == hb[..40];
+        if header_ok {
+            claimed = (len - HEADER_LEN) / 8;
+            file_entries = claimed;
+            index_len = len;
+        } else if !opts.read_only {
+            log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
+            f.set_len(0).at(index_path)?;
+            f.write_all_at(hb, 0).at(index_path)?;
+            f.sync_data().at(index_path)?;
+        }
+        if header_ok || !opts.read_only {
+            index = Some(f);
+        }
+    } else if !opts.read_only {
+        log::warn!("{}: index missing, rebuilding it", index_path.display());
+        write_file_atomically(fs, index_path, hb).at(index_path)?;
+        index = Some(fs.open(index_path, true).at(index_path)?);
+    }
+    if let Some(next) = ctx.next_first {
+        claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
+    }
+    // An index never holds more entries than records fit in the data file (keeps ids in range).
+    claimed = claimed.min((data_len - HEADER_LEN) / RECORD_OVERHEAD as u64);
+    Ok(OpenedIndex { file: index, claimed, file_entries, len: index_len })
+}
+
+/// Sealed segments were synced whole before the next one was created: when the index agrees
+/// with the next segment and its last entry ends the file exactly, the segment is complete.
+/// Returns where its records end then.
+fn sealed_and_complete(ctx: &SegmentContext<'_>, files: &SegmentFiles, claimed: u64, index_len: u64, data_len: u64) -> Option<u64> {
+    let next = ctx.next_first?;
+    if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
+        if let Ok(end) = record_end(files, claimed - 1, ctx.first_txid, ctx.opts.max_record_size, data_len) {
+            if end == data_len {
+                return Some(end);
+            }
+        }
+    }
+    None
+}
+
+/// The highest checkpoint whose whole window of index entries is proven against the data, and
+/// where the records after it start.
+fn last_proven_checkpoint(ctx: &SegmentContext<'_>, files: &SegmentFiles, claimed: u64, data_len: u64) -> (u64, u64) {
+    let opts = ctx.opts;
+    let n = opts.checkpoint_interval.max(1);
+    let mut cp = (claimed / n) * n;
+    let mut start = HEADER_LEN;
+    while cp > 0 {
+        if let Some(end) = verify_window(files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len) {
+            start = end;
+            break;
+        }
+        log::warn!(
+            "{}: index checkpoint at record {} does not match the data, trying the one before",
+            files.index_path.display(),
+            cp
+        );
+        cp -= n;
+    }
+    (cp, start)
+}
+
+/// Judges what stopped the scan: preallocated zeros end the log; a bad record with nothing
+/// valid after it in the last segment is a torn tail; anything else is corruption, cut in a
+/// repair and an error otherwise. Returns the tail and where the valid records end.
+#[allow(clippy::too_many_arguments)]
+fn judge_stop(
+    ctx: &SegmentContext<'_>,
+    data: &Arc<dyn FileHandle>,
+    data_path: &Path,
+    scan: &ScanResult,
+    zero_tail: Option<bool>,
+    data_len: u64,
+    count: u64,
+) -> Result<(Tail, u64)> {
+    let opts = ctx.opts;
     let mut end = scan.end;
     let mut tail = Tail::Clean;
-    let mut stopped = scan.stopped;
+    let mut stopped = scan.stopped.clone();
     if let Some((bad_at, _)) = &stopped {
         // Zeros from the last valid record to the end of the file are preallocated space the
         // appender had not reached (it zero-fills ahead of its writes): the end of the log, not
@@ -317,7 +384,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         // zeros followed by anything else still go through the checks below.
         let zeros = match zero_tail {
             Some(known) => known,
-            None => is_zero_range(&data, &data_path, *bad_at, data_len)?,
+            None => is_zero_range(data, data_path, *bad_at, data_len)?,
         };
         if zeros {
             log::debug!("{}: {} bytes of preallocated space after offset {}", data_path.display(), data_len - bad_at, bad_at);
@@ -327,7 +394,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     }
     if let Some((bad_at, why)) = stopped {
         let expected = ctx.first_txid + count as i64;
-        let later = find_valid_record_after(&data, &data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
+        let later = find_valid_record_after(data, data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
         match later {
             None if is_last => {
@@ -358,7 +425,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             }
             Some(valid_at) => {
                 return Err(Error::corruption(
-                    &data_path,
+                    data_path,
                     bad_at,
                     format!(
                         "{why} (transaction {expected}), with a valid record after it at offset {valid_at}; \
@@ -368,7 +435,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             }
             None => {
                 return Err(Error::corruption(
-                    &data_path,
+                    data_path,
                     bad_at,
                     format!("{why} (transaction {expected}) in a sealed segment that has later segments"),
                 ));
@@ -376,10 +443,15 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         }
         end = bad_at;
     }
+    Ok((tail, end))
+}
+
+/// A sealed segment must end where the next one starts.
+fn check_reaches_next(ctx: &SegmentContext<'_>, data_path: &Path, tail: &Tail, count: u64, end: u64) -> Result<()> {
     if let Some(next) = ctx.next_first {
-        if tail == Tail::Clean && ctx.first_txid + count as i64 != next {
+        if *tail == Tail::Clean && ctx.first_txid + count as i64 != next {
             return Err(Error::corruption(
-                &data_path,
+                data_path,
                 end,
                 format!(
                     "segment holds transactions up to {} but the next segment starts at {}",
@@ -389,12 +461,28 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             ));
         }
     }
+    Ok(())
+}
 
-    // Index entries past the checkpoint that agree with the scan stay in the file (a cleanly
-    // closed log is reopened without changing a byte); the file is cut where they disagree.
-    // The rest of the rebuilt entries stay in memory as the index tail, and complete checkpoint
-    // windows among them are written back so the next open does not rescan them.
-    let mut offsets = scan.offsets;
+/// Index entries past the checkpoint that agree with the scan stay in the file (a cleanly
+/// closed log is reopened without changing a byte); the file is cut where they disagree.
+/// The rest of the rebuilt entries stay in memory as the index tail, and complete checkpoint
+/// windows among them are written back so the next open does not rescan them. A writable
+/// open also cuts the data file at `end`.
+#[allow(clippy::too_many_arguments)]
+fn settle_index(
+    ctx: &SegmentContext<'_>,
+    files: &mut SegmentFiles,
+    mut offsets: Vec<u64>,
+    cp: u64,
+    file_entries: u64,
+    index_len: u64,
+    end: u64,
+    data_len: u64,
+) -> Result<()> {
+    let opts = ctx.opts;
+    let n = opts.checkpoint_interval.max(1);
+    let (data, data_path, index, index_path) = (files.data.clone(), files.data_path.clone(), files.index.clone(), files.index_path.clone());
     let mut kept = 0usize;
     if file_entries > cp && !offsets.is_empty() {
         let n_cmp = ((file_entries - cp) as usize).min(offsets.len());
@@ -420,7 +508,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         // durable (with the cut) before any index entry that points into it is written.
         // (With nothing synced, nothing is pending past `base` either.)
         let durable = if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
-            Durable::sync_data(&files)?
+            Durable::sync_data(files)?
         } else {
             Durable::first(base)
         };
@@ -432,15 +520,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             idx.sync_data().at(&index_path)?;
         }
     }
-    Ok(Recovered {
-        segment: Segment {
-            files: Arc::new(files),
-            count,
-            end,
-        },
-        tail,
-        scanned_records: count - cp,
-    })
+    Ok(())
 }
 
 /// A read-only open takes no lock, so a running node may be appending to the last segment as

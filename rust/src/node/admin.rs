@@ -77,77 +77,15 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
     let s = &shared.storage;
     let h = req.header().unwrap_or_default();
     let pid = h.partition_id;
-    let done = |r: crate::engine::error::Result<()>| match r {
-        Ok(()) => AdminResponse::Success { h },
-        Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
-    };
     match req {
-        AdminRequest::Assign { .. } => done(s.add_partition(pid).and_then(|_| s.partition(pid).map(|_| ()))),
+        AdminRequest::Assign { .. } => done(h, s.add_partition(pid).and_then(|_| s.partition(pid).map(|_| ()))),
         AdminRequest::Unassign { delete_files, .. } => {
             let r = s.remove_partition(pid, delete_files);
             lock(&shared.fences).remove(&pid);
-            done(r)
+            done(h, r)
         }
-        AdminRequest::SetAvailability { readable, writable, .. } => {
-            if pid < 0 || pid >= s.partition_count {
-                return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
-            }
-            {
-                // Under the fence gate: an append checks writability and queues under it (shared).
-                let gate = s.fence_gate(pid);
-                let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
-                lock(&shared.availability).insert(pid, (readable, writable));
-            }
-            // Servers kept out: the appends accepted before are synced (or failed) before the
-            // answer, so a status read next says what the replica holds for good.
-            if !writable {
-                if let Some((p, _)) = s.open_partition_info(pid) {
-                    if let Err(e) = p.settled_max_txid() {
-                        return admin_fail(h, failure_kind(&e), e.to_string());
-                    }
-                }
-            }
-            AdminResponse::Success { h }
-        }
-        AdminRequest::Status { .. } => {
-            let ids = match s.partition_ids() {
-                Ok(ids) => ids,
-                Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
-            };
-            let avail = lock(&shared.availability).clone();
-            let mut partitions = Vec::new();
-            for id in ids {
-                let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));
-                let (readable, writable) = avail.get(&id).copied().unwrap_or((true, true));
-                partitions.push(match st {
-                    Ok((p, info)) => PartitionStatus {
-                        partition_id: id,
-                        first_txid: p.first_txid(),
-                        max_txid: p.max_txid(),
-                        session_id: info.session_id,
-                        low_water_mark: info.low_water_mark,
-                        local_low_water_mark: info.local_low_water_mark,
-                        newest_session: s.fence(id).unwrap_or(info.session_id),
-                        readable,
-                        writable,
-                        failure: p.is_failed().unwrap_or_default(),
-                    },
-                    Err(e) => PartitionStatus {
-                        partition_id: id,
-                        first_txid: -1,
-                        max_txid: -1,
-                        session_id: -1,
-                        low_water_mark: -1,
-                        local_low_water_mark: -1,
-                        newest_session: -1,
-                        readable,
-                        writable,
-                        failure: format!("cannot open: {e}"),
-                    },
-                });
-            }
-            AdminResponse::Status { h, partitions }
-        }
+        AdminRequest::SetAvailability { readable, writable, .. } => set_availability(shared, h, readable, writable),
+        AdminRequest::Status { .. } => status(shared, h),
         AdminRequest::RecordList { txid, max_count, .. } => {
             let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
             match s.partition(pid).and_then(|p| p.read_records(txid, n, shared.opts.max_list_bytes)) {
@@ -155,50 +93,134 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
                 Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
             }
         }
-        AdminRequest::Append { records, .. } => {
-            if let Some(refused) = unless_in_maintenance(shared, h) {
-                return refused;
-            }
-            let Some(first) = records.first().map(|r| r.txid) else {
-                return AdminResponse::Success { h };
-            };
-            if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
-                let msg = format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64);
-                return admin_fail(h, FailureKind::NonDenseAppend, msg);
-            }
-            let recs: Vec<NewRecord<'_>> = records
-                .iter()
-                .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
-                .collect();
-            done(s.partition(pid).and_then(|p| p.append(first, &recs)).map(|_| ()))
-        }
+        AdminRequest::Append { records, .. } => append(shared, h, records),
         AdminRequest::SetPartitionInfo { session_id, low_water_mark, .. } => {
-            if let Some(refused) = unless_in_maintenance(shared, h) {
-                return refused;
-            }
-            // Never behind a session this replica has already seen: recovery would take the
-            // replica's log for an older session's and the fence would no longer be recorded.
-            // Raising only the low-water mark of the session it has is allowed (recover-partition
-            // fills a replica that lost its files that way: taking the source's session would
-            // hide the loss from recovery); the fence file keeps the newer session.
-            let gate = s.fence_gate(pid);
-            let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
-            match (s.fence(pid), s.partition_info(pid)) {
-                (Ok(newest), Ok(i)) if session_id < newest && session_id != i.session_id => {
-                    let msg = format!("session {session_id} of partition {pid} is older than session {newest} seen here");
-                    return admin_fail(h, FailureKind::StaleSession, msg);
-                }
-                (_, Ok(i)) if (session_id, low_water_mark) < (i.session_id, i.low_water_mark) => {
-                    let msg = format!("partition {pid} already has session {} with low-water mark {}", i.session_id, i.low_water_mark);
-                    return admin_fail(h, FailureKind::BadRequest, msg);
-                }
-                (Err(e), _) | (_, Err(e)) => return admin_fail(h, failure_kind(&e), e.to_string()),
-                _ => {}
-            }
-            done(s.set_low_water_mark(pid, session_id, low_water_mark).map(|_| ()))
+            set_partition_info(shared, h, session_id, low_water_mark)
         }
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
+}
+
+/// Success, or the error as a Failure.
+fn done(h: MsgHeader, r: crate::engine::error::Result<()>) -> AdminResponse {
+    match r {
+        Ok(()) => AdminResponse::Success { h },
+        Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
+    }
+}
+
+/// Marks the partition (un)readable and (un)writable for servers on this node.
+fn set_availability(shared: &Shared, h: MsgHeader, readable: bool, writable: bool) -> AdminResponse {
+    let (s, pid) = (&shared.storage, h.partition_id);
+    if pid < 0 || pid >= s.partition_count {
+        return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
+    }
+    {
+        // Under the fence gate: an append checks writability and queues under it (shared).
+        let gate = s.fence_gate(pid);
+        let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+        lock(&shared.availability).insert(pid, (readable, writable));
+    }
+    // Servers kept out: the appends accepted before are synced (or failed) before the
+    // answer, so a status read next says what the replica holds for good.
+    if !writable {
+        if let Some((p, _)) = s.open_partition_info(pid) {
+            if let Err(e) = p.settled_max_txid() {
+                return admin_fail(h, failure_kind(&e), e.to_string());
+            }
+        }
+    }
+    AdminResponse::Success { h }
+}
+
+/// Every partition this node has: ids, session, marks, availability and failure.
+fn status(shared: &Shared, h: MsgHeader) -> AdminResponse {
+    let s = &shared.storage;
+    let ids = match s.partition_ids() {
+        Ok(ids) => ids,
+        Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
+    };
+    let avail = lock(&shared.availability).clone();
+    let mut partitions = Vec::new();
+    for id in ids {
+        let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));
+        let (readable, writable) = avail.get(&id).copied().unwrap_or((true, true));
+        partitions.push(match st {
+            Ok((p, info)) => PartitionStatus {
+                partition_id: id,
+                first_txid: p.first_txid(),
+                max_txid: p.max_txid(),
+                session_id: info.session_id,
+                low_water_mark: info.low_water_mark,
+                local_low_water_mark: info.local_low_water_mark,
+                newest_session: s.fence(id).unwrap_or(info.session_id),
+                readable,
+                writable,
+                failure: p.is_failed().unwrap_or_default(),
+            },
+            Err(e) => PartitionStatus {
+                partition_id: id,
+                first_txid: -1,
+                max_txid: -1,
+                session_id: -1,
+                low_water_mark: -1,
+                local_low_water_mark: -1,
+                newest_session: -1,
+                readable,
+                writable,
+                failure: format!("cannot open: {e}"),
+            },
+        });
+    }
+    AdminResponse::Status { h, partitions }
+}
+
+/// A maintenance copy: records read from another replica, appended at their own ids.
+fn append(shared: &Shared, h: MsgHeader, records: Vec<WireRecord>) -> AdminResponse {
+    let (s, pid) = (&shared.storage, h.partition_id);
+    if let Some(refused) = unless_in_maintenance(shared, h) {
+        return refused;
+    }
+    let Some(first) = records.first().map(|r| r.txid) else {
+        return AdminResponse::Success { h };
+    };
+    if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
+        let msg = format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64);
+        return admin_fail(h, FailureKind::NonDenseAppend, msg);
+    }
+    let recs: Vec<NewRecord<'_>> = records
+        .iter()
+        .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
+        .collect();
+    done(h, s.partition(pid).and_then(|p| p.append(first, &recs)).map(|_| ()))
+}
+
+/// Sets the session and low-water mark of a partition under maintenance.
+fn set_partition_info(shared: &Shared, h: MsgHeader, session_id: i64, low_water_mark: i64) -> AdminResponse {
+    let (s, pid) = (&shared.storage, h.partition_id);
+    if let Some(refused) = unless_in_maintenance(shared, h) {
+        return refused;
+    }
+    // Never behind a session this replica has already seen: recovery would take the
+    // replica's log for an older session's and the fence would no longer be recorded.
+    // Raising only the low-water mark of the session it has is allowed (recover-partition
+    // fills a replica that lost its files that way: taking the source's session would
+    // hide the loss from recovery); the fence file keeps the newer session.
+    let gate = s.fence_gate(pid);
+    let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+    match (s.fence(pid), s.partition_info(pid)) {
+        (Ok(newest), Ok(i)) if session_id < newest && session_id != i.session_id => {
+            let msg = format!("session {session_id} of partition {pid} is older than session {newest} seen here");
+            return admin_fail(h, FailureKind::StaleSession, msg);
+        }
+        (_, Ok(i)) if (session_id, low_water_mark) < (i.session_id, i.low_water_mark) => {
+            let msg = format!("partition {pid} already has session {} with low-water mark {}", i.session_id, i.low_water_mark);
+            return admin_fail(h, FailureKind::BadRequest, msg);
+        }
+        (Err(e), _) | (_, Err(e)) => return admin_fail(h, failure_kind(&e), e.to_string()),
+        _ => {}
+    }
+    done(h, s.set_low_water_mark(pid, session_id, low_water_mark).map(|_| ()))
 }
 
 /// Admin writes bypass store sessions, so they are refused unless servers are kept out of the

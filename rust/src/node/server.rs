@@ -661,45 +661,14 @@ pub(super) async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut Fr
 /// Turns one request into its (future) response. Err closes the connection with that reason.
 fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     if !conn.greeted {
-        return match req {
-            Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
-                conn.greeted = true;
-                Ok(now(Response::HelloOk { version: VERSION }))
-            }
-            Request::Hello { min_version, max_version } => {
-                Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
-            }
-            _ => Err("the first frame must be Hello".into()),
-        };
+        return greet(conn, req);
     }
     let h = match req.header() {
         Some(h) => h,
         None => return Err("Hello sent twice".into()),
     };
     if let Request::Open { cluster_key, partition_count, .. } = req {
-        // Whatever an earlier Open proved, a failed one leaves the connection unopened (and past
-        // its Open deadline, so it is closed once the Failure is sent).
-        conn.opened = false;
-        let s = &shared.storage;
-        if cluster_key != s.cluster_key {
-            let theirs = crate::engine::format::format_uuid(&cluster_key);
-            // The key is what makes a peer one of the cluster's: the answer must not teach it.
-            log::warn!(
-                "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
-                conn.peer,
-                crate::engine::format::format_uuid(&s.cluster_key)
-            );
-            return Ok(now(fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"))));
-        }
-        if partition_count != s.partition_count {
-            return Ok(now(fail(
-                h,
-                FailureKind::PartitionCountMismatch,
-                format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
-            )));
-        }
-        conn.opened = true;
-        return Ok(now(Response::Success { h }));
+        return Ok(now(open(shared, conn, h, cluster_key, partition_count)));
     }
     if !conn.opened {
         return Ok(now(fail(h, FailureKind::NotOpened, "send Open first")));
@@ -708,6 +677,57 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         Ok(p) => p,
         Err(resp) => return Ok(now(resp)),
     };
+    if let Some(refused) = refusal(shared, h, &req, &part) {
+        return Ok(now(refused));
+    }
+    Ok(dispatch(shared, h, part, req))
+}
+
+/// The version handshake: the first frame must be a Hello this node speaks; an error closes
+/// the connection.
+fn greet(conn: &mut Conn, req: Request) -> Result<Answer, String> {
+    match req {
+        Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
+            conn.greeted = true;
+            Ok(now(Response::HelloOk { version: VERSION }))
+        }
+        Request::Hello { min_version, max_version } => {
+            Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
+        }
+        _ => Err("the first frame must be Hello".into()),
+    }
+}
+
+/// Open: the peer proves it belongs to this storage's cluster (key and partition count).
+fn open(shared: &Shared, conn: &mut Conn, h: MsgHeader, cluster_key: [u8; 16], partition_count: i32) -> Response {
+    // Whatever an earlier Open proved, a failed one leaves the connection unopened (and past
+    // its Open deadline, so it is closed once the Failure is sent).
+    conn.opened = false;
+    let s = &shared.storage;
+    if cluster_key != s.cluster_key {
+        let theirs = crate::engine::format::format_uuid(&cluster_key);
+        // The key is what makes a peer one of the cluster's: the answer must not teach it.
+        log::warn!(
+            "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
+            conn.peer,
+            crate::engine::format::format_uuid(&s.cluster_key)
+        );
+        return fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"));
+    }
+    if partition_count != s.partition_count {
+        return fail(
+            h,
+            FailureKind::PartitionCountMismatch,
+            format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
+        );
+    }
+    conn.opened = true;
+    Response::Success { h }
+}
+
+/// Why this node refuses the request on this partition now (an admin's availability marks, a
+/// failed partition), or None.
+fn refusal(shared: &Shared, h: MsgHeader, req: &Request, part: &Partition) -> Option<Response> {
     let (readable, writable) = shared
         .availability
         .lock()
@@ -717,10 +737,10 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         .unwrap_or((true, true));
     let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
     if mutates && !writable {
-        return Ok(now(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))));
+        return Some(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id)));
     }
     if !mutates && !readable {
-        return Ok(now(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
+        return Some(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id)));
     }
     // A partition that failed (an fsync or a write refused) may hold bytes past its durable end
     // that were written but never confirmed: they can be back after a reopen. Until then it
@@ -729,10 +749,15 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     if matches!(req, Request::MaxTransactionId { .. } | Request::SetLowWaterMark { .. }) {
         if let Some(reason) = part.is_failed() {
             let msg = format!("partition {} failed ({reason}): what it holds is unknown until the node reopens it", h.partition_id);
-            return Ok(now(fail(h, FailureKind::PartitionFailed, msg)));
+            return Some(fail(h, FailureKind::PartitionFailed, msg));
         }
     }
-    Ok(match req {
+    None
+}
+
+/// Serves a request that passed the handshake, Open, fence and availability checks.
+fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Request) -> Answer {
+    match req {
         Request::Append { records, .. } => append(shared, h, part, records),
         // Waits for the sync of every append already queued (an older session's, accepted just
         // before this session's fence): the answer is what the replica will hold.
@@ -782,7 +807,7 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
             })
         }
         Request::Hello { .. } | Request::Open { .. } => unreachable!("handled above"),
-    })
+    }
 }
 
 /// The partition, if this node has it, after the session fence; a Failure response otherwise.

@@ -296,6 +296,45 @@ impl Partition {
     pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, id: i32, cluster_key: [u8; 16], opts: PartitionOptions) -> Result<Partition> {
         let ro = opts.recover.read_only;
         let mut report = RecoveryReport::default();
+        let (mut segs, idxs, intent) = Self::list_files(fs.as_ref(), dir, ro, &mut report)?;
+        segs.sort();
+        Self::drop_leftovers(fs.as_ref(), dir, ro, &mut segs, idxs, intent, &mut report)?;
+        if segs.is_empty() {
+            return Err(Error::corruption(dir, 0, "partition folder holds no segment files"));
+        }
+        let ctx = |first: i64, next: Option<i64>| SegmentContext {
+            fs: fs.as_ref(),
+            dir,
+            cluster_key,
+            partition_id: id,
+            first_txid: first,
+            next_first: next,
+            opts: &opts.recover,
+        };
+        let segments = Self::recover_segments(fs.as_ref(), dir, ro, &mut segs, intent, ctx, &mut report)?;
+        report.segments = segments.len();
+        let mut p = Self::recovered(fs, dir, id, cluster_key, opts, segments, report);
+        if let Some(t) = intent {
+            p.finish_intent(t)?;
+        }
+        if !ro {
+            // What recovery read may be page cache the disk never got (a crash after a failed
+            // fsync): only a sync of our own makes it durable before anything counts it so.
+            let st = lock(&p.state);
+            let f = &st.segments.last().unwrap().files;
+            f.data.sync_data().at(&f.data_path)?;
+        }
+        Ok(p)
+    }
+
+    /// The partition folder's segment data files, index files and truncation intent; removes
+    /// temporary files a crash left (when writable) and reports files Waltz did not write.
+    fn list_files(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        report: &mut RecoveryReport,
+    ) -> Result<(Vec<i64>, Vec<i64>, Option<i64>)> {
         let mut segs: Vec<i64> = Vec::new();
         let mut idxs: Vec<i64> = Vec::new();
         let mut intent: Option<i64> = None;
@@ -326,7 +365,21 @@ impl Partition {
                 report.foreign_files.push(path);
             }
         }
-        segs.sort();
+        Ok((segs, idxs, intent))
+    }
+
+    /// Removes index files without a data file, and the segments an unfinished truncation
+    /// (`intent`) had started deleting; `segs` keeps the rest.
+    #[allow(clippy::too_many_arguments)]
+    fn drop_leftovers(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        segs: &mut Vec<i64>,
+        idxs: Vec<i64>,
+        intent: Option<i64>,
+        report: &mut RecoveryReport,
+    ) -> Result<()> {
         for t in idxs {
             if segs.binary_search(&t).is_err() && !ro {
                 // Segments are deleted data file first, so an index alone is a leftover.
@@ -339,33 +392,34 @@ impl Partition {
             let doomed: Vec<i64> = segs.iter().copied().filter(|&f| f > t.saturating_add(1) && f != segs[0]).collect();
             for f in doomed.iter().rev() {
                 if !ro {
-                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                    Self::delete_segment_files(fs, dir, *f)?;
                 }
             }
             segs.retain(|f| !doomed.contains(f));
         }
-        if segs.is_empty() {
-            return Err(Error::corruption(dir, 0, "partition folder holds no segment files"));
-        }
+        Ok(())
+    }
 
+    /// Recovers each segment in order; a corruption cut (repair) ends the log there and deletes
+    /// the segments after it (when writable).
+    fn recover_segments<'a>(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        segs: &mut Vec<i64>,
+        intent: Option<i64>,
+        ctx: impl Fn(i64, Option<i64>) -> SegmentContext<'a>,
+        report: &mut RecoveryReport,
+    ) -> Result<Vec<Segment>> {
         let mut segments: Vec<Segment> = Vec::with_capacity(segs.len());
         let mut cut: Option<usize> = None;
         // The highest first id a truncation intent keeps (see `doomed` above).
         let kept = intent.map_or(i64::MAX, |t| t.saturating_add(1));
         let mut i = 0;
         while i < segs.len() {
-            let ctx = SegmentContext {
-                fs: fs.as_ref(),
-                dir,
-                cluster_key,
-                partition_id: id,
-                first_txid: segs[i],
-                next_first: segs.get(i + 1).copied(),
-                opts: &opts.recover,
-            };
-            let rec = match recover_segment(&ctx) {
+            let rec = match recover_segment(&ctx(segs[i], segs.get(i + 1).copied())) {
                 Ok(rec) => rec,
-                Err(_) if ro && Self::missed_by_listing(fs.as_ref(), dir, &mut segs, i, kept)? => continue,
+                Err(_) if ro && Self::missed_by_listing(fs, dir, segs, i, kept)? => continue,
                 Err(e) => return Err(e),
             };
             report.scanned_records += rec.scanned_records;
@@ -387,15 +441,27 @@ impl Partition {
         if let Some(i) = cut {
             for f in segs[i + 1..].iter().rev() {
                 if !ro {
-                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                    Self::delete_segment_files(fs, dir, *f)?;
                 }
             }
         }
-        report.segments = segments.len();
+        Ok(segments)
+    }
+
+    /// A partition over recovered segments, its tail ready for appends.
+    fn recovered(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        id: i32,
+        cluster_key: [u8; 16],
+        opts: PartitionOptions,
+        segments: Vec<Segment>,
+        report: RecoveryReport,
+    ) -> Partition {
         let next_txid = segments.last().unwrap().next_txid();
         // A writable recovery cut the tail's file to its records (and any preallocated zeros).
         let tail_allocated = segments.last().unwrap().end;
-        let mut p = Partition {
+        Partition {
             id,
             dir: dir.to_path_buf(),
             fs,
@@ -430,30 +496,26 @@ impl Partition {
             sync_micros: Histogram::default(),
             batch_records: Histogram::default(),
             recovery: report,
-        };
-        if let Some(t) = intent {
-            let mut st = lock(&p.state);
-            if t < st.next_txid - 1 {
-                if ro {
-                    p.cut_in_memory(&mut st, t)?;
-                } else {
-                    p.cut_files_after(&mut st, t)?;
-                }
+        }
+    }
+
+    /// Finishes the truncation to `t` a crash interrupted (in memory only, when read-only).
+    fn finish_intent(&mut self, t: i64) -> Result<()> {
+        let ro = self.opts.recover.read_only;
+        let mut st = lock(&self.state);
+        if t < st.next_txid - 1 {
+            if ro {
+                self.cut_in_memory(&mut st, t)?;
+            } else {
+                self.cut_files_after(&mut st, t)?;
             }
-            if !ro {
-                p.finish_truncation(&mut st)?;
-            }
-            drop(st);
-            p.recovery.finished_truncation = Some(t);
         }
         if !ro {
-            // What recovery read may be page cache the disk never got (a crash after a failed
-            // fsync): only a sync of our own makes it durable before anything counts it so.
-            let st = lock(&p.state);
-            let f = &st.segments.last().unwrap().files;
-            f.data.sync_data().at(&f.data_path)?;
+            self.finish_truncation(&mut st)?;
         }
-        Ok(p)
+        drop(st);
+        self.recovery.finished_truncation = Some(t);
+        Ok(())
     }
 
     fn delete_segment_files(fs: &dyn FileSystem, dir: &Path, first: i64) -> Result<()> {
