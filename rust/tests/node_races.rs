@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use waltz_native::engine::fs::{FileHandle, FileSystem, StdFs};
+use waltz_native::engine::fs::{FileHandle, FileSystem, ForwardingFile, StdFs};
 use waltz_native::node::server::{self, NodeOptions};
 use waltz_native::engine::partition::default_options;
 use waltz_native::node::protocol::{
@@ -61,12 +61,9 @@ struct GFile {
     ext: String,
     gate: Arc<Gate>,
 }
-impl FileHandle for GFile {
-    fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<usize> {
-        self.inner.read_at(b, o)
-    }
-    fn write_all_at(&self, b: &[u8], o: u64) -> io::Result<()> {
-        self.inner.write_all_at(b, o)
+impl ForwardingFile for GFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn sync_data(&self) -> io::Result<()> {
         {
@@ -80,15 +77,6 @@ impl FileHandle for GFile {
             }
         }
         self.inner.sync_data()
-    }
-    fn set_len(&self, l: u64) -> io::Result<()> {
-        self.inner.set_len(l)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 struct GFs {

@@ -2,18 +2,77 @@
 use super::errors::{InvalidArgumentError, ProtocolError};
 use super::types::{parse_key, PyRecord, PyRecordBatch, PyRecordHeader};
 use crate::engine::record::{crc32, Record};
+use crate::node::protocol::{
+    split_frame, AdminRequest, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::node::protocol::{split_frame, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE};
+/// An enum of request kinds exposed to Python (`RequestKind.MAX_TRANSACTION_ID`); a caller
+/// may also name a kind as docs/protocol.md spells it ("max_transaction_id"), which `extract`
+/// turns into the enum, so the encoders dispatch on the enum only.
+macro_rules! request_kinds {
+    ($(#[$doc:meta])* $py_name:literal $kind:ident, $what:literal { $($variant:ident $upper:literal $name:literal,)* }) => {
+        $(#[$doc])*
+        #[pyclass(name = $py_name, module = "waltz._native", eq, eq_int, frozen, skip_from_py_object)]
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        pub enum $kind {
+            $(#[pyo3(name = $upper)] $variant,)*
+        }
 
-/// Encodes one storage-protocol request frame (everything but Append, see `encode_append`).
+        impl $kind {
+            fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+                if let Ok(k) = obj.cast::<$kind>() {
+                    return Ok(*k.get());
+                }
+                let name: String = obj.extract()?;
+                match name.as_str() {
+                    $($name => Ok($kind::$variant),)*
+                    other => Err(InvalidArgumentError::new_err(format!(concat!("unknown ", $what, " kind {:?}"), other))),
+                }
+            }
+        }
+    };
+}
+
+request_kinds! {
+    /// A storage-protocol request an encoder can build (Append has its own, `encode_append`).
+    "RequestKind" RequestKind, "request" {
+        Hello "HELLO" "hello",
+        Open "OPEN" "open",
+        LastSessionInfo "LAST_SESSION_INFO" "last_session_info",
+        MaxTransactionId "MAX_TRANSACTION_ID" "max_transaction_id",
+        Truncate "TRUNCATE" "truncate",
+        SetLowWaterMark "SET_LOW_WATER_MARK" "set_low_water_mark",
+        RecordHeader "RECORD_HEADER" "record_header",
+        Record "RECORD" "record",
+        RecordHeaderList "RECORD_HEADER_LIST" "record_header_list",
+        RecordList "RECORD_LIST" "record_list",
+    }
+}
+
+request_kinds! {
+    /// An admin-protocol request an encoder can build (Append has its own, `encode_admin_append`).
+    "AdminRequestKind" AdminRequestKind, "admin request" {
+        Hello "HELLO" "hello",
+        Open "OPEN" "open",
+        Assign "ASSIGN" "assign",
+        Unassign "UNASSIGN" "unassign",
+        SetAvailability "SET_AVAILABILITY" "set_availability",
+        Status "STATUS" "status",
+        RecordList "RECORD_LIST" "record_list",
+        SetPartitionInfo "SET_PARTITION_INFO" "set_partition_info",
+    }
+}
+
+/// Encodes one storage-protocol request frame (everything but Append, see `encode_append`);
+/// `kind` is a RequestKind or its protocol name.
 #[pyfunction]
 #[pyo3(signature = (kind, session_id=-1, seq=-1, partition_id=-1, *, txid=0, max_count=0, low_water_mark=-1, cluster_key=None, partition_count=0, min_version=1, max_version=1))]
 #[allow(clippy::too_many_arguments)]
 fn encode_request<'py>(
     py: Python<'py>,
-    kind: &str,
+    kind: &Bound<'_, PyAny>,
     session_id: i64,
     seq: i64,
     partition_id: i32,
@@ -26,35 +85,35 @@ fn encode_request<'py>(
     max_version: u8,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
-    let req = match kind {
-        "hello" => Request::Hello { min_version, max_version },
-        "open" => {
+    let req = match RequestKind::extract(kind)? {
+        RequestKind::Hello => Request::Hello { min_version, max_version },
+        RequestKind::Open => {
             let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
             Request::Open { h, cluster_key: parse_key(k)?, partition_count }
         }
-        "last_session_info" => Request::LastSessionInfo { h },
-        "max_transaction_id" => Request::MaxTransactionId { h },
-        "truncate" => Request::Truncate { h, txid },
-        "set_low_water_mark" => Request::SetLowWaterMark { h, low_water_mark },
-        "record_header" => Request::RecordHeader { h, txid },
-        "record" => Request::Record { h, txid },
-        "record_header_list" => Request::RecordHeaderList { h, txid, max_count },
-        "record_list" => Request::RecordList { h, txid, max_count },
-        other => return Err(InvalidArgumentError::new_err(format!("unknown request kind {other:?}"))),
+        RequestKind::LastSessionInfo => Request::LastSessionInfo { h },
+        RequestKind::MaxTransactionId => Request::MaxTransactionId { h },
+        RequestKind::Truncate => Request::Truncate { h, txid },
+        RequestKind::SetLowWaterMark => Request::SetLowWaterMark { h, low_water_mark },
+        RequestKind::RecordHeader => Request::RecordHeader { h, txid },
+        RequestKind::Record => Request::Record { h, txid },
+        RequestKind::RecordHeaderList => Request::RecordHeaderList { h, txid, max_count },
+        RequestKind::RecordList => Request::RecordList { h, txid, max_count },
     };
     let mut out = Vec::new();
     req.encode(&mut out);
     Ok(PyBytes::new(py, &out))
 }
 
-/// Encodes one admin-protocol request frame: hello, open, assign, unassign,
-/// set_availability, status, record_list, set_partition_info.
+/// Encodes one admin-protocol request frame; `kind` is an AdminRequestKind or its protocol
+/// name (hello, open, assign, unassign, set_availability, status, record_list,
+/// set_partition_info).
 #[pyfunction]
 #[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1))]
 #[allow(clippy::too_many_arguments)]
 fn encode_admin_request<'py>(
     py: Python<'py>,
-    kind: &str,
+    kind: &Bound<'_, PyAny>,
     seq: i64,
     partition_id: i32,
     cluster_key: Option<&Bound<'_, PyAny>>,
@@ -67,21 +126,19 @@ fn encode_admin_request<'py>(
     session_id: i64,
     low_water_mark: i64,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    use crate::node::protocol::AdminRequest;
     let h = MsgHeader { session_id: -1, seq, partition_id };
-    let req = match kind {
-        "hello" => AdminRequest::Hello { min_version: 1, max_version: 1 },
-        "open" => {
+    let req = match AdminRequestKind::extract(kind)? {
+        AdminRequestKind::Hello => AdminRequest::Hello { min_version: 1, max_version: 1 },
+        AdminRequestKind::Open => {
             let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
             AdminRequest::Open { h, cluster_key: parse_key(k)?, partition_count }
         }
-        "assign" => AdminRequest::Assign { h },
-        "unassign" => AdminRequest::Unassign { h, delete_files },
-        "set_availability" => AdminRequest::SetAvailability { h, readable, writable },
-        "status" => AdminRequest::Status { h },
-        "record_list" => AdminRequest::RecordList { h, txid, max_count },
-        "set_partition_info" => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
-        other => return Err(InvalidArgumentError::new_err(format!("unknown admin request kind {other:?}"))),
+        AdminRequestKind::Assign => AdminRequest::Assign { h },
+        AdminRequestKind::Unassign => AdminRequest::Unassign { h, delete_files },
+        AdminRequestKind::SetAvailability => AdminRequest::SetAvailability { h, readable, writable },
+        AdminRequestKind::Status => AdminRequest::Status { h },
+        AdminRequestKind::RecordList => AdminRequest::RecordList { h, txid, max_count },
+        AdminRequestKind::SetPartitionInfo => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
     };
     let mut out = Vec::new();
     req.encode(&mut out);
@@ -91,7 +148,6 @@ fn encode_admin_request<'py>(
 /// An admin Append frame carrying `records` (Records read from another node) unchanged.
 #[pyfunction]
 fn encode_admin_append<'py>(py: Python<'py>, seq: i64, partition_id: i32, records: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
-    use crate::node::protocol::AdminRequest;
     let h = MsgHeader { session_id: -1, seq, partition_id };
     let mut out_records = Vec::new();
     for item in records.try_iter()? {
@@ -344,6 +400,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_admin_request, m)?)?;
     m.add_function(wrap_pyfunction!(encode_admin_append, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
+    m.add_class::<RequestKind>()?;
+    m.add_class::<AdminRequestKind>()?;
     m.add_class::<PyFrameReader>()?;
     m.add_class::<PyResponseReader>()?;
     Ok(())

@@ -1,7 +1,7 @@
 //! Fault and race tests of the partition: gated fsyncs, injected write errors, damaged index
 //! entries. Found by an adversarial review; each one failed before its fix.
 use super::*;
-use crate::engine::fs::{FaultFs, FileHandle, StdFs, WrapFs};
+use crate::engine::fs::{FaultFs, FileHandle, ForwardingFile, StdFs, WrapFs};
 use crate::engine::record::ReqId;
 use crate::engine::format::HEADER_LEN;
 use std::io;
@@ -57,9 +57,9 @@ struct GateFile {
     gate: Arc<Gate>,
 }
 
-impl FileHandle for GateFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
+impl ForwardingFile for GateFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.is_seg && self.gate.st.lock().unwrap().fail_seg_writes {
@@ -83,15 +83,6 @@ impl FileHandle for GateFile {
             }
         }
         self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 
@@ -482,28 +473,16 @@ struct AppendedBehindTheReader {
     written: std::sync::atomic::AtomicBool,
 }
 
-impl FileHandle for AppendedBehindTheReader {
+impl ForwardingFile for AppendedBehindTheReader {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.inner.read_at(buf, offset)?;
         if offset <= self.at && self.at < offset + n as u64 && !self.written.swap(true, Ordering::SeqCst) {
             std::fs::OpenOptions::new().write(true).open(&self.path)?.write_all_at(&self.bytes, self.at)?;
         }
         Ok(n)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 

@@ -5,7 +5,7 @@
 //! written since its last sync, and checks every index write against them at that moment.
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::engine::fs::{FileHandle, StdFs, WrapFs};
+use crate::engine::fs::{FileHandle, ForwardingFile, StdFs, WrapFs};
 use crate::engine::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
 use crate::engine::format::HEADER_LEN;
 use std::collections::HashMap;
@@ -59,9 +59,9 @@ impl OrderFile {
     }
 }
 
-impl FileHandle for OrderFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
+impl ForwardingFile for OrderFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.is("idx") && offset >= HEADER_LEN {
@@ -86,15 +86,6 @@ impl FileHandle for OrderFile {
         self.inner.sync_data()?;
         self.disk.lock().unwrap().dirty.remove(&self.path);
         Ok(())
-    }
-    fn set_len(&self, l: u64) -> io::Result<()> {
-        self.inner.set_len(l)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 
