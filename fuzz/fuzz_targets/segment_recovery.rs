@@ -108,7 +108,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let new_id = last + 1;
-    let rec = NewRecord { req_id: ReqId { client_id: 1, generation: 2, partition_id: PID, sequence: 3 }, header: 9, data: b"fuzz", data_crc: None };
+    let rec = NewRecord {
+        req_id: ReqId { client_id: 1, generation: 2, partition_id: PID, sequence: 3 },
+        header: 9,
+        data: b"fuzz",
+        data_crc: None,
+    };
     if p.append(new_id, &[rec]).is_err() {
         return;
     }

@@ -161,7 +161,8 @@ impl FileSystem for MemFs {
         if !self.dirs.lock().unwrap().contains(path) {
             return Err(not_found(path));
         }
-        let mut out: Vec<PathBuf> = self.files.lock().unwrap().keys().filter(|p| p.parent() == Some(path)).cloned().collect();
+        let mut out: Vec<PathBuf> =
+            self.files.lock().unwrap().keys().filter(|p| p.parent() == Some(path)).cloned().collect();
         out.extend(self.dirs.lock().unwrap().iter().filter(|p| p.parent() == Some(path)).cloned());
         out.sort();
         Ok(out)

@@ -8,13 +8,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use waltz_native::engine::fs::{FileHandle, FileSystem, ForwardingFile, StdFs};
-use waltz_native::node::server::{self, NodeOptions};
 use waltz_native::engine::partition::default_options;
-use waltz_native::node::protocol::{
-    split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
-};
 use waltz_native::engine::record::{crc32, ReqId};
 use waltz_native::engine::storage::Storage;
+use waltz_native::node::protocol::{
+    split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN,
+    MAGIC_STORAGE,
+};
+use waltz_native::node::server::{self, NodeOptions};
 
 const KEY: [u8; 16] = [7; 16];
 
@@ -218,7 +219,10 @@ impl Client {
         let mut c = Client { conn: Conn::connect(addr), seq: 0 };
         assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
         let h = c.h(-1, -1);
-        assert!(matches!(c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }), Response::Success { .. }));
+        assert!(matches!(
+            c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }),
+            Response::Success { .. }
+        ));
         c
     }
     fn h(&mut self, session: i64, pid: i32) -> MsgHeader {
@@ -232,7 +236,10 @@ type Admin = Conn<AdminPort>;
 fn admin(addr: std::net::SocketAddr) -> Admin {
     let mut a = Admin::connect(addr);
     assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
-    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }), AdminResponse::Success { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }),
+        AdminResponse::Success { .. }
+    ));
     a
 }
 fn ah(pid: i32) -> MsgHeader {
@@ -464,7 +471,9 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
         other => panic!("a mark set after Set Availability (not writable) was answered {other:?}"),
     }
     match adm.call(AdminRequest::Status { h: ah(-1) }) {
-        AdminResponse::Status { partitions, .. } => assert_eq!((partitions[0].max_txid, partitions[0].low_water_mark), (5, -1)),
+        AdminResponse::Status { partitions, .. } => {
+            assert_eq!((partitions[0].max_txid, partitions[0].low_water_mark), (5, -1))
+        }
         other => panic!("{other:?}"),
     }
     drop(node);
@@ -473,7 +482,9 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
 
 fn status_of_0(adm: &mut Admin) -> (i64, i64, bool) {
     match adm.call(AdminRequest::Status { h: ah(-1) }) {
-        AdminResponse::Status { partitions, .. } => (partitions[0].max_txid, partitions[0].low_water_mark, partitions[0].writable),
+        AdminResponse::Status { partitions, .. } => {
+            (partitions[0].max_txid, partitions[0].low_water_mark, partitions[0].writable)
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -498,7 +509,10 @@ fn r8_mutations_waiting_behind_set_availability_at_the_gate_are_refused() {
     let gate = s.fence_gate(0);
     let (mut ran_before, mut refused) = (0, 0);
     for round in 0..12i64 {
-        assert!(matches!(adm.call(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: true }), AdminResponse::Success { .. }));
+        assert!(matches!(
+            adm.call(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: true }),
+            AdminResponse::Success { .. }
+        ));
         let (max, _, _) = status_of_0(&mut adm);
         let h = a.h(5, 0);
         assert!(matches!(a.call(Request::Append { h, records: recs(max + 1, 3, 10) }), Response::Success { .. }));
@@ -601,7 +615,12 @@ fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!((open, admin_open), (0, false), "connections that never opened were still served after {:?}", start.elapsed());
+    assert_eq!(
+        (open, admin_open),
+        (0, false),
+        "connections that never opened were still served after {:?}",
+        start.elapsed()
+    );
     // And an opened connection is not subject to the deadline.
     let mut c = Client::connect(node.addr, 1);
     std::thread::sleep(Duration::from_millis(2500));
@@ -744,7 +763,10 @@ fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
     let (closed, read) = closed_by_node(&mut adm.s, Duration::from_secs(20));
     assert!(closed);
     let answer = 8 * (1 << 20);
-    assert!(read < asked as usize * answer, "all {asked} answers were sent to a peer that read nothing for 4 s ({read} bytes)");
+    assert!(
+        read < asked as usize * answer,
+        "all {asked} answers were sent to a peer that read nothing for 4 s ({read} bytes)"
+    );
     drop(node);
     s.close();
 }
@@ -761,7 +783,10 @@ fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
     let ours = waltz_native::engine::format::format_uuid(&KEY);
     match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
         Response::Failure { message, .. } => {
-            assert!(!message.contains(&ours) && !message.contains(&ours.replace('-', "")), "the answer tells the node's key: {message}")
+            assert!(
+                !message.contains(&ours) && !message.contains(&ours.replace('-', "")),
+                "the answer tells the node's key: {message}"
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -831,7 +856,9 @@ fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
         got.extend_from_slice(&chunk[..n]);
     };
     match listed {
-        Response::RecordList { records, .. } => assert_eq!(records.iter().map(|r| r.txid).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>()),
+        Response::RecordList { records, .. } => {
+            assert_eq!(records.iter().map(|r| r.txid).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>())
+        }
         other => panic!("{other:?}"),
     }
     drop(node);
@@ -851,7 +878,10 @@ fn l9_a_failed_second_open_leaves_the_connection_unopened() {
     let h = c.h(1, 0);
     assert!(!matches!(c.try_recv_after(Request::MaxTransactionId { h }), Ok(Response::MaxTransactionId { .. })));
     let mut a = admin(node.admin_addr.unwrap());
-    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: [8; 16], partition_count: 1 }), AdminResponse::Failure { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Open { h: ah(-1), cluster_key: [8; 16], partition_count: 1 }),
+        AdminResponse::Failure { .. }
+    ));
     assert!(!matches!(a.try_recv_after(AdminRequest::Status { h: ah(-1) }), Ok(AdminResponse::Status { .. })));
     drop(node);
     s.close();

@@ -2,9 +2,9 @@
 //! then 60 bytes per partition: its id and two checksummed info structs written alternately, so a
 //! torn update leaves the previous struct to fall back to.
 use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{now_ms, FORMAT_VERSION, HEADER_LEN};
 use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
 use crate::engine::record::{be_i32, be_i64, be_u32, crc32};
-use crate::engine::format::{now_ms, FORMAT_VERSION, HEADER_LEN};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,11 +20,7 @@ pub struct PartitionInfo {
 }
 
 impl PartitionInfo {
-    pub const NONE: PartitionInfo = PartitionInfo {
-        session_id: -1,
-        low_water_mark: -1,
-        local_low_water_mark: -1,
-    };
+    pub const NONE: PartitionInfo = PartitionInfo { session_id: -1, low_water_mark: -1, local_low_water_mark: -1 };
 
     fn encode(&self) -> [u8; STRUCT_LEN as usize] {
         let mut b = [0u8; STRUCT_LEN as usize];
@@ -177,11 +173,7 @@ impl ControlFile {
             let current = decoded.current(pid as i32);
             let info = current.map(|slot| decoded.structs[slot].0);
             if info.is_some() && !(decoded.structs[0].1 && decoded.structs[1].1) {
-                log::warn!(
-                    "{}: partition {} has one damaged info struct, using the other",
-                    path.display(),
-                    pid
-                );
+                log::warn!("{}: partition {} has one damaged info struct, using the other", path.display(), pid);
             }
             entries.push(Entry { current: current.map(|s| s as u8), info });
         }
@@ -190,10 +182,7 @@ impl ControlFile {
 
     fn check_pid(&self, pid: i32) -> Result<()> {
         if pid < 0 || pid >= self.header.partition_count {
-            return Err(Error::PartitionOutOfRange {
-                partition: pid,
-                count: self.header.partition_count,
-            });
+            return Err(Error::PartitionOutOfRange { partition: pid, count: self.header.partition_count });
         }
         Ok(())
     }
@@ -228,10 +217,7 @@ impl ControlFile {
             self.write_slot(pid, now, &info)?;
         }
         self.write_slot(pid, other, &info)?;
-        self.entries[pid as usize] = Entry {
-            current: Some(other),
-            info: Some(info),
-        };
+        self.entries[pid as usize] = Entry { current: Some(other), info: Some(info) };
         Ok(())
     }
 

@@ -10,10 +10,7 @@ pub const HEADER_LEN: u64 = 128;
 
 /// Milliseconds since the Unix epoch: a header's creation time (0 on a clock before 1970).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// A cluster key as a UUID string, the form errors and the bindings show.

@@ -161,11 +161,7 @@ impl FileSystem for StdFs {
         Ok(Arc::new(StdFile(f)))
     }
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         Ok(Arc::new(StdFile(f)))
     }
 }
@@ -182,10 +178,7 @@ pub struct FaultFs {
 
 impl FaultFs {
     pub fn new() -> Self {
-        FaultFs {
-            syncs_before_eio: Arc::new(AtomicI64::new(-1)),
-            write_budget: Arc::new(AtomicU64::new(u64::MAX)),
-        }
+        FaultFs { syncs_before_eio: Arc::new(AtomicI64::new(-1)), write_budget: Arc::new(AtomicU64::new(u64::MAX)) }
     }
 
     /// Puts `inner` under this file system's faults: a test's `WrapFs` can fault some files only.

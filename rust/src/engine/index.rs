@@ -57,10 +57,8 @@ impl SegmentFiles {
                 return Ok(p.offsets[(i - p.base) as usize]);
             }
         }
-        let idx = self
-            .index
-            .as_ref()
-            .ok_or_else(|| Error::corruption(&self.index_path, 0, "index entry not available"))?;
+        let idx =
+            self.index.as_ref().ok_or_else(|| Error::corruption(&self.index_path, 0, "index entry not available"))?;
         let mut b = [0u8; 8];
         let pos = HEADER_LEN + 8 * i;
         let n = idx.read_full_at(&mut b, pos).at(&self.index_path)?;
@@ -94,7 +92,11 @@ impl SegmentFiles {
             return Err(Error::corruption(
                 &self.index_path,
                 file_len,
-                format!("index file holds {} entries, expected {} (internal invariant)", (file_len.saturating_sub(HEADER_LEN)) / 8, p.base),
+                format!(
+                    "index file holds {} entries, expected {} (internal invariant)",
+                    (file_len.saturating_sub(HEADER_LEN)) / 8,
+                    p.base
+                ),
             ));
         }
         let n = (upto - p.base) as usize;
@@ -133,7 +135,14 @@ impl SegmentFiles {
 
 /// Checks index entries [lo, hi): each points at a record with the right id, each record starts
 /// where the previous one ends, and the last is whole and valid. Returns the end of the last.
-pub(crate) fn verify_window(files: &SegmentFiles, lo: u64, hi: u64, first: i64, max: usize, data_len: u64) -> Option<u64> {
+pub(crate) fn verify_window(
+    files: &SegmentFiles,
+    lo: u64,
+    hi: u64,
+    first: i64,
+    max: usize,
+    data_len: u64,
+) -> Option<u64> {
     let idx = files.index.as_ref()?;
     let mut raw = vec![0u8; ((hi - lo) * 8) as usize];
     if idx.read_full_at(&mut raw, HEADER_LEN + 8 * lo).ok()? != raw.len() {
@@ -185,10 +194,15 @@ pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64>
             return Ok(off);
         }
     }
-    log::warn!("{}: index entry {i} does not match the data; locating the record by scanning", files.index_path.display());
+    log::warn!(
+        "{}: index entry {i} does not match the data; locating the record by scanning",
+        files.index_path.display()
+    );
     let (mut pos, mut t) = (HEADER_LEN, files.first_txid);
     for j in (0..i).rev() {
-        if let Some(off) = files.offset_of(j).ok().filter(|o| id_at(*o).is_some_and(|(t, _)| t == files.first_txid + j as i64)) {
+        if let Some(off) =
+            files.offset_of(j).ok().filter(|o| id_at(*o).is_some_and(|(t, _)| t == files.first_txid + j as i64))
+        {
             pos = off;
             t = files.first_txid + j as i64;
             break;
@@ -200,7 +214,13 @@ pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64>
                 pos = next;
                 t += 1;
             }
-            _ => return Err(Error::corruption(&files.data_path, pos, format!("cannot locate transaction {want}: record {t} is not where expected"))),
+            _ => {
+                return Err(Error::corruption(
+                    &files.data_path,
+                    pos,
+                    format!("cannot locate transaction {want}: record {t} is not where expected"),
+                ))
+            }
         }
     }
     Ok(pos)

@@ -5,8 +5,8 @@
 //! or as corruption (an error, unless the caller asked for repair).
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::format::{format_uuid, FORMAT_VERSION, HEADER_LEN};
-use crate::engine::index::{verify_window, Durable, PendingIndex};
 use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::engine::index::{verify_window, Durable, PendingIndex};
 use crate::engine::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -140,9 +140,16 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
 pub enum Tail {
     Clean,
     /// Bytes after the last valid record that no valid record follows: an unfinished write.
-    Torn { offset: u64, bytes: u64, reason: String },
+    Torn {
+        offset: u64,
+        bytes: u64,
+        reason: String,
+    },
     /// A bad record with valid records after it, cut away because repair was asked for.
-    CorruptionCut { offset: u64, reason: String },
+    CorruptionCut {
+        offset: u64,
+        reason: String,
+    },
 }
 
 pub struct Recovered {
@@ -224,11 +231,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         // The index file holds every entry: nothing is pending.
         files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
         return Ok(Recovered {
-            segment: Segment {
-                files: Arc::new(files),
-                count: claimed,
-                end,
-            },
+            segment: Segment { files: Arc::new(files), count: claimed, end },
             tail: Tail::Clean,
             scanned_records: 0,
         });
@@ -238,21 +241,14 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     let mut scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
     let mut zero_tail = None;
     if opts.read_only && ctx.next_first.is_none() {
-        (zero_tail, data_len) = follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+        (zero_tail, data_len) =
+            follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
     }
     let count = cp + scan.offsets.len() as u64;
     let (tail, end) = judge_stop(ctx, &data, &data_path, &scan, zero_tail, data_len, count)?;
     check_reaches_next(ctx, &data_path, &tail, count, end)?;
     settle_index(ctx, &mut files, scan.offsets, cp, file_entries, index_len, end, data_len)?;
-    Ok(Recovered {
-        segment: Segment {
-            files: Arc::new(files),
-            count,
-            end,
-        },
-        tail,
-        scanned_records: count - cp,
-    })
+    Ok(Recovered { segment: Segment { files: Arc::new(files), count, end }, tail, scanned_records: count - cp })
 }
 
 /// Opens the data file and checks its header; returns the path, the file, its length and the
@@ -268,7 +264,11 @@ fn open_data_file(ctx: &SegmentContext<'_>) -> Result<(PathBuf, Arc<dyn FileHand
     }
     check_header(&data_path, &hb, ctx)?;
     if !ids_fit(ctx.first_txid, data_len) {
-        return Err(Error::corruption(&data_path, 32, format!("first transaction id {} leaves no room for the file's records", ctx.first_txid)));
+        return Err(Error::corruption(
+            &data_path,
+            32,
+            format!("first transaction id {} leaves no room for the file's records", ctx.first_txid),
+        ));
     }
     Ok((data_path, data, data_len, hb))
 }
@@ -284,7 +284,12 @@ struct OpenedIndex {
 }
 
 /// The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
-fn open_index_file(ctx: &SegmentContext<'_>, index_path: &Path, hb: &[u8; HEADER_LEN as usize], data_len: u64) -> Result<OpenedIndex> {
+fn open_index_file(
+    ctx: &SegmentContext<'_>,
+    index_path: &Path,
+    hb: &[u8; HEADER_LEN as usize],
+    data_len: u64,
+) -> Result<OpenedIndex> {
     let (fs, opts) = (ctx.fs, ctx.opts);
     let mut index: Option<Arc<dyn FileHandle>> = None;
     let mut claimed = 0u64;
@@ -326,7 +331,13 @@ fn open_index_file(ctx: &SegmentContext<'_>, index_path: &Path, hb: &[u8; HEADER
 /// Sealed segments were synced whole before the next one was created: when the index agrees
 /// with the next segment and its last entry ends the file exactly, the segment is complete.
 /// Returns where its records end then.
-fn sealed_and_complete(ctx: &SegmentContext<'_>, files: &SegmentFiles, claimed: u64, index_len: u64, data_len: u64) -> Option<u64> {
+fn sealed_and_complete(
+    ctx: &SegmentContext<'_>,
+    files: &SegmentFiles,
+    claimed: u64,
+    index_len: u64,
+    data_len: u64,
+) -> Option<u64> {
     let next = ctx.next_first?;
     if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
         if let Ok(end) = record_end(files, claimed - 1, ctx.first_txid, ctx.opts.max_record_size, data_len) {
@@ -346,7 +357,9 @@ fn last_proven_checkpoint(ctx: &SegmentContext<'_>, files: &SegmentFiles, claime
     let mut cp = (claimed / n) * n;
     let mut start = HEADER_LEN;
     while cp > 0 {
-        if let Some(end) = verify_window(files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len) {
+        if let Some(end) =
+            verify_window(files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len)
+        {
             start = end;
             break;
         }
@@ -387,7 +400,12 @@ fn judge_stop(
             None => is_zero_range(data, data_path, *bad_at, data_len)?,
         };
         if zeros {
-            log::debug!("{}: {} bytes of preallocated space after offset {}", data_path.display(), data_len - bad_at, bad_at);
+            log::debug!(
+                "{}: {} bytes of preallocated space after offset {}",
+                data_path.display(),
+                data_len - bad_at,
+                bad_at
+            );
             end = *bad_at;
             stopped = None;
         }
@@ -405,11 +423,7 @@ fn judge_stop(
                     bad_at,
                     why
                 );
-                tail = Tail::Torn {
-                    offset: bad_at,
-                    bytes: data_len - bad_at,
-                    reason: why.to_string(),
-                };
+                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string() };
             }
             _ if opts.mode == RecoveryMode::TruncateAtCorruption => {
                 log::warn!(
@@ -418,10 +432,7 @@ fn judge_stop(
                     bad_at,
                     why
                 );
-                tail = Tail::CorruptionCut {
-                    offset: bad_at,
-                    reason: why.to_string(),
-                };
+                tail = Tail::CorruptionCut { offset: bad_at, reason: why.to_string() };
             }
             Some(valid_at) => {
                 return Err(Error::corruption(
@@ -482,7 +493,8 @@ fn settle_index(
 ) -> Result<()> {
     let opts = ctx.opts;
     let n = opts.checkpoint_interval.max(1);
-    let (data, data_path, index, index_path) = (files.data.clone(), files.data_path.clone(), files.index.clone(), files.index_path.clone());
+    let (data, data_path, index, index_path) =
+        (files.data.clone(), files.data_path.clone(), files.index.clone(), files.index_path.clone());
     let mut kept = 0usize;
     if file_entries > cp && !offsets.is_empty() {
         let n_cmp = ((file_entries - cp) as usize).min(offsets.len());
@@ -770,7 +782,15 @@ mod tests {
     }
 
     fn ctx<'a>(dir: &'a Path, first: i64, next: Option<i64>, o: &'a RecoverOptions) -> SegmentContext<'a> {
-        SegmentContext { fs: &StdFs, dir, cluster_key: KEY, partition_id: 2, first_txid: first, next_first: next, opts: o }
+        SegmentContext {
+            fs: &StdFs,
+            dir,
+            cluster_key: KEY,
+            partition_id: 2,
+            first_txid: first,
+            next_first: next,
+            opts: o,
+        }
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
-use super::protocol::{split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord, MAGIC_ADMIN, VERSION};
+use super::protocol::{
+    split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
+    MAGIC_ADMIN, VERSION,
+};
 use super::server::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
 use crate::engine::partition::lock;
 use crate::engine::record::NewRecord;
@@ -9,7 +12,11 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The admin port: one request at a time, answered in order.
-pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
+pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+) {
     let mut buf = FrameBuf::default();
     let (mut greeted, mut opened) = (false, false);
     let open_by = tokio::time::Instant::now() + open_deadline(&shared);
@@ -20,7 +27,13 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S
             let (size, req) = match split_frame(buf.pending(), MAGIC_ADMIN, frame_limit(&shared, opened)) {
                 Ok(Some(f)) => (f.size, AdminRequest::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn bad_frame(if opened { "bad admin frame" } else { "bad admin frame before Open" }, buf.pending(), e),
+                Err(e) => {
+                    break 'conn bad_frame(
+                        if opened { "bad admin frame" } else { "bad admin frame before Open" },
+                        buf.pending(),
+                        e,
+                    )
+                }
             };
             buf.consume(size);
             let req = match req {
@@ -28,7 +41,9 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S
                 Err(e) => break 'conn format!("bad admin frame: {e}"),
             };
             let resp = match (greeted, req) {
-                (false, AdminRequest::Hello { min_version, max_version }) if min_version <= VERSION && VERSION <= max_version => {
+                (false, AdminRequest::Hello { min_version, max_version })
+                    if min_version <= VERSION && VERSION <= max_version =>
+                {
                     greeted = true;
                     AdminResponse::HelloOk { version: VERSION }
                 }
@@ -40,13 +55,19 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S
                     if cluster_key != s.cluster_key {
                         admin_fail(h, FailureKind::ClusterKeyMismatch, "cluster key does not match this storage".into())
                     } else if partition_count != s.partition_count {
-                        admin_fail(h, FailureKind::PartitionCountMismatch, format!("this storage has {} partitions", s.partition_count))
+                        admin_fail(
+                            h,
+                            FailureKind::PartitionCountMismatch,
+                            format!("this storage has {} partitions", s.partition_count),
+                        )
                     } else {
                         opened = true;
                         AdminResponse::Success { h }
                     }
                 }
-                (true, req) if !opened => admin_fail(req.header().unwrap_or_default(), FailureKind::NotOpened, "send Open first".into()),
+                (true, req) if !opened => {
+                    admin_fail(req.header().unwrap_or_default(), FailureKind::NotOpened, "send Open first".into())
+                }
                 (true, req) => {
                     let sh = shared.clone();
                     match tokio::task::spawn_blocking(move || admin(&sh, req)).await {
@@ -214,7 +235,10 @@ fn set_partition_info(shared: &Shared, h: MsgHeader, session_id: i64, low_water_
             return admin_fail(h, FailureKind::StaleSession, msg);
         }
         (_, Ok(i)) if (session_id, low_water_mark) < (i.session_id, i.low_water_mark) => {
-            let msg = format!("partition {pid} already has session {} with low-water mark {}", i.session_id, i.low_water_mark);
+            let msg = format!(
+                "partition {pid} already has session {} with low-water mark {}",
+                i.session_id, i.low_water_mark
+            );
             return admin_fail(h, FailureKind::BadRequest, msg);
         }
         (Err(e), _) | (_, Err(e)) => return admin_fail(h, failure_kind(&e), e.to_string()),
@@ -226,13 +250,8 @@ fn set_partition_info(shared: &Shared, h: MsgHeader, session_id: i64, low_water_
 /// Admin writes bypass store sessions, so they are refused unless servers are kept out of the
 /// partition (marked unwritable with Set Availability).
 fn unless_in_maintenance(shared: &Shared, h: MsgHeader) -> Option<AdminResponse> {
-    let writable = shared
-        .availability
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&h.partition_id)
-        .map(|a| a.1)
-        .unwrap_or(true);
+    let writable =
+        shared.availability.lock().unwrap_or_else(|e| e.into_inner()).get(&h.partition_id).map(|a| a.1).unwrap_or(true);
     writable.then(|| {
         admin_fail(
             h,

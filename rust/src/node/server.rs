@@ -20,11 +20,11 @@
 use super::admin::serve_admin;
 use crate::engine::error::Error;
 use crate::engine::partition::{lock, Partition};
+use crate::engine::record::NewRecord;
+use crate::engine::storage::Storage;
 use crate::node::protocol::{
     split_frame, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE, VERSION,
 };
-use crate::engine::record::NewRecord;
-use crate::engine::storage::Storage;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -132,12 +132,14 @@ impl Drop for NodeHandle {
 
 /// Starts serving the storage protocol on `bind` and, when given, the admin protocol on
 /// `admin_bind` (host:port; port 0 picks a free one).
-pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: NodeOptions) -> std::io::Result<NodeHandle> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("waltz-node")
-        .enable_all()
-        .build()?;
+pub fn start(
+    storage: Arc<Storage>,
+    bind: &str,
+    admin_bind: Option<&str>,
+    opts: NodeOptions,
+) -> std::io::Result<NodeHandle> {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("waltz-node").enable_all().build()?;
     let listener = rt.block_on(TcpListener::bind(bind))?;
     let addr = listener.local_addr()?;
     let admin = match admin_bind {
@@ -273,7 +275,8 @@ fn now(r: Response) -> Answer {
 /// A panic in engine work becomes an Internal failure of request `h` instead of ending the
 /// connection's thread.
 fn guarded(h: MsgHeader, f: impl FnOnce() -> Response) -> Response {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"))
 }
 
 /// Runs engine work (reads, truncation, marks) right here, on the connection's own thread.
@@ -337,8 +340,10 @@ const PRE_OPEN_MAX_FRAME: usize = 64 << 10;
 
 /// Probes a connection that has been silent a minute, so a storage connection (never closed for
 /// silence once opened) of a peer that vanished ends within about two minutes.
-const KEEPALIVE: socket2::TcpKeepalive =
-    socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
+const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(Duration::from_secs(60))
+    .with_interval(Duration::from_secs(10))
+    .with_retries(6);
 
 /// Connections refused over `max_connections` are warned about at most this often: a flood of
 /// them must not flood the log too.
@@ -410,7 +415,11 @@ pub(super) fn frame_limit(shared: &Shared, opened: bool) -> usize {
 /// The TLS handshake of an accepted connection; a failure is one warning line and the
 /// connection is dropped.
 async fn handshake(
-    acceptor: &crate::node::tls::TlsAcceptor, stream: TcpStream, peer: SocketAddr, port: &str, shared: &Shared,
+    acceptor: &crate::node::tls::TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    port: &str,
+    shared: &Shared,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(s)) => return Some(s),
@@ -436,7 +445,11 @@ pub(super) fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> St
 /// own (TLS handshake included), so that its appends' fsyncs run where its frames are decoded. A
 /// node out of threads drops the connection with a warning; the peer reconnects.
 fn serve_on_own_thread(
-    stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, acceptor: Option<crate::node::tls::TlsAcceptor>, slot: Slot,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<crate::node::tls::TlsAcceptor>,
+    slot: Slot,
 ) {
     let stream = match stream.into_std() {
         Ok(s) => s,
@@ -523,7 +536,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
             let (size, req) = match split_frame(buf.pending(), MAGIC_STORAGE, frame_limit(&shared, conn.opened)) {
                 Ok(Some(f)) => (f.size, Request::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn bad_frame(if conn.opened { "bad frame" } else { "bad frame before Open" }, buf.pending(), e),
+                Err(e) => {
+                    break 'conn bad_frame(
+                        if conn.opened { "bad frame" } else { "bad frame before Open" },
+                        buf.pending(),
+                        e,
+                    )
+                }
             };
             buf.consume(size);
             let req = match req {
@@ -596,7 +615,12 @@ fn push_answer(shared: &Shared, out: &mut Vec<u8>, bytes: Vec<u8>) {
 /// hostile; one not opened yet has until its Open deadline. The timeout runs from the last bytes
 /// the peer took, not from the start: a slow reader that keeps reading gets a whole list. The
 /// flush is free on TCP; TLS may hold encrypted bytes back until it.
-pub(super) async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared, wait: Wait) -> Result<(), String> {
+pub(super) async fn send<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
     if out.is_empty() {
         return Ok(());
     }
@@ -636,7 +660,12 @@ struct Conn {
 
 /// Appends what the peer sends next to `buf`. Err ends the connection: an empty reason for a
 /// clean close, else why (a read error, or a wait `wait` does not allow).
-pub(super) async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut FrameBuf, shared: &Shared, wait: Wait) -> Result<(), String> {
+pub(super) async fn read_more(
+    rd: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut FrameBuf,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
     // Straight into the buffer's spare room: a zeroed 64 KiB stack chunk per read, copied over,
     // cost a memset and a copy per request.
     let buf = buf.writable();
@@ -712,7 +741,11 @@ fn open(shared: &Shared, conn: &mut Conn, h: MsgHeader, cluster_key: [u8; 16], p
             conn.peer,
             crate::engine::format::format_uuid(&s.cluster_key)
         );
-        return fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"));
+        return fail(
+            h,
+            FailureKind::ClusterKeyMismatch,
+            format!("cluster key {theirs} does not match this storage's key"),
+        );
     }
     if partition_count != s.partition_count {
         return fail(
@@ -737,10 +770,18 @@ fn refusal(shared: &Shared, h: MsgHeader, req: &Request, part: &Partition) -> Op
         .unwrap_or((true, true));
     let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
     if mutates && !writable {
-        return Some(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id)));
+        return Some(fail(
+            h,
+            FailureKind::PartitionNotWritable,
+            format!("partition {} is not writable on this node", h.partition_id),
+        ));
     }
     if !mutates && !readable {
-        return Some(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id)));
+        return Some(fail(
+            h,
+            FailureKind::PartitionNotReadable,
+            format!("partition {} is not readable on this node", h.partition_id),
+        ));
     }
     // A partition that failed (an fsync or a write refused) may hold bytes past its durable end
     // that were written but never confirmed: they can be back after a reopen. Until then it
@@ -748,7 +789,10 @@ fn refusal(shared: &Shared, h: MsgHeader, req: &Request, part: &Partition) -> Op
     // truncated (`waltz torture`: a dirty record resurrected at an id another session committed).
     if matches!(req, Request::MaxTransactionId { .. } | Request::SetLowWaterMark { .. }) {
         if let Some(reason) = part.is_failed() {
-            let msg = format!("partition {} failed ({reason}): what it holds is unknown until the node reopens it", h.partition_id);
+            let msg = format!(
+                "partition {} failed ({reason}): what it holds is unknown until the node reopens it",
+                h.partition_id
+            );
             return Some(fail(h, FailureKind::PartitionFailed, msg));
         }
     }
@@ -765,10 +809,12 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
             Ok(txid) => Response::MaxTransactionId { h, txid },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
-        Request::LastSessionInfo { .. } => blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
-            Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
-            Err(e) => fail(h, failure_kind(&e), e.to_string()),
-        }),
+        Request::LastSessionInfo { .. } => {
+            blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
+                Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
         Request::Truncate { txid, .. } => blocking(shared, h, move |sh| {
@@ -778,9 +824,11 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
             })
         }),
         Request::SetLowWaterMark { low_water_mark, .. } => blocking(shared, h, move |sh| {
-            gated_mutation(sh, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
-                Ok(_) => Response::Success { h },
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            gated_mutation(sh, h, || {
+                match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+                    Ok(_) => Response::Success { h },
+                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
+                }
             })
         }),
         Request::RecordHeader { txid, .. } => blocking(shared, h, move |_| match part.read_header(txid) {
@@ -888,10 +936,11 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     }
 }
 
-
 /// PartitionNotWritable when an admin marked the partition so (checked again under the fence
 /// gate, which Set Availability takes exclusively).
 fn not_writable(shared: &Shared, h: MsgHeader) -> Option<Response> {
     let writable = lock(&shared.availability).get(&h.partition_id).is_none_or(|a| a.1);
-    (!writable).then(|| fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id)))
+    (!writable).then(|| {
+        fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))
+    })
 }

@@ -47,11 +47,18 @@ fn inspect_control<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, P
 /// records, and whether the index agrees with the records.
 #[pyfunction]
 #[pyo3(signature = (path, limit=50, *, max_record_size=16<<20))]
-fn inspect_segment<'py>(py: Python<'py>, path: PathBuf, limit: usize, max_record_size: usize) -> PyResult<Bound<'py, PyDict>> {
+fn inspect_segment<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    limit: usize,
+    max_record_size: usize,
+) -> PyResult<Bound<'py, PyDict>> {
     if max_record_size == 0 || max_record_size > (1 << 30) {
         return Err(InvalidArgumentError::new_err("max_record_size must be between 1 byte and 1 GiB"));
     }
-    let r = run(py, move || crate::engine::inspect::inspect_segment(&crate::engine::fs::StdFs, &path, limit, max_record_size))?;
+    let r = run(py, move || {
+        crate::engine::inspect::inspect_segment(&crate::engine::fs::StdFs, &path, limit, max_record_size)
+    })?;
     let d = PyDict::new(py);
     d.set_item("path", r.path.to_string_lossy())?;
     d.set_item("file_length", r.file_len)?;

@@ -34,7 +34,11 @@ impl PyStorageNode {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
-        if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0) || max_in_flight == 0 || max_frame < 64 || max_connections == 0 {
+        if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0)
+            || max_in_flight == 0
+            || max_frame < 64
+            || max_connections == 0
+        {
             return Err(InvalidArgumentError::new_err(
                 "idle_timeout must be finite, positive and at most a day; max_in_flight, max_connections and max_frame positive",
             ));
@@ -93,7 +97,9 @@ impl PyStorageNode {
             for (code, c) in s.failures_by_kind.iter().enumerate() {
                 let n = c.load(Relaxed);
                 if n > 0 {
-                    let name = crate::node::protocol::FailureKind::from_u16(code as u16).map(failure_name).unwrap_or("internal");
+                    let name = crate::node::protocol::FailureKind::from_u16(code as u16)
+                        .map(failure_name)
+                        .unwrap_or("internal");
                     by_kind.set_item(name, n)?;
                 }
             }

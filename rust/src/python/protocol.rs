@@ -147,14 +147,25 @@ fn encode_admin_request<'py>(
 
 /// An admin Append frame carrying `records` (Records read from another node) unchanged.
 #[pyfunction]
-fn encode_admin_append<'py>(py: Python<'py>, seq: i64, partition_id: i32, records: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+fn encode_admin_append<'py>(
+    py: Python<'py>,
+    seq: i64,
+    partition_id: i32,
+    records: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id: -1, seq, partition_id };
     let mut out_records = Vec::new();
     for item in records.try_iter()? {
         let item = item?;
         let r = item.cast::<PyRecord>()?.get();
         let data = r.data.bind(py).as_bytes().to_vec();
-        out_records.push(WireRecord { txid: r.txid, req_id: r.req_id.0, header: r.header, data_crc: crc32(&data), data });
+        out_records.push(WireRecord {
+            txid: r.txid,
+            req_id: r.req_id.0,
+            header: r.header,
+            data_crc: crc32(&data),
+            data,
+        });
     }
     let mut out = Vec::new();
     AdminRequest::Append { h, records: out_records }.encode(&mut out);
@@ -307,7 +318,9 @@ impl PyResponseReader {
         let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
         let none = || py.None();
         let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
-            Response::HelloOk { version } => ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind()),
+            Response::HelloOk { version } => {
+                ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind())
+            }
             Response::Success { h } => ("success", h, none()),
             Response::Failure { h, kind, message } => {
                 ("failure", h, (failure_name(kind), message).into_pyobject(py)?.into_any().unbind())
@@ -315,7 +328,9 @@ impl PyResponseReader {
             Response::LastSessionInfo { h, session_id, low_water_mark } => {
                 ("last_session_info", h, (session_id, low_water_mark).into_pyobject(py)?.into_any().unbind())
             }
-            Response::MaxTransactionId { h, txid } => ("max_transaction_id", h, txid.into_pyobject(py)?.into_any().unbind()),
+            Response::MaxTransactionId { h, txid } => {
+                ("max_transaction_id", h, txid.into_pyobject(py)?.into_any().unbind())
+            }
             Response::RecordHeader { h, header } => (
                 "record_header",
                 h,
@@ -359,7 +374,9 @@ impl PyResponseReader {
         self.buf.consume(size);
         let resp = resp.map_err(|e| ProtocolError::new_err(e.to_string()))?;
         let (kind, h, value): (&str, MsgHeader, Py<PyAny>) = match resp {
-            AdminResponse::HelloOk { version } => ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind()),
+            AdminResponse::HelloOk { version } => {
+                ("hello_ok", MsgHeader::default(), version.into_pyobject(py)?.into_any().unbind())
+            }
             AdminResponse::Success { h } => ("success", h, py.None()),
             AdminResponse::Failure { h, kind, message } => {
                 ("failure", h, (failure_name(kind), message).into_pyobject(py)?.into_any().unbind())

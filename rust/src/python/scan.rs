@@ -32,7 +32,11 @@ impl PyScanPayload {
     /// # Safety
     /// `view` comes from the interpreter's buffer machinery; the bytes it points at are
     /// owned by this object, which the view keeps alive (`obj`), and never change.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
         if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
             return Err(pyo3::exceptions::PyBufferError::new_err("a scanned payload is read-only"));
         }

@@ -162,7 +162,13 @@ impl PyStorage {
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
-    fn __exit__(&self, py: Python<'_>, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: &Bound<'_, PyAny>,
+        _v: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         self.close(py)?;
         Ok(false)
     }
@@ -170,7 +176,13 @@ impl PyStorage {
         let s = self.0.clone();
         Ok(run(py, move || s.partition_info(partition_id))?.into())
     }
-    fn set_low_water_mark(&self, py: Python<'_>, partition_id: i32, session_id: i64, low_water_mark: i64) -> PyResult<PyPartitionInfo> {
+    fn set_low_water_mark(
+        &self,
+        py: Python<'_>,
+        partition_id: i32,
+        session_id: i64,
+        low_water_mark: i64,
+    ) -> PyResult<PyPartitionInfo> {
         let s = self.0.clone();
         Ok(run(py, move || s.set_low_water_mark(partition_id, session_id, low_water_mark))?.into())
     }
@@ -183,11 +195,7 @@ impl PyStorage {
         local_low_water_mark: i64,
     ) -> PyResult<()> {
         let s = self.0.clone();
-        let info = PartitionInfo {
-            session_id,
-            low_water_mark,
-            local_low_water_mark,
-        };
+        let info = PartitionInfo { session_id, low_water_mark, local_low_water_mark };
         run(py, move || s.set_partition_info(partition_id, info))
     }
     fn __repr__(&self) -> String {
@@ -297,10 +305,7 @@ impl PyPartition {
         d.set_item("segments", r.segments)?;
         d.set_item("scanned_records", r.scanned_records)?;
         d.set_item("torn_bytes", r.torn_bytes)?;
-        d.set_item(
-            "corruption_cut",
-            r.corruption_cut.as_ref().map(|(p, o)| (p.to_string_lossy().into_owned(), *o)),
-        )?;
+        d.set_item("corruption_cut", r.corruption_cut.as_ref().map(|(p, o)| (p.to_string_lossy().into_owned(), *o)))?;
         d.set_item("finished_truncation", r.finished_truncation)?;
         let paths = |v: &Vec<PathBuf>| v.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>();
         d.set_item("removed_files", paths(&r.removed_files))?;
@@ -320,8 +325,6 @@ impl PyPartition {
     fn append_next(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<(i64, i64)> {
         self.append_impl(py, None, records)
     }
-
-
 
     /// Drops every transaction after `txid`; returns the new max transaction id.
     fn truncate(&self, py: Python<'_>, txid: i64) -> PyResult<i64> {
@@ -348,7 +351,13 @@ impl PyPartition {
     }
 
     #[pyo3(signature = (txid, max_count=1000, max_bytes=4<<20))]
-    fn read_records<'py>(&self, py: Python<'py>, txid: i64, max_count: usize, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+    fn read_records<'py>(
+        &self,
+        py: Python<'py>,
+        txid: i64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
         let p = self.0.clone();
         let rs = run(py, move || p.read_records(txid, max_count, max_bytes))?;
         PyList::new(py, rs.into_iter().map(|r| PyRecord::new(py, r)))
@@ -363,7 +372,14 @@ impl PyPartition {
     /// Reads `start..=end` (end defaults to the max transaction id) as a ScanChunk, stopping
     /// before `max_bytes` of data or `max_count` records; call again from the next id.
     #[pyo3(signature = (start, end=None, max_count=1<<20, max_bytes=16<<20))]
-    fn scan(&self, py: Python<'_>, start: i64, end: Option<i64>, max_count: usize, max_bytes: usize) -> PyResult<PyScanChunk> {
+    fn scan(
+        &self,
+        py: Python<'_>,
+        start: i64,
+        end: Option<i64>,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> PyResult<PyScanChunk> {
         if max_bytes > i32::MAX as usize {
             return Err(InvalidArgumentError::new_err("max_bytes must fit Arrow's int32 offsets"));
         }

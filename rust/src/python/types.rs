@@ -44,14 +44,11 @@ pub(crate) fn parse_req_id(obj: &Bound<'_, PyAny>) -> PyResult<ReqId> {
         return Ok(r.borrow().0);
     }
     let (client_id, generation, partition_id, sequence): (i32, i32, i32, i32) = obj.extract().map_err(|_| {
-        InvalidArgumentError::new_err("req_id must be a ReqId or a tuple (client_id, generation, partition_id, sequence)")
+        InvalidArgumentError::new_err(
+            "req_id must be a ReqId or a tuple (client_id, generation, partition_id, sequence)",
+        )
     })?;
-    Ok(ReqId {
-        client_id,
-        generation,
-        partition_id,
-        sequence,
-    })
+    Ok(ReqId { client_id, generation, partition_id, sequence })
 }
 
 /// Identifies a client request: client id, generation, partition id and sequence number.
@@ -63,12 +60,7 @@ pub struct PyReqId(pub(crate) ReqId);
 impl PyReqId {
     #[new]
     fn new(client_id: i32, generation: i32, partition_id: i32, sequence: i32) -> Self {
-        PyReqId(ReqId {
-            client_id,
-            generation,
-            partition_id,
-            sequence,
-        })
+        PyReqId(ReqId { client_id, generation, partition_id, sequence })
     }
     #[getter]
     fn client_id(&self) -> i32 {
@@ -111,11 +103,7 @@ pub struct PyRecordHeader {
 
 impl From<RecordHeader> for PyRecordHeader {
     fn from(h: RecordHeader) -> Self {
-        PyRecordHeader {
-            txid: h.txid,
-            req_id: PyReqId(h.req_id),
-            header: h.header,
-        }
+        PyRecordHeader { txid: h.txid, req_id: PyReqId(h.req_id), header: h.header }
     }
 }
 
@@ -141,12 +129,7 @@ pub struct PyRecord {
 
 impl PyRecord {
     pub(crate) fn new(py: Python<'_>, r: Record) -> Self {
-        PyRecord {
-            txid: r.txid,
-            req_id: PyReqId(r.req_id),
-            header: r.header,
-            data: PyBytes::new(py, &r.data).unbind(),
-        }
+        PyRecord { txid: r.txid, req_id: PyReqId(r.req_id), header: r.header, data: PyBytes::new(py, &r.data).unbind() }
     }
 }
 

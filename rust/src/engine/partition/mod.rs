@@ -6,7 +6,9 @@
 //! sync that covers them. Any write or sync error poisons the partition: it acknowledges nothing
 //! more until reopened, because after a failed fsync the page cache no longer tells the truth.
 use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{now_ms, FORMAT_VERSION};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
+use crate::engine::index::{self, locate, Checkpointer, Durable};
 use crate::engine::record::{
     be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
@@ -14,8 +16,6 @@ use crate::engine::segment::{
     create_segment, data_name, index_name, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode, Segment,
     SegmentContext, SegmentFiles, SegmentHeader, Tail,
 };
-use crate::engine::format::{now_ms, FORMAT_VERSION};
-use crate::engine::index::{self, locate, Checkpointer, Durable};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -101,7 +101,11 @@ pub struct Histogram<const N: usize> {
 
 impl<const N: usize> Default for Histogram<N> {
     fn default() -> Self {
-        Histogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), overflow: AtomicU64::new(0), sum: AtomicU64::new(0) }
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            overflow: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+        }
     }
 }
 
@@ -260,13 +264,7 @@ impl Partition {
     }
 
     fn header(cluster_key: [u8; 16], id: i32, first_txid: i64) -> SegmentHeader {
-        SegmentHeader {
-            version: FORMAT_VERSION,
-            creation_ms: now_ms(),
-            cluster_key,
-            partition_id: id,
-            first_txid,
-        }
+        SegmentHeader { version: FORMAT_VERSION, creation_ms: now_ms(), cluster_key, partition_id: id, first_txid }
     }
 
     /// A read-only open lists the folder while a running node may be rolling segments, and a
@@ -293,7 +291,13 @@ impl Partition {
         Ok(true)
     }
 
-    pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, id: i32, cluster_key: [u8; 16], opts: PartitionOptions) -> Result<Partition> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        id: i32,
+        cluster_key: [u8; 16],
+        opts: PartitionOptions,
+    ) -> Result<Partition> {
         let ro = opts.recover.read_only;
         let mut report = RecoveryReport::default();
         let (mut segs, idxs, intent) = Self::list_files(fs.as_ref(), dir, ro, &mut report)?;
@@ -549,10 +553,7 @@ impl Partition {
     }
 
     fn poison_error(&self) -> Error {
-        Error::PartitionFailed {
-            partition: self.id,
-            reason: self.health.reason().unwrap_or_default(),
-        }
+        Error::PartitionFailed { partition: self.id, reason: self.health.reason().unwrap_or_default() }
     }
 
     fn poison(&self, err: Error) -> Error {
@@ -690,7 +691,12 @@ impl Partition {
         match zero_fill() {
             Ok(()) => st.tail_allocated = to,
             Err(e) => {
-                log::warn!("partition {}: {}: could not preallocate {} bytes ({e}); writing without", self.id, files.data_path.display(), to - from);
+                log::warn!(
+                    "partition {}: {}: could not preallocate {} bytes ({e}); writing without",
+                    self.id,
+                    files.data_path.display(),
+                    to - from
+                );
                 files.data.set_len(from).at(&files.data_path)?;
                 st.tail_allocated = from;
                 st.prealloc_retry_at = from + step;
@@ -776,11 +782,7 @@ impl Partition {
             self.check_writable()?;
             let first_txid = first.unwrap_or(st.next_txid);
             if first_txid != st.next_txid {
-                return Err(Error::NonDenseAppend {
-                    partition: self.id,
-                    expected: st.next_txid,
-                    got: first_txid,
-                });
+                return Err(Error::NonDenseAppend { partition: self.id, expected: st.next_txid, got: first_txid });
             }
             if records.is_empty() {
                 // Nothing to write, but durable only once everything queued before it is.
@@ -898,9 +900,14 @@ impl Partition {
 
     fn request_index_sync(&self, files: Arc<SegmentFiles>) {
         let (id, health) = (self.id, self.health.clone());
-        self.checkpointer.request(id, files, move |e| health.poison(id, e), |e| {
-            self.poison(e);
-        });
+        self.checkpointer.request(
+            id,
+            files,
+            move |e| health.poison(id, e),
+            |e| {
+                self.poison(e);
+            },
+        );
     }
 
     /// Commit delay: a new sync leader waits, at most as long as the last sync took and never more than
@@ -1162,11 +1169,7 @@ impl Partition {
         let st = lock(&self.state);
         let first = st.segments[0].first_txid();
         if from < first {
-            return Err(Error::BelowLogStart {
-                partition: self.id,
-                txid: from,
-                first,
-            });
+            return Err(Error::BelowLogStart { partition: self.id, txid: from, first });
         }
         let i = st.segments.partition_point(|s| s.first_txid() <= from).saturating_sub(1);
         Ok((st.segments[i..].to_vec(), self.max_txid()))
@@ -1176,7 +1179,13 @@ impl Partition {
     /// and checking both checksums of every record. Stops early when `f` returns false.
     /// A damaged record ends the visit quietly when records were already visited, so the caller
     /// gets the good prefix and the next read, starting at the damaged record, gets the error.
-    pub fn visit(&self, from: i64, to: i64, mut f: impl FnMut(&RecordHeader, &[u8]) -> bool, chunk_hint: usize) -> Result<()> {
+    pub fn visit(
+        &self,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(&RecordHeader, &[u8]) -> bool,
+        chunk_hint: usize,
+    ) -> Result<()> {
         let (segs, durable) = self.snapshot(from)?;
         let to = to.min(durable);
         let max = self.opts.recover.max_record_size;
@@ -1242,12 +1251,7 @@ impl Partition {
                     return false;
                 }
                 bytes += data.len();
-                out.push(Record {
-                    txid: h.txid,
-                    req_id: h.req_id,
-                    header: h.header,
-                    data: data.to_vec(),
-                });
+                out.push(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
                 true
             },
             max_bytes.saturating_add(max_count.saturating_mul(RECORD_OVERHEAD)),
@@ -1274,19 +1278,29 @@ impl Partition {
 
     pub fn read_record(&self, txid: i64) -> Result<Option<Record>> {
         let mut out = None;
-        self.visit(txid, txid, |h, data| {
-            out = Some(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
-            false
-        }, READ_CHUNK_MIN)?;
+        self.visit(
+            txid,
+            txid,
+            |h, data| {
+                out = Some(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
+                false
+            },
+            READ_CHUNK_MIN,
+        )?;
         Ok(out)
     }
 
     pub fn read_header(&self, txid: i64) -> Result<Option<RecordHeader>> {
         let mut out = None;
-        self.visit(txid, txid, |h, _| {
-            out = Some(*h);
-            false
-        }, READ_CHUNK_MIN)?;
+        self.visit(
+            txid,
+            txid,
+            |h, _| {
+                out = Some(*h);
+                false
+            },
+            READ_CHUNK_MIN,
+        )?;
         Ok(out)
     }
 

@@ -5,9 +5,9 @@
 //! written since its last sync, and checks every index write against them at that moment.
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
+use crate::engine::format::HEADER_LEN;
 use crate::engine::fs::{FileHandle, ForwardingFile, StdFs, WrapFs};
 use crate::engine::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
-use crate::engine::format::HEADER_LEN;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -114,10 +114,8 @@ fn append_batch(p: &Partition, n: usize) -> (i64, i64) {
     loop {
         let next = lock(&p.state).next_txid;
         let datas: Vec<Vec<u8>> = (next..next + n as i64).map(data).collect();
-        let recs: Vec<NewRecord<'_>> = datas
-            .iter()
-            .map(|d| NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None })
-            .collect();
+        let recs: Vec<NewRecord<'_>> =
+            datas.iter().map(|d| NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None }).collect();
         match p.append_at_opt(Some(next), &recs) {
             Ok(r) => return r,
             Err(Error::NonDenseAppend { .. }) => continue,
@@ -129,7 +127,12 @@ fn append_batch(p: &Partition, n: usize) -> (i64, i64) {
 fn assert_in_order(disk: &Mutex<Disk>) {
     let d = disk.lock().unwrap();
     assert!(d.entries_written > 0, "the run wrote no index entry: nothing was checked");
-    assert!(d.early.is_empty(), "{} index entries reached the file before their records were synced, first: {}", d.early.len(), d.early[0]);
+    assert!(
+        d.early.is_empty(),
+        "{} index entries reached the file before their records were synced, first: {}",
+        d.early.len(),
+        d.early[0]
+    );
 }
 
 fn check_reads(dir: &Path, last: i64) {
@@ -229,6 +232,10 @@ fn a_failed_checkpoint_write_is_retried_and_loses_no_entry() {
     p.close();
     assert_in_order(&disk);
     let idx = d.path().join(crate::engine::segment::index_name(0));
-    assert_eq!(std::fs::metadata(&idx).unwrap().len(), HEADER_LEN + 8 * (last as u64 + 1), "a closed partition has its whole index");
+    assert_eq!(
+        std::fs::metadata(&idx).unwrap().len(),
+        HEADER_LEN + 8 * (last as u64 + 1),
+        "a closed partition has its whole index"
+    );
     check_reads(d.path(), last);
 }

@@ -1,8 +1,8 @@
 //! Unit tests of the partition: append, group commit, reads, truncation, retention, recovery.
 use super::*;
+use crate::engine::format::HEADER_LEN;
 use crate::engine::fs::{FaultFs, StdFs};
 use crate::engine::record::ReqId;
-use crate::engine::format::HEADER_LEN;
 use std::os::unix::fs::FileExt;
 
 pub(super) const KEY: [u8; 16] = [3; 16];
@@ -59,18 +59,27 @@ fn check_all(p: &Partition, upto: i64) {
     assert_eq!(p.max_txid(), upto);
     let first = p.first_txid();
     let mut t = first;
-    p.visit(first, i64::MAX, |h, d| {
-        assert_eq!(h.txid, t);
-        assert_eq!(d, payload(t).as_slice());
-        t += 1;
-        true
-    }, 1 << 20)
+    p.visit(
+        first,
+        i64::MAX,
+        |h, d| {
+            assert_eq!(h.txid, t);
+            assert_eq!(d, payload(t).as_slice());
+            t += 1;
+            true
+        },
+        1 << 20,
+    )
     .unwrap();
     assert_eq!(t, upto + 1);
 }
 
 fn data_files(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().map(|e| e == "seg").unwrap_or(false)).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().map(|e| e == "seg").unwrap_or(false))
+        .collect();
     v.sort();
     v
 }
