@@ -24,7 +24,7 @@ pub struct Durable(u64);
 impl Durable {
     /// The segment's first `n` records, which the caller knows durable: the partition counts
     /// a record durable only after a sync that covered it succeeded.
-    pub fn first(n: u64) -> Durable {
+    pub(crate) fn first(n: u64) -> Durable {
         Durable(n)
     }
 
