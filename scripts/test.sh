@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
+echo "== cargo fmt --check (rustfmt.toml)"
+cargo fmt --check
+cargo fmt --check --manifest-path fuzz/Cargo.toml
+
 echo "== cargo test (engine units)"
 cargo test --quiet --no-default-features
 

@@ -1,7 +1,7 @@
 //! Per-record cost of the append path without I/O: encoding into the queue.
 //! `cargo run --release --no-default-features --example encode_cost`
 use std::time::Instant;
-use waltz_native::record::{crc32, encode_record, NewRecord, ReqId};
+use waltz_native::engine::record::{crc32, encode_record, NewRecord, ReqId};
 
 fn main() {
     for size in [100usize, 1024, 65536] {

@@ -2,15 +2,15 @@
 //! `cargo run --release --no-default-features --example group_commit -- DIR` (see benches/README.md)
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use waltz_native::partition::{default_options, Partition};
-use waltz_native::record::{NewRecord, ReqId};
+use waltz_native::engine::partition::{default_options, Partition};
+use waltz_native::engine::record::{NewRecord, ReqId};
 
 fn main() {
     let base = std::env::args().nth(1).expect("usage: group_commit DIR");
     for threads in [1usize, 4, 16, 64] {
         let dir = std::path::Path::new(&base).join(format!("gc{threads}"));
         let _ = std::fs::remove_dir_all(&dir);
-        let fs: Arc<dyn waltz_native::fs::FileSystem> = Arc::new(waltz_native::fs::StdFs);
+        let fs: Arc<dyn waltz_native::engine::fs::FileSystem> = Arc::new(waltz_native::engine::fs::StdFs);
         Partition::create(fs.as_ref(), &dir, 0, [1; 16]).unwrap();
         let p = Arc::new(Partition::open(fs, &dir, 0, [1; 16], default_options()).unwrap());
         let stop = Instant::now() + Duration::from_secs(2);

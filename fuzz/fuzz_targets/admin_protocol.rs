@@ -4,6 +4,6 @@
 //! Input and oracles: `waltz_fuzz::protocol_stream!`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use waltz_native::protocol::{AdminRequest, AdminResponse, MAGIC_ADMIN};
+use waltz_native::node::protocol::{AdminRequest, AdminResponse, MAGIC_ADMIN};
 
 fuzz_target!(|data: &[u8]| waltz_fuzz::protocol_stream!(data, MAGIC_ADMIN, AdminRequest, AdminResponse));

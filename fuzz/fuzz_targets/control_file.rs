@@ -12,10 +12,10 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use std::sync::Arc;
 use waltz_fuzz::{fix_trailing_crc, MemFs, Parts};
-use waltz_native::control::{PartitionInfo, CONTROL_FILE};
-use waltz_native::inspect::inspect_control;
-use waltz_native::partition::default_options;
-use waltz_native::storage::{Storage, FENCE_FILE};
+use waltz_native::engine::control::{PartitionInfo, CONTROL_FILE};
+use waltz_native::engine::inspect::inspect_control;
+use waltz_native::engine::partition::default_options;
+use waltz_native::engine::storage::{Storage, FENCE_FILE};
 
 fuzz_target!(|data: &[u8]| {
     let mut parts = Parts::new(data);
@@ -55,11 +55,8 @@ fuzz_target!(|data: &[u8]| {
         // Sessions only grow (the newer of the two structs is the one with the higher session):
         // write the next one, as a storage node would.
         let Some(session_id) = info.session_id.checked_add(1).filter(|_| !opts.recover.read_only) else { continue };
-        let next = PartitionInfo {
-            session_id,
-            low_water_mark: info.low_water_mark ^ 5,
-            local_low_water_mark: pid as i64,
-        };
+        let next =
+            PartitionInfo { session_id, low_water_mark: info.low_water_mark ^ 5, local_low_water_mark: pid as i64 };
         s.set_partition_info(pid, next).unwrap();
         assert_eq!(s.partition_info(pid).unwrap(), next);
         let raised = s.fence(pid).unwrap().saturating_add(1);

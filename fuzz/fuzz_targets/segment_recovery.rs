@@ -22,10 +22,10 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use std::sync::Arc;
 use waltz_fuzz::{fix_record_crcs, fix_trailing_crc, MemFs, Parts};
-use waltz_native::inspect::inspect_segment;
-use waltz_native::partition::{default_options, Partition, TRUNCATE_INTENT};
-use waltz_native::record::{NewRecord, ReqId};
-use waltz_native::segment::{data_name, index_name, RecoveryMode};
+use waltz_native::engine::inspect::inspect_segment;
+use waltz_native::engine::partition::{default_options, Partition, TRUNCATE_INTENT};
+use waltz_native::engine::record::{NewRecord, ReqId};
+use waltz_native::engine::segment::{data_name, index_name, RecoveryMode};
 
 pub const KEY: [u8; 16] = [7; 16];
 pub const PID: i32 = 3;
@@ -108,7 +108,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let new_id = last + 1;
-    let rec = NewRecord { req_id: ReqId { client_id: 1, generation: 2, partition_id: PID, sequence: 3 }, header: 9, data: b"fuzz", data_crc: None };
+    let rec = NewRecord {
+        req_id: ReqId { client_id: 1, generation: 2, partition_id: PID, sequence: 3 },
+        header: 9,
+        data: b"fuzz",
+        data_crc: None,
+    };
     if p.append(new_id, &[rec]).is_err() {
         return;
     }

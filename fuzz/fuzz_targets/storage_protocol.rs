@@ -4,6 +4,6 @@
 //! Input and oracles: `waltz_fuzz::protocol_stream!`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use waltz_native::protocol::{Request, Response, MAGIC_STORAGE};
+use waltz_native::node::protocol::{Request, Response, MAGIC_STORAGE};
 
 fuzz_target!(|data: &[u8]| waltz_fuzz::protocol_stream!(data, MAGIC_STORAGE, Request, Response));

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use waltz_native::fs::{FileHandle, FileSystem};
+use waltz_native::engine::fs::{FileHandle, FileSystem};
 
 /// No in-memory file may grow past this: a decoder that sizes a write from damaged bytes gets
 /// ENOSPC instead of exhausting the fuzzer's memory (the real disk would refuse it too).
@@ -161,7 +161,8 @@ impl FileSystem for MemFs {
         if !self.dirs.lock().unwrap().contains(path) {
             return Err(not_found(path));
         }
-        let mut out: Vec<PathBuf> = self.files.lock().unwrap().keys().filter(|p| p.parent() == Some(path)).cloned().collect();
+        let mut out: Vec<PathBuf> =
+            self.files.lock().unwrap().keys().filter(|p| p.parent() == Some(path)).cloned().collect();
         out.extend(self.dirs.lock().unwrap().iter().filter(|p| p.parent() == Some(path)).cloned());
         out.sort();
         Ok(out)
@@ -231,14 +232,14 @@ pub fn fix_frame_crcs(stream: &mut [u8]) {
 }
 
 fn crc32fast_hash(b: &[u8]) -> u32 {
-    waltz_native::record::crc32(b)
+    waltz_native::engine::record::crc32(b)
 }
 
 /// Rewrites both checksums of every whole record in a segment data file (records from byte
-/// 128 on, laid out as in `waltz_native::record`), so mutated ids, lengths and headers reach
+/// 128 on, laid out as in `waltz_native::engine::record`), so mutated ids, lengths and headers reach
 /// recovery's logic instead of failing the CRC check. Stops at the first impossible length.
 pub fn fix_record_crcs(file: &mut [u8]) {
-    use waltz_native::record::{crc32, RECORD_OVERHEAD, RECORD_PREFIX};
+    use waltz_native::engine::record::{crc32, RECORD_OVERHEAD, RECORD_PREFIX};
     let mut pos = 128usize;
     while file.len() >= pos + RECORD_OVERHEAD {
         let len = i32::from_be_bytes(file[pos + 28..pos + 32].try_into().unwrap());
@@ -258,7 +259,7 @@ pub fn fix_record_crcs(file: &mut [u8]) {
 pub fn fix_trailing_crc(b: &mut [u8], from: usize) {
     if b.len() >= from + 4 {
         let n = b.len();
-        let crc = waltz_native::record::crc32(&b[from..n - 4]);
+        let crc = waltz_native::engine::record::crc32(&b[from..n - 4]);
         b[n - 4..].copy_from_slice(&crc.to_be_bytes());
     }
 }
@@ -272,7 +273,7 @@ pub fn fix_trailing_crc(b: &mut [u8], from: usize) {
 #[macro_export]
 macro_rules! protocol_stream {
     ($data:expr, $magic:expr, $req:ty, $resp:ty) => {{
-        use waltz_native::protocol::{msg, split_frame, DEFAULT_MAX_FRAME, FRAME_OVERHEAD};
+        use waltz_native::node::protocol::{msg, split_frame, DEFAULT_MAX_FRAME, FRAME_OVERHEAD};
         let data: &[u8] = $data;
         let Some((&flags, rest)) = data.split_first() else { return };
         let mut stream = rest.to_vec();

@@ -3,11 +3,13 @@
 import os
 import uuid
 from collections.abc import Iterable
-from typing import Literal, TypedDict, final
+from typing import ClassVar, Literal, TypedDict, final
 
 __version__: str
 SYNC_MICROS_BOUNDS: list[int]
 BATCH_RECORDS_BOUNDS: list[int]
+# (name, base name, docstring) of each native exception, bases first.
+EXCEPTIONS: list[tuple[str, str, str]]
 
 _Key = uuid.UUID | str | bytes
 _ReqIdLike = ReqId | tuple[int, int, int, int]
@@ -262,8 +264,62 @@ class FrameReader:
 def encode_frame(magic: int, msg_type: int, payload: bytes) -> bytes:
     """One frame of the shared framing around `payload`."""
 
+@final
+class RequestKind:
+    """A storage-protocol request an encoder can build (Append has its own, `encode_append`)."""
+    HELLO: ClassVar[RequestKind]
+    OPEN: ClassVar[RequestKind]
+    LAST_SESSION_INFO: ClassVar[RequestKind]
+    MAX_TRANSACTION_ID: ClassVar[RequestKind]
+    TRUNCATE: ClassVar[RequestKind]
+    SET_LOW_WATER_MARK: ClassVar[RequestKind]
+    RECORD_HEADER: ClassVar[RequestKind]
+    RECORD: ClassVar[RequestKind]
+    RECORD_HEADER_LIST: ClassVar[RequestKind]
+    RECORD_LIST: ClassVar[RequestKind]
+    def __eq__(self, other: object, /) -> bool: ...
+    def __int__(self) -> int: ...
+
+_RequestName = Literal[
+    "hello",
+    "open",
+    "last_session_info",
+    "max_transaction_id",
+    "truncate",
+    "set_low_water_mark",
+    "record_header",
+    "record",
+    "record_header_list",
+    "record_list",
+]
+
+@final
+class AdminRequestKind:
+    """An admin-protocol request an encoder can build (Append has its own, `encode_admin_append`)."""
+    HELLO: ClassVar[AdminRequestKind]
+    OPEN: ClassVar[AdminRequestKind]
+    ASSIGN: ClassVar[AdminRequestKind]
+    UNASSIGN: ClassVar[AdminRequestKind]
+    SET_AVAILABILITY: ClassVar[AdminRequestKind]
+    STATUS: ClassVar[AdminRequestKind]
+    RECORD_LIST: ClassVar[AdminRequestKind]
+    SET_PARTITION_INFO: ClassVar[AdminRequestKind]
+    def __eq__(self, other: object, /) -> bool: ...
+    def __int__(self) -> int: ...
+
+_AdminRequestName = Literal[
+    "hello",
+    "open",
+    "assign",
+    "unassign",
+    "set_availability",
+    "status",
+    "record_list",
+    "set_partition_info",
+]
+
 def encode_request(
-    kind: str,
+    kind: RequestKind | _RequestName,
     session_id: int = ...,  # -1
     seq: int = ...,  # -1
     partition_id: int = ...,  # -1
@@ -276,11 +332,11 @@ def encode_request(
     min_version: int = 1,
     max_version: int = 1,
 ) -> bytes:
-    """One storage-protocol request frame: hello, open, last_session_info, max_transaction_id,
-    truncate, set_low_water_mark, record_header, record, record_header_list, record_list."""
+    """One storage-protocol request frame (every request but Append); `kind` is a RequestKind
+    or its protocol name."""
 
 def encode_admin_request(
-    kind: str,
+    kind: AdminRequestKind | _AdminRequestName,
     seq: int = 0,
     partition_id: int = 0,
     *,
@@ -294,8 +350,8 @@ def encode_admin_request(
     session_id: int = ...,  # -1
     low_water_mark: int = ...,  # -1
 ) -> bytes:
-    """One admin-protocol request frame: hello, open, assign, unassign, set_availability, status,
-    record_list, set_partition_info."""
+    """One admin-protocol request frame (every request but Append); `kind` is an
+    AdminRequestKind or its protocol name."""
 
 def encode_admin_append(seq: int, partition_id: int, records: Iterable[Record]) -> bytes:
     """An admin Append frame carrying `records` (as read from another node) unchanged."""
@@ -388,25 +444,68 @@ def inspect_segment(
 def raw_append_loop(path: str | os.PathLike[str], payload: bytes, iterations: int) -> list[int]:
     """Benchmark reference: write + fdatasync of `payload`, `iterations` times; ns per call."""
 
-class WaltzError(Exception): ...
-class StorageError(WaltzError): ...
-class StorageIOError(StorageError): ...
-class CorruptionError(StorageError): ...
-class ClusterKeyMismatch(StorageError): ...
-class PartitionCountMismatch(StorageError): ...
-class NonDenseAppendError(StorageError): ...
-class RecordTooLargeError(StorageError): ...
-class BelowLogStartError(StorageError): ...
-class PartitionFailedError(StorageError): ...
-class AppendTruncatedError(StorageError): ...
-class PartitionNotFoundError(StorageError): ...
-class StorageExistsError(StorageError): ...
-class NotInitialisedError(StorageError): ...
-class ReadOnlyError(StorageError): ...
-class StorageLockedError(StorageError): ...
-class StorageClosedError(StorageError): ...
-class PartitionClosedError(StorageError): ...
-class InvalidArgumentError(WaltzError): ...
-class ProtocolError(WaltzError): ...
-class InternalError(WaltzError): ...
+# BEGIN generated exceptions classes (scripts/gen_exceptions.py from waltz._native.EXCEPTIONS)
+class WaltzError(Exception):
+    """Root of every Waltz error."""
+
+class StorageError(WaltzError):
+    """An error of the storage engine."""
+
+class StorageIOError(StorageError):
+    """A read, write or sync failed."""
+
+class CorruptionError(StorageError):
+    """Data on disk fails its checks."""
+
+class ClusterKeyMismatch(StorageError):
+    """The files belong to another cluster."""
+
+class PartitionCountMismatch(StorageError):
+    """The storage has another partition count."""
+
+class NonDenseAppendError(StorageError):
+    """Appended ids do not continue the log."""
+
+class RecordTooLargeError(StorageError):
+    """A record exceeds the maximum size."""
+
+class BelowLogStartError(StorageError):
+    """The id was removed by retention."""
+
+class PartitionFailedError(StorageError):
+    """A write or sync failed; reopen the partition."""
+
+class AppendTruncatedError(StorageError):
+    """A truncation cut the append before it was acknowledged."""
+
+class PartitionNotFoundError(StorageError):
+    """No such partition here."""
+
+class StorageExistsError(StorageError):
+    """The directory is already a storage directory."""
+
+class NotInitialisedError(StorageError):
+    """The directory is not a storage directory."""
+
+class ReadOnlyError(StorageError):
+    """The storage was opened read-only."""
+
+class StorageLockedError(StorageError):
+    """Another writer has the storage directory open."""
+
+class StorageClosedError(StorageError):
+    """The storage handle was closed."""
+
+class PartitionClosedError(StorageError):
+    """The partition handle was closed."""
+
+class InvalidArgumentError(WaltzError):
+    """An argument is out of range."""
+
+class ProtocolError(WaltzError):
+    """A peer sent bytes that are not a valid frame."""
+
+class InternalError(WaltzError):
+    """A bug: an invariant of the engine failed."""
+# END generated exceptions classes
 

@@ -5,6 +5,7 @@ so that Rust errors map straight into them); pure-Python layers add their own su
 `WaltzError` here. Messages keep the cause: the file, offset, partition or id involved.
 """
 
+# BEGIN generated exceptions imports (scripts/gen_exceptions.py from waltz._native.EXCEPTIONS)
 from waltz._native import (
     AppendTruncatedError,
     BelowLogStartError,
@@ -21,14 +22,14 @@ from waltz._native import (
     ProtocolError,
     ReadOnlyError,
     RecordTooLargeError,
+    StorageClosedError,
     StorageError,
     StorageExistsError,
-    StorageClosedError,
     StorageIOError,
     StorageLockedError,
     WaltzError,
 )
-
+# END generated exceptions imports
 
 
 class ConfigError(WaltzError, ValueError):
@@ -198,6 +199,13 @@ __all__ = [
     "MetadataTransactionError",
     "MetadataUnavailableError",
     "MetadataVersionError",
+    "StaleSessionError",
+    "StorageConnectionError",
+    "StorageRequestError",
+    "StorageTimeoutError",
+]
+# BEGIN generated exceptions exports (scripts/gen_exceptions.py from waltz._native.EXCEPTIONS)
+__all__ += [
     "AppendTruncatedError",
     "BelowLogStartError",
     "ClusterKeyMismatch",
@@ -213,14 +221,11 @@ __all__ = [
     "ProtocolError",
     "ReadOnlyError",
     "RecordTooLargeError",
+    "StorageClosedError",
     "StorageError",
     "StorageExistsError",
-    "StorageClosedError",
-    "StaleSessionError",
-    "StorageConnectionError",
     "StorageIOError",
     "StorageLockedError",
-    "StorageRequestError",
-    "StorageTimeoutError",
     "WaltzError",
 ]
+# END generated exceptions exports

@@ -7,14 +7,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use waltz_native::fs::{FileHandle, FileSystem, StdFs};
-use waltz_native::node::{self, NodeOptions};
-use waltz_native::partition::default_options;
-use waltz_native::protocol::{
-    split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN, MAGIC_STORAGE,
+use waltz_native::engine::fs::{FileHandle, FileSystem, ForwardingFile, StdFs};
+use waltz_native::engine::partition::default_options;
+use waltz_native::engine::record::{crc32, ReqId};
+use waltz_native::engine::storage::Storage;
+use waltz_native::node::protocol::{
+    split_frame, AdminRequest, AdminResponse, Frame, MsgHeader, Request, Response, WireRecord, MAGIC_ADMIN,
+    MAGIC_STORAGE,
 };
-use waltz_native::record::{crc32, ReqId};
-use waltz_native::storage::Storage;
+use waltz_native::node::server::{self, NodeOptions};
 
 const KEY: [u8; 16] = [7; 16];
 
@@ -61,12 +62,9 @@ struct GFile {
     ext: String,
     gate: Arc<Gate>,
 }
-impl FileHandle for GFile {
-    fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<usize> {
-        self.inner.read_at(b, o)
-    }
-    fn write_all_at(&self, b: &[u8], o: u64) -> io::Result<()> {
-        self.inner.write_all_at(b, o)
+impl ForwardingFile for GFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn sync_data(&self) -> io::Result<()> {
         {
@@ -80,15 +78,6 @@ impl FileHandle for GFile {
             }
         }
         self.inner.sync_data()
-    }
-    fn set_len(&self, l: u64) -> io::Result<()> {
-        self.inner.set_len(l)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 struct GFs {
@@ -230,7 +219,10 @@ impl Client {
         let mut c = Client { conn: Conn::connect(addr), seq: 0 };
         assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
         let h = c.h(-1, -1);
-        assert!(matches!(c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }), Response::Success { .. }));
+        assert!(matches!(
+            c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }),
+            Response::Success { .. }
+        ));
         c
     }
     fn h(&mut self, session: i64, pid: i32) -> MsgHeader {
@@ -244,7 +236,10 @@ type Admin = Conn<AdminPort>;
 fn admin(addr: std::net::SocketAddr) -> Admin {
     let mut a = Admin::connect(addr);
     assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
-    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }), AdminResponse::Success { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }),
+        AdminResponse::Success { .. }
+    ));
     a
 }
 fn ah(pid: i32) -> MsgHeader {
@@ -276,7 +271,7 @@ fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
     for _ in 0..trials {
         let d = tempfile::tempdir().unwrap();
         let (s, gate) = gated_storage(d.path(), 1);
-        let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+        let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
         let mut a = Client::connect(node.addr, 1);
         let h = a.h(5, 0);
         assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -333,7 +328,7 @@ fn r1_stale_truncate_cuts_a_newer_sessions_acknowledged_append() {
 fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(5, 0);
     assert!(matches!(c.call(Request::Append { h, records: recs(0, 3, 10) }), Response::Success { .. }));
@@ -384,7 +379,7 @@ fn r2_unassign_racing_a_request_leaves_a_ghost_that_loses_acked_appends() {
 fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_served() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(5, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -432,7 +427,7 @@ fn r6_in_flight_append_of_the_old_session_is_acked_after_the_new_session_was_ser
 fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
     let d = tempfile::tempdir().unwrap();
     let (s, gate) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(5, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -476,7 +471,9 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
         other => panic!("a mark set after Set Availability (not writable) was answered {other:?}"),
     }
     match adm.call(AdminRequest::Status { h: ah(-1) }) {
-        AdminResponse::Status { partitions, .. } => assert_eq!((partitions[0].max_txid, partitions[0].low_water_mark), (5, -1)),
+        AdminResponse::Status { partitions, .. } => {
+            assert_eq!((partitions[0].max_txid, partitions[0].low_water_mark), (5, -1))
+        }
         other => panic!("{other:?}"),
     }
     drop(node);
@@ -485,7 +482,9 @@ fn r7_set_availability_answers_after_the_appends_it_shuts_out_are_synced() {
 
 fn status_of_0(adm: &mut Admin) -> (i64, i64, bool) {
     match adm.call(AdminRequest::Status { h: ah(-1) }) {
-        AdminResponse::Status { partitions, .. } => (partitions[0].max_txid, partitions[0].low_water_mark, partitions[0].writable),
+        AdminResponse::Status { partitions, .. } => {
+            (partitions[0].max_txid, partitions[0].low_water_mark, partitions[0].writable)
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -501,7 +500,7 @@ fn status_of_0(adm: &mut Admin) -> (i64, i64, bool) {
 fn r8_mutations_waiting_behind_set_availability_at_the_gate_are_refused() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let mut b = Client::connect(node.addr, 1);
     let mut adm = admin(node.admin_addr.unwrap());
@@ -510,7 +509,10 @@ fn r8_mutations_waiting_behind_set_availability_at_the_gate_are_refused() {
     let gate = s.fence_gate(0);
     let (mut ran_before, mut refused) = (0, 0);
     for round in 0..12i64 {
-        assert!(matches!(adm.call(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: true }), AdminResponse::Success { .. }));
+        assert!(matches!(
+            adm.call(AdminRequest::SetAvailability { h: ah(0), readable: true, writable: true }),
+            AdminResponse::Success { .. }
+        ));
         let (max, _, _) = status_of_0(&mut adm);
         let h = a.h(5, 0);
         assert!(matches!(a.call(Request::Append { h, records: recs(max + 1, 3, 10) }), Response::Success { .. }));
@@ -581,7 +583,7 @@ fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
     let opts = NodeOptions { idle_timeout: Duration::from_secs(2), ..NodeOptions::default() };
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
     let (mut greeted, mut refused) = (Conn::<StoragePort>::connect(node.addr), Conn::<StoragePort>::connect(node.addr));
     assert!(matches!(greeted.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
     assert!(matches!(refused.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
@@ -613,7 +615,12 @@ fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!((open, admin_open), (0, false), "connections that never opened were still served after {:?}", start.elapsed());
+    assert_eq!(
+        (open, admin_open),
+        (0, false),
+        "connections that never opened were still served after {:?}",
+        start.elapsed()
+    );
     // And an opened connection is not subject to the deadline.
     let mut c = Client::connect(node.addr, 1);
     std::thread::sleep(Duration::from_millis(2500));
@@ -629,7 +636,7 @@ fn l2_connections_over_max_connections_are_closed_at_once() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
     let opts = NodeOptions { max_connections: 2, ..NodeOptions::default() };
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
     let admin_addr = node.admin_addr.unwrap();
     let mut a = Client::connect(node.addr, 1);
     let b = Client::connect(node.addr, 1);
@@ -666,7 +673,7 @@ fn l2_connections_over_max_connections_are_closed_at_once() {
 fn l3_an_opened_storage_connection_survives_silence_longer_than_idle_timeout() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(1, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -699,7 +706,7 @@ impl<P: Port> Conn<P> {
 fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let claim_1mib = |s: &mut TcpStream| {
         let mut b = (1u32 << 20).to_be_bytes().to_vec();
         b.extend_from_slice(&[0; 1000]);
@@ -740,7 +747,7 @@ fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
 fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), short_idle()).unwrap();
     let mut a = Client::connect(node.addr, 1);
     let h = a.h(1, 0);
     assert!(matches!(a.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -756,7 +763,10 @@ fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
     let (closed, read) = closed_by_node(&mut adm.s, Duration::from_secs(20));
     assert!(closed);
     let answer = 8 * (1 << 20);
-    assert!(read < asked as usize * answer, "all {asked} answers were sent to a peer that read nothing for 4 s ({read} bytes)");
+    assert!(
+        read < asked as usize * answer,
+        "all {asked} answers were sent to a peer that read nothing for 4 s ({read} bytes)"
+    );
     drop(node);
     s.close();
 }
@@ -766,14 +776,17 @@ fn l5_an_admin_peer_that_reads_nothing_is_closed_after_idle_timeout() {
 fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut c = Conn::<StoragePort>::connect(node.addr);
     assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
     let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
-    let ours = waltz_native::control::format_uuid(&KEY);
+    let ours = waltz_native::engine::format::format_uuid(&KEY);
     match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
         Response::Failure { message, .. } => {
-            assert!(!message.contains(&ours) && !message.contains(&ours.replace('-', "")), "the answer tells the node's key: {message}")
+            assert!(
+                !message.contains(&ours) && !message.contains(&ours.replace('-', "")),
+                "the answer tells the node's key: {message}"
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -787,7 +800,7 @@ fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
 fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(1, 0);
     assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -821,7 +834,7 @@ fn l7_many_small_frames_after_a_large_one_are_all_answered_in_order() {
 fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", None, short_idle()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", None, short_idle()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(1, 0);
     assert!(matches!(c.call(Request::SetLowWaterMark { h, low_water_mark: -1 }), Response::Success { .. }));
@@ -843,7 +856,9 @@ fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
         got.extend_from_slice(&chunk[..n]);
     };
     match listed {
-        Response::RecordList { records, .. } => assert_eq!(records.iter().map(|r| r.txid).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>()),
+        Response::RecordList { records, .. } => {
+            assert_eq!(records.iter().map(|r| r.txid).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>())
+        }
         other => panic!("{other:?}"),
     }
     drop(node);
@@ -856,14 +871,17 @@ fn l8_a_slow_reader_that_keeps_reading_gets_its_whole_answer() {
 fn l9_a_failed_second_open_leaves_the_connection_unopened() {
     let d = tempfile::tempdir().unwrap();
     let (s, _) = gated_storage(d.path(), 1);
-    let node = node::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
+    let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), NodeOptions::default()).unwrap();
     let mut c = Client::connect(node.addr, 1);
     let h = c.h(-1, -1);
     assert!(matches!(c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }), Response::Failure { .. }));
     let h = c.h(1, 0);
     assert!(!matches!(c.try_recv_after(Request::MaxTransactionId { h }), Ok(Response::MaxTransactionId { .. })));
     let mut a = admin(node.admin_addr.unwrap());
-    assert!(matches!(a.call(AdminRequest::Open { h: ah(-1), cluster_key: [8; 16], partition_count: 1 }), AdminResponse::Failure { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Open { h: ah(-1), cluster_key: [8; 16], partition_count: 1 }),
+        AdminResponse::Failure { .. }
+    ));
     assert!(!matches!(a.try_recv_after(AdminRequest::Status { h: ah(-1) }), Ok(AdminResponse::Status { .. })));
     drop(node);
     s.close();

@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 
 from waltz import errors, tls
 from waltz._native import (
+    AdminRequestKind,
     Record,
     RecordBatch,
+    RequestKind,
     ResponseReader,
     encode_admin_append,
     encode_admin_request,
@@ -320,25 +322,25 @@ class StorageClient(_Connection):
 
     @staticmethod
     def _hello() -> bytes:
-        return encode_request("hello", min_version=1, max_version=1)
+        return encode_request(RequestKind.HELLO, min_version=1, max_version=1)
 
     @staticmethod
     def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
-        return encode_request("open", -1, seq, -1, cluster_key=cluster_key, partition_count=partition_count)
+        return encode_request(RequestKind.OPEN, -1, seq, -1, cluster_key=cluster_key, partition_count=partition_count)
 
     async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
         """(session id, low-water mark) of the partition's last store session on this node."""
-        return await self._call(lambda seq: encode_request("last_session_info", session, seq, partition), "last_session_info")
+        return await self._call(lambda seq: encode_request(RequestKind.LAST_SESSION_INFO, session, seq, partition), "last_session_info")
 
     async def max_transaction_id(self, partition: int, session: int) -> int:
-        return await self._call(lambda seq: encode_request("max_transaction_id", session, seq, partition), "max_transaction_id")
+        return await self._call(lambda seq: encode_request(RequestKind.MAX_TRANSACTION_ID, session, seq, partition), "max_transaction_id")
 
     async def truncate(self, partition: int, session: int, txid: int) -> None:
-        await self._call(lambda seq: encode_request("truncate", session, seq, partition, txid=txid))
+        await self._call(lambda seq: encode_request(RequestKind.TRUNCATE, session, seq, partition, txid=txid))
 
     async def set_low_water_mark(self, partition: int, session: int, low_water_mark: int) -> None:
         await self._call(
-            lambda seq: encode_request("set_low_water_mark", session, seq, partition, low_water_mark=low_water_mark)
+            lambda seq: encode_request(RequestKind.SET_LOW_WATER_MARK, session, seq, partition, low_water_mark=low_water_mark)
         )
 
     async def append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> None:
@@ -388,20 +390,20 @@ class StorageClient(_Connection):
                 self._sweep_timer = loop.call_at(oldest.deadline, self._sweep)
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
-        return self._single(await self._call(lambda seq: encode_request("record_header", session, seq, partition, txid=txid), "record_header"), txid)
+        return self._single(await self._call(lambda seq: encode_request(RequestKind.RECORD_HEADER, session, seq, partition, txid=txid), "record_header"), txid)
 
     async def record(self, partition: int, session: int, txid: int) -> Any:
-        return self._single(await self._call(lambda seq: encode_request("record", session, seq, partition, txid=txid), "record"), txid)
+        return self._single(await self._call(lambda seq: encode_request(RequestKind.RECORD, session, seq, partition, txid=txid), "record"), txid)
 
     async def record_headers(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
         return self._listed(await self._call(
-            lambda seq: encode_request("record_header_list", session, seq, partition, txid=txid, max_count=max_count),
+            lambda seq: encode_request(RequestKind.RECORD_HEADER_LIST, session, seq, partition, txid=txid, max_count=max_count),
             "record_header_list",
         ), txid)
 
     async def records(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
         return self._listed(await self._call(
-            lambda seq: encode_request("record_list", session, seq, partition, txid=txid, max_count=max_count), "record_list",
+            lambda seq: encode_request(RequestKind.RECORD_LIST, session, seq, partition, txid=txid, max_count=max_count), "record_list",
         ), txid)
 
 
@@ -413,28 +415,28 @@ class StorageAdminClient(_Connection):
 
     @staticmethod
     def _hello() -> bytes:
-        return encode_admin_request("hello")
+        return encode_admin_request(AdminRequestKind.HELLO)
 
     @staticmethod
     def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
-        return encode_admin_request("open", seq, cluster_key=cluster_key, partition_count=partition_count)
+        return encode_admin_request(AdminRequestKind.OPEN, seq, cluster_key=cluster_key, partition_count=partition_count)
 
     async def assign(self, partition: int) -> None:
         """Assigns the partition to the node, creating its files if needed (idempotent)."""
-        await self._call(lambda seq: encode_admin_request("assign", seq, partition))
+        await self._call(lambda seq: encode_admin_request(AdminRequestKind.ASSIGN, seq, partition))
 
     async def unassign(self, partition: int, *, delete_files: bool = False) -> None:
-        await self._call(lambda seq: encode_admin_request("unassign", seq, partition, delete_files=delete_files))
+        await self._call(lambda seq: encode_admin_request(AdminRequestKind.UNASSIGN, seq, partition, delete_files=delete_files))
 
     async def set_availability(self, partition: int, *, readable: bool, writable: bool) -> None:
         await self._call(
-            lambda seq: encode_admin_request("set_availability", seq, partition, readable=readable, writable=writable)
+            lambda seq: encode_admin_request(AdminRequestKind.SET_AVAILABILITY, seq, partition, readable=readable, writable=writable)
         )
 
     async def records(self, partition: int, txid: int, max_count: int = 1000) -> list[Record]:
         """Records from `txid` on (at most the node's list bounds), read without a store session."""
         return self._listed(await self._call(
-            lambda seq: encode_admin_request("record_list", seq, partition, txid=txid, max_count=max_count), "record_list",
+            lambda seq: encode_admin_request(AdminRequestKind.RECORD_LIST, seq, partition, txid=txid, max_count=max_count), "record_list",
         ), txid)
 
     async def append(self, partition: int, records: Sequence[Record]) -> None:
@@ -446,11 +448,11 @@ class StorageAdminClient(_Connection):
         """Sets the last session info recovery compares with the metadata; only while unwritable."""
         await self._call(
             lambda seq: encode_admin_request(
-                "set_partition_info", seq, partition, session_id=session_id, low_water_mark=low_water_mark
+                AdminRequestKind.SET_PARTITION_INFO, seq, partition, session_id=session_id, low_water_mark=low_water_mark
             )
         )
 
     async def status(self) -> list[dict[str, Any]]:
         """Per partition: first and max transaction id, last session and low-water marks, the
         newest session seen (the fence), readable, writable, and why it failed (or None)."""
-        return await self._call(lambda seq: encode_admin_request("status", seq), "status")
+        return await self._call(lambda seq: encode_admin_request(AdminRequestKind.STATUS, seq), "status")

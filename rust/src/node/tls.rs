@@ -26,7 +26,8 @@ pub fn server_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ServerCon
         .build()
         .map_err(|e| format!("ca {}: {e}", ca.display()))?;
     let chain = certificates(cert, "cert")?;
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("key {}: no PEM private key ({e})", key.display()))?;
+    let key_der =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("key {}: no PEM private key ({e})", key.display()))?;
     let config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| e.to_string())?
@@ -52,13 +53,15 @@ pub fn describe(e: &io::Error) -> String {
     let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<E>()) else {
         return match e.kind() {
             io::ErrorKind::UnexpectedEof => {
-                "the client closed the connection during the handshake (it may not trust this node's certificate)".into()
+                "the client closed the connection during the handshake (it may not trust this node's certificate)"
+                    .into()
             }
             _ => e.to_string(),
         };
     };
     match tls {
-        E::InvalidMessage(InvalidMessage::InvalidContentType) | E::InvalidMessage(InvalidMessage::UnknownProtocolVersion) => {
+        E::InvalidMessage(InvalidMessage::InvalidContentType)
+        | E::InvalidMessage(InvalidMessage::UnknownProtocolVersion) => {
             "it does not speak TLS (a plaintext client on a TLS port: configure its TLS settings)".into()
         }
         E::NoCertificatesPresented => "the client presented no certificate (mutual TLS requires one)".into(),
@@ -94,7 +97,8 @@ mod tests {
     fn errors_name_the_file_and_what_is_wrong() {
         let dir = tempfile::tempdir().unwrap();
         let empty = write(dir.path(), "empty.pem", "");
-        let junk = write(dir.path(), "junk.pem", "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n");
+        let junk =
+            write(dir.path(), "junk.pem", "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n");
         let missing = dir.path().join("missing.pem");
 
         let e = server_config(&missing, &empty, &empty).unwrap_err();

@@ -1,10 +1,10 @@
 //! `waltz-storage.ctl`: a 128-byte header (version, creation time, cluster key, partition count)
 //! then 60 bytes per partition: its id and two checksummed info structs written alternately, so a
 //! torn update leaves the previous struct to fall back to.
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::record::{be_i32, be_i64, be_u32, crc32};
-use crate::segment::{now_ms, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{now_ms, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::engine::record::{be_i32, be_i64, be_u32, crc32};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,11 +20,7 @@ pub struct PartitionInfo {
 }
 
 impl PartitionInfo {
-    pub const NONE: PartitionInfo = PartitionInfo {
-        session_id: -1,
-        low_water_mark: -1,
-        local_low_water_mark: -1,
-    };
+    pub const NONE: PartitionInfo = PartitionInfo { session_id: -1, low_water_mark: -1, local_low_water_mark: -1 };
 
     fn encode(&self) -> [u8; STRUCT_LEN as usize] {
         let mut b = [0u8; STRUCT_LEN as usize];
@@ -129,11 +125,6 @@ pub struct ControlFile {
     entries: Vec<Entry>,
 }
 
-pub fn format_uuid(k: &[u8; 16]) -> String {
-    let h: String = k.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
-}
-
 fn entry_offset(pid: i32) -> u64 {
     HEADER_LEN + ENTRY_LEN * pid as u64
 }
@@ -182,11 +173,7 @@ impl ControlFile {
             let current = decoded.current(pid as i32);
             let info = current.map(|slot| decoded.structs[slot].0);
             if info.is_some() && !(decoded.structs[0].1 && decoded.structs[1].1) {
-                log::warn!(
-                    "{}: partition {} has one damaged info struct, using the other",
-                    path.display(),
-                    pid
-                );
+                log::warn!("{}: partition {} has one damaged info struct, using the other", path.display(), pid);
             }
             entries.push(Entry { current: current.map(|s| s as u8), info });
         }
@@ -195,10 +182,7 @@ impl ControlFile {
 
     fn check_pid(&self, pid: i32) -> Result<()> {
         if pid < 0 || pid >= self.header.partition_count {
-            return Err(Error::PartitionOutOfRange {
-                partition: pid,
-                count: self.header.partition_count,
-            });
+            return Err(Error::PartitionOutOfRange { partition: pid, count: self.header.partition_count });
         }
         Ok(())
     }
@@ -233,10 +217,7 @@ impl ControlFile {
             self.write_slot(pid, now, &info)?;
         }
         self.write_slot(pid, other, &info)?;
-        self.entries[pid as usize] = Entry {
-            current: Some(other),
-            info: Some(info),
-        };
+        self.entries[pid as usize] = Entry { current: Some(other), info: Some(info) };
         Ok(())
     }
 
@@ -250,7 +231,7 @@ impl ControlFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::StdFs;
+    use crate::engine::fs::StdFs;
     use std::os::unix::fs::FileExt;
 
     fn corrupt(path: &Path, off: u64) {

@@ -33,6 +33,52 @@ pub trait FileHandle: Send + Sync {
     }
 }
 
+/// A file handle wrapping another (`inner`) that changes only some calls: a wrapper implements
+/// this trait with the calls it changes, and is a `FileHandle` forwarding every other call to
+/// `inner`. Fault injection and the tests' gates and order checks are such wrappers.
+pub trait ForwardingFile: Send + Sync {
+    fn inner(&self) -> &dyn FileHandle;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner().read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner().write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner().sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner().set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner().len()
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        self.inner().try_lock_exclusive()
+    }
+}
+
+impl<T: ForwardingFile> FileHandle for T {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        ForwardingFile::read_at(self, buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        ForwardingFile::write_all_at(self, buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        ForwardingFile::sync_data(self)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        ForwardingFile::set_len(self, len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        ForwardingFile::len(self)
+    }
+    fn try_lock_exclusive(&self) -> io::Result<bool> {
+        ForwardingFile::try_lock_exclusive(self)
+    }
+}
+
 /// Files are opened through it, so tests can wrap them (faults, gates, order checks). The
 /// directory operations are the real ones unless a test file system overrides them.
 pub trait FileSystem: Send + Sync {
@@ -115,11 +161,7 @@ impl FileSystem for StdFs {
         Ok(Arc::new(StdFile(f)))
     }
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         Ok(Arc::new(StdFile(f)))
     }
 }
@@ -136,10 +178,7 @@ pub struct FaultFs {
 
 impl FaultFs {
     pub fn new() -> Self {
-        FaultFs {
-            syncs_before_eio: Arc::new(AtomicI64::new(-1)),
-            write_budget: Arc::new(AtomicU64::new(u64::MAX)),
-        }
+        FaultFs { syncs_before_eio: Arc::new(AtomicI64::new(-1)), write_budget: Arc::new(AtomicU64::new(u64::MAX)) }
     }
 
     /// Puts `inner` under this file system's faults: a test's `WrapFs` can fault some files only.
@@ -158,12 +197,9 @@ struct FaultFile {
     write_budget: Arc<AtomicU64>,
 }
 
-impl FileHandle for FaultFile {
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
+impl ForwardingFile for FaultFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let budget = self.write_budget.load(Ordering::SeqCst);
@@ -187,12 +223,6 @@ impl FileHandle for FaultFile {
             self.syncs_before_eio.fetch_sub(1, Ordering::SeqCst);
         }
         self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
     }
 }
 

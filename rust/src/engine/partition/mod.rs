@@ -5,19 +5,20 @@
 //! written has succeeded. Concurrent appenders elect one leader per sync; the others wait for a
 //! sync that covers them. Any write or sync error poisons the partition: it acknowledges nothing
 //! more until reopened, because after a failed fsync the page cache no longer tells the truth.
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{tmp_path, write_file_atomically, FileSystem};
-use crate::record::{
-    be_i64, be_u32, check_record, crc32, encode_record, parse_prefix, Invalid, NewRecord, Record, RecordHeader,
-    RECORD_OVERHEAD, RECORD_PREFIX,
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{now_ms, FORMAT_VERSION};
+use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
+use crate::engine::index::{self, locate, Checkpointer, Durable};
+use crate::engine::record::{
+    be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
-use crate::segment::{
-    create_segment, data_name, index_name, now_ms, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
-    Segment, SegmentContext, SegmentFiles, HEADER_LEN, SegmentHeader, Tail, FORMAT_VERSION,
+use crate::engine::segment::{
+    create_segment, data_name, index_name, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode, Segment,
+    SegmentContext, SegmentFiles, SegmentHeader, Tail,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
@@ -53,7 +54,6 @@ pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
-const INDEX_SYNC_INTERVAL: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
@@ -101,7 +101,11 @@ pub struct Histogram<const N: usize> {
 
 impl<const N: usize> Default for Histogram<N> {
     fn default() -> Self {
-        Histogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), overflow: AtomicU64::new(0), sum: AtomicU64::new(0) }
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            overflow: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+        }
     }
 }
 
@@ -179,7 +183,7 @@ pub struct Partition {
     last_sync_ns: AtomicU64,
     durable: AtomicI64,
     health: Arc<Health>,
-    checkpointer: Mutex<Option<mpsc::Sender<Arc<SegmentFiles>>>>,
+    checkpointer: Checkpointer,
     closed: AtomicBool,
     appends: AtomicU64,
     records: AtomicU64,
@@ -228,36 +232,6 @@ impl Health {
     }
 }
 
-/// Syncs index files written at checkpoints, off the acknowledgement path: recovery verifies
-/// every checkpoint window against the data before trusting it, so these syncs only bound how
-/// much a recovery after power loss rescans. A failure still stops the partition.
-/// Index syncs are coalesced to at most one per INDEX_SYNC_INTERVAL: each costs the concurrent
-/// data fdatasyncs a journal commit (measured: +40% latency at one checkpoint per append), and
-/// it only shortens a recovery after power loss, by at most this interval's worth of appends.
-fn run_checkpointer(partition: i32, rx: mpsc::Receiver<Arc<SegmentFiles>>, health: Arc<Health>) {
-    let mut last_sync: Option<Instant> = None;
-    while let Ok(first) = rx.recv() {
-        if let Some(t) = last_sync {
-            let next = t + INDEX_SYNC_INTERVAL;
-            let now = Instant::now();
-            if next > now {
-                std::thread::sleep(next - now);
-            }
-        }
-        last_sync = Some(Instant::now());
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        batch.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        for files in batch {
-            if let Some(idx) = &files.index {
-                if let Err(e) = idx.sync_data().at(&files.index_path) {
-                    health.poison(partition, &e);
-                }
-            }
-        }
-    }
-}
-
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock is a bug; the state it guards stays usable for reads.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -276,7 +250,7 @@ impl Partition {
     pub fn create(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16]) -> Result<()> {
         if !fs.exists(dir) {
             fs.create_dir(dir).at(dir)?;
-            fs.sync_dir(crate::fs::parent_dir(dir)).at(dir)?;
+            fs.sync_dir(crate::engine::fs::parent_dir(dir)).at(dir)?;
         }
         let has_segment = fs
             .list_dir(dir)
@@ -290,13 +264,7 @@ impl Partition {
     }
 
     fn header(cluster_key: [u8; 16], id: i32, first_txid: i64) -> SegmentHeader {
-        SegmentHeader {
-            version: FORMAT_VERSION,
-            creation_ms: now_ms(),
-            cluster_key,
-            partition_id: id,
-            first_txid,
-        }
+        SegmentHeader { version: FORMAT_VERSION, creation_ms: now_ms(), cluster_key, partition_id: id, first_txid }
     }
 
     /// A read-only open lists the folder while a running node may be rolling segments, and a
@@ -323,9 +291,54 @@ impl Partition {
         Ok(true)
     }
 
-    pub fn open(fs: Arc<dyn FileSystem>, dir: &Path, id: i32, cluster_key: [u8; 16], opts: PartitionOptions) -> Result<Partition> {
+    pub fn open(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        id: i32,
+        cluster_key: [u8; 16],
+        opts: PartitionOptions,
+    ) -> Result<Partition> {
         let ro = opts.recover.read_only;
         let mut report = RecoveryReport::default();
+        let (mut segs, idxs, intent) = Self::list_files(fs.as_ref(), dir, ro, &mut report)?;
+        segs.sort();
+        Self::drop_leftovers(fs.as_ref(), dir, ro, &mut segs, idxs, intent, &mut report)?;
+        if segs.is_empty() {
+            return Err(Error::corruption(dir, 0, "partition folder holds no segment files"));
+        }
+        let ctx = |first: i64, next: Option<i64>| SegmentContext {
+            fs: fs.as_ref(),
+            dir,
+            cluster_key,
+            partition_id: id,
+            first_txid: first,
+            next_first: next,
+            opts: &opts.recover,
+        };
+        let segments = Self::recover_segments(fs.as_ref(), dir, ro, &mut segs, intent, ctx, &mut report)?;
+        report.segments = segments.len();
+        let mut p = Self::recovered(fs, dir, id, cluster_key, opts, segments, report);
+        if let Some(t) = intent {
+            p.finish_intent(t)?;
+        }
+        if !ro {
+            // What recovery read may be page cache the disk never got (a crash after a failed
+            // fsync): only a sync of our own makes it durable before anything counts it so.
+            let st = lock(&p.state);
+            let f = &st.segments.last().unwrap().files;
+            f.data.sync_data().at(&f.data_path)?;
+        }
+        Ok(p)
+    }
+
+    /// The partition folder's segment data files, index files and truncation intent; removes
+    /// temporary files a crash left (when writable) and reports files Waltz did not write.
+    fn list_files(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        report: &mut RecoveryReport,
+    ) -> Result<(Vec<i64>, Vec<i64>, Option<i64>)> {
         let mut segs: Vec<i64> = Vec::new();
         let mut idxs: Vec<i64> = Vec::new();
         let mut intent: Option<i64> = None;
@@ -356,7 +369,21 @@ impl Partition {
                 report.foreign_files.push(path);
             }
         }
-        segs.sort();
+        Ok((segs, idxs, intent))
+    }
+
+    /// Removes index files without a data file, and the segments an unfinished truncation
+    /// (`intent`) had started deleting; `segs` keeps the rest.
+    #[allow(clippy::too_many_arguments)]
+    fn drop_leftovers(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        segs: &mut Vec<i64>,
+        idxs: Vec<i64>,
+        intent: Option<i64>,
+        report: &mut RecoveryReport,
+    ) -> Result<()> {
         for t in idxs {
             if segs.binary_search(&t).is_err() && !ro {
                 // Segments are deleted data file first, so an index alone is a leftover.
@@ -369,33 +396,34 @@ impl Partition {
             let doomed: Vec<i64> = segs.iter().copied().filter(|&f| f > t.saturating_add(1) && f != segs[0]).collect();
             for f in doomed.iter().rev() {
                 if !ro {
-                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                    Self::delete_segment_files(fs, dir, *f)?;
                 }
             }
             segs.retain(|f| !doomed.contains(f));
         }
-        if segs.is_empty() {
-            return Err(Error::corruption(dir, 0, "partition folder holds no segment files"));
-        }
+        Ok(())
+    }
 
+    /// Recovers each segment in order; a corruption cut (repair) ends the log there and deletes
+    /// the segments after it (when writable).
+    fn recover_segments<'a>(
+        fs: &dyn FileSystem,
+        dir: &Path,
+        ro: bool,
+        segs: &mut Vec<i64>,
+        intent: Option<i64>,
+        ctx: impl Fn(i64, Option<i64>) -> SegmentContext<'a>,
+        report: &mut RecoveryReport,
+    ) -> Result<Vec<Segment>> {
         let mut segments: Vec<Segment> = Vec::with_capacity(segs.len());
         let mut cut: Option<usize> = None;
         // The highest first id a truncation intent keeps (see `doomed` above).
         let kept = intent.map_or(i64::MAX, |t| t.saturating_add(1));
         let mut i = 0;
         while i < segs.len() {
-            let ctx = SegmentContext {
-                fs: fs.as_ref(),
-                dir,
-                cluster_key,
-                partition_id: id,
-                first_txid: segs[i],
-                next_first: segs.get(i + 1).copied(),
-                opts: &opts.recover,
-            };
-            let rec = match recover_segment(&ctx) {
+            let rec = match recover_segment(&ctx(segs[i], segs.get(i + 1).copied())) {
                 Ok(rec) => rec,
-                Err(_) if ro && Self::missed_by_listing(fs.as_ref(), dir, &mut segs, i, kept)? => continue,
+                Err(_) if ro && Self::missed_by_listing(fs, dir, segs, i, kept)? => continue,
                 Err(e) => return Err(e),
             };
             report.scanned_records += rec.scanned_records;
@@ -417,15 +445,27 @@ impl Partition {
         if let Some(i) = cut {
             for f in segs[i + 1..].iter().rev() {
                 if !ro {
-                    Self::delete_segment_files(fs.as_ref(), dir, *f)?;
+                    Self::delete_segment_files(fs, dir, *f)?;
                 }
             }
         }
-        report.segments = segments.len();
+        Ok(segments)
+    }
+
+    /// A partition over recovered segments, its tail ready for appends.
+    fn recovered(
+        fs: Arc<dyn FileSystem>,
+        dir: &Path,
+        id: i32,
+        cluster_key: [u8; 16],
+        opts: PartitionOptions,
+        segments: Vec<Segment>,
+        report: RecoveryReport,
+    ) -> Partition {
         let next_txid = segments.last().unwrap().next_txid();
         // A writable recovery cut the tail's file to its records (and any preallocated zeros).
         let tail_allocated = segments.last().unwrap().end;
-        let mut p = Partition {
+        Partition {
             id,
             dir: dir.to_path_buf(),
             fs,
@@ -451,7 +491,7 @@ impl Partition {
             last_sync_ns: AtomicU64::new(0),
             durable: AtomicI64::new(next_txid - 1),
             health: Arc::new(Health::default()),
-            checkpointer: Mutex::new(None),
+            checkpointer: Checkpointer::default(),
             closed: AtomicBool::new(false),
             appends: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -460,30 +500,26 @@ impl Partition {
             sync_micros: Histogram::default(),
             batch_records: Histogram::default(),
             recovery: report,
-        };
-        if let Some(t) = intent {
-            let mut st = lock(&p.state);
-            if t < st.next_txid - 1 {
-                if ro {
-                    p.cut_in_memory(&mut st, t)?;
-                } else {
-                    p.cut_files_after(&mut st, t)?;
-                }
+        }
+    }
+
+    /// Finishes the truncation to `t` a crash interrupted (in memory only, when read-only).
+    fn finish_intent(&mut self, t: i64) -> Result<()> {
+        let ro = self.opts.recover.read_only;
+        let mut st = lock(&self.state);
+        if t < st.next_txid - 1 {
+            if ro {
+                self.cut_in_memory(&mut st, t)?;
+            } else {
+                self.cut_files_after(&mut st, t)?;
             }
-            if !ro {
-                p.finish_truncation(&mut st)?;
-            }
-            drop(st);
-            p.recovery.finished_truncation = Some(t);
         }
         if !ro {
-            // What recovery read may be page cache the disk never got (a crash after a failed
-            // fsync): only a sync of our own makes it durable before anything counts it so.
-            let st = lock(&p.state);
-            let f = &st.segments.last().unwrap().files;
-            f.data.sync_data().at(&f.data_path)?;
+            self.finish_truncation(&mut st)?;
         }
-        Ok(p)
+        drop(st);
+        self.recovery.finished_truncation = Some(t);
+        Ok(())
     }
 
     fn delete_segment_files(fs: &dyn FileSystem, dir: &Path, first: i64) -> Result<()> {
@@ -517,10 +553,7 @@ impl Partition {
     }
 
     fn poison_error(&self) -> Error {
-        Error::PartitionFailed {
-            partition: self.id,
-            reason: self.health.reason().unwrap_or_default(),
-        }
+        Error::PartitionFailed { partition: self.id, reason: self.health.reason().unwrap_or_default() }
     }
 
     fn poison(&self, err: Error) -> Error {
@@ -541,17 +574,16 @@ impl Partition {
         self.write_index_tail()
     }
 
-    /// Writes and syncs the tail's index entries for every durable record (index entries never
-    /// reach the file before the data they point into is synced: see `write_pending`).
+    /// Writes and syncs the tail's index entries for every durable record.
     fn write_index_tail(&self) -> Result<()> {
         let st = lock(&self.state);
         let files = &st.segments.last().unwrap().files;
-        if files.write_pending(1, true, self.durable_positions(files))? {
-            if let Some(idx) = &files.index {
-                idx.sync_data().at(&files.index_path)?;
-            }
-        }
-        Ok(())
+        index::write_all_durable(files, self.durable(files))
+    }
+
+    /// The segment's records that are durable: up to the acknowledged max transaction id.
+    fn durable(&self, files: &SegmentFiles) -> Durable {
+        Durable::first(self.durable_positions(files))
     }
 
     /// How many of the segment's first records are durable.
@@ -571,7 +603,7 @@ impl Partition {
         if synced < st.index_retry_at {
             return;
         }
-        match files.write_pending(interval, false, synced) {
+        match files.write_pending(interval, false, Durable::first(synced)) {
             Ok(true) => self.request_index_sync(files),
             Ok(false) => {}
             Err(e) => {
@@ -659,7 +691,12 @@ impl Partition {
         match zero_fill() {
             Ok(()) => st.tail_allocated = to,
             Err(e) => {
-                log::warn!("partition {}: {}: could not preallocate {} bytes ({e}); writing without", self.id, files.data_path.display(), to - from);
+                log::warn!(
+                    "partition {}: {}: could not preallocate {} bytes ({e}); writing without",
+                    self.id,
+                    files.data_path.display(),
+                    to - from
+                );
                 files.data.set_len(from).at(&files.data_path)?;
                 st.tail_allocated = from;
                 st.prealloc_retry_at = from + step;
@@ -745,11 +782,7 @@ impl Partition {
             self.check_writable()?;
             let first_txid = first.unwrap_or(st.next_txid);
             if first_txid != st.next_txid {
-                return Err(Error::NonDenseAppend {
-                    partition: self.id,
-                    expected: st.next_txid,
-                    got: first_txid,
-                });
+                return Err(Error::NonDenseAppend { partition: self.id, expected: st.next_txid, got: first_txid });
             }
             if records.is_empty() {
                 // Nothing to write, but durable only once everything queued before it is.
@@ -850,9 +883,9 @@ impl Partition {
         if st.tail_allocated > end {
             tail.data.set_len(end).at(&tail.data_path)?;
         }
-        tail.data.sync_data().at(&tail.data_path)?;
+        let durable = Durable::sync_data(&tail)?;
         // Its whole index only now: every record it points to is on the disk.
-        tail.write_pending(1, true, u64::MAX)?;
+        tail.write_pending(1, true, durable)?;
         if let Some(idx) = &tail.index {
             idx.sync_data().at(&tail.index_path)?;
         }
@@ -866,30 +899,15 @@ impl Partition {
     }
 
     fn request_index_sync(&self, files: Arc<SegmentFiles>) {
-        let mut tx = lock(&self.checkpointer);
-        if tx.is_none() {
-            let (sender, rx) = mpsc::channel();
-            let (id, health) = (self.id, self.health.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("waltz-checkpoint-{id}"))
-                .spawn(move || run_checkpointer(id, rx, health));
-            match spawned {
-                Ok(_) => *tx = Some(sender),
-                Err(e) => {
-                    // No thread to spare: sync inline rather than skip the checkpoint.
-                    log::warn!("partition {}: no checkpointer thread ({e}); syncing the index inline", self.id);
-                    if let Some(idx) = &files.index {
-                        if let Err(e) = idx.sync_data().at(&files.index_path) {
-                            self.poison(e);
-                        }
-                    }
-                    return;
-                }
-            }
-        }
-        if let Some(tx) = tx.as_ref() {
-            let _ = tx.send(files);
-        }
+        let (id, health) = (self.id, self.health.clone());
+        self.checkpointer.request(
+            id,
+            files,
+            move |e| health.poison(id, e),
+            |e| {
+                self.poison(e);
+            },
+        );
     }
 
     /// Commit delay: a new sync leader waits, at most as long as the last sync took and never more than
@@ -1151,11 +1169,7 @@ impl Partition {
         let st = lock(&self.state);
         let first = st.segments[0].first_txid();
         if from < first {
-            return Err(Error::BelowLogStart {
-                partition: self.id,
-                txid: from,
-                first,
-            });
+            return Err(Error::BelowLogStart { partition: self.id, txid: from, first });
         }
         let i = st.segments.partition_point(|s| s.first_txid() <= from).saturating_sub(1);
         Ok((st.segments[i..].to_vec(), self.max_txid()))
@@ -1165,7 +1179,13 @@ impl Partition {
     /// and checking both checksums of every record. Stops early when `f` returns false.
     /// A damaged record ends the visit quietly when records were already visited, so the caller
     /// gets the good prefix and the next read, starting at the damaged record, gets the error.
-    pub fn visit(&self, from: i64, to: i64, mut f: impl FnMut(&RecordHeader, &[u8]) -> bool, chunk_hint: usize) -> Result<()> {
+    pub fn visit(
+        &self,
+        from: i64,
+        to: i64,
+        mut f: impl FnMut(&RecordHeader, &[u8]) -> bool,
+        chunk_hint: usize,
+    ) -> Result<()> {
         let (segs, durable) = self.snapshot(from)?;
         let to = to.min(durable);
         let max = self.opts.recover.max_record_size;
@@ -1231,12 +1251,7 @@ impl Partition {
                     return false;
                 }
                 bytes += data.len();
-                out.push(Record {
-                    txid: h.txid,
-                    req_id: h.req_id,
-                    header: h.header,
-                    data: data.to_vec(),
-                });
+                out.push(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
                 true
             },
             max_bytes.saturating_add(max_count.saturating_mul(RECORD_OVERHEAD)),
@@ -1263,19 +1278,29 @@ impl Partition {
 
     pub fn read_record(&self, txid: i64) -> Result<Option<Record>> {
         let mut out = None;
-        self.visit(txid, txid, |h, data| {
-            out = Some(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
-            false
-        }, READ_CHUNK_MIN)?;
+        self.visit(
+            txid,
+            txid,
+            |h, data| {
+                out = Some(Record { txid: h.txid, req_id: h.req_id, header: h.header, data: data.to_vec() });
+                false
+            },
+            READ_CHUNK_MIN,
+        )?;
         Ok(out)
     }
 
     pub fn read_header(&self, txid: i64) -> Result<Option<RecordHeader>> {
         let mut out = None;
-        self.visit(txid, txid, |h, _| {
-            out = Some(*h);
-            false
-        }, READ_CHUNK_MIN)?;
+        self.visit(
+            txid,
+            txid,
+            |h, _| {
+                out = Some(*h);
+                false
+            },
+            READ_CHUNK_MIN,
+        )?;
         Ok(out)
     }
 
@@ -1318,48 +1343,6 @@ impl Drop for Partition {
     }
 }
 
-/// Byte offset of the record at position `i` of a segment, proven against the data: the index
-/// entry when the record there carries the right id, otherwise found by walking forward from the
-/// nearest earlier entry that does (or from the segment start). A damaged index entry thus costs
-/// a short scan instead of a record. `end` is where the segment's records end; the record at `i`
-/// must exist (every caller asks for one), so an entry equal to `end` is damaged, not the end.
-pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64> {
-    let want = files.first_txid + i as i64;
-    let id_at = |off: u64| -> Option<(i64, u64)> {
-        if off < HEADER_LEN || off.checked_add(RECORD_OVERHEAD as u64)? > end {
-            return None;
-        }
-        let mut prefix = [0u8; RECORD_PREFIX];
-        files.data.read_full_at(&mut prefix, off).ok()?;
-        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
-        Some((h.txid, off + (RECORD_OVERHEAD + len) as u64))
-    };
-    if let Ok(off) = files.offset_of(i) {
-        if id_at(off).is_some_and(|(t, _)| t == want) {
-            return Ok(off);
-        }
-    }
-    log::warn!("{}: index entry {i} does not match the data; locating the record by scanning", files.index_path.display());
-    let (mut pos, mut t) = (HEADER_LEN, files.first_txid);
-    for j in (0..i).rev() {
-        if let Some(off) = files.offset_of(j).ok().filter(|o| id_at(*o).is_some_and(|(t, _)| t == files.first_txid + j as i64)) {
-            pos = off;
-            t = files.first_txid + j as i64;
-            break;
-        }
-    }
-    while t < want {
-        match id_at(pos) {
-            Some((found, next)) if found == t => {
-                pos = next;
-                t += 1;
-            }
-            _ => return Err(Error::corruption(&files.data_path, pos, format!("cannot locate transaction {want}: record {t} is not where expected"))),
-        }
-    }
-    Ok(pos)
-}
-
 pub fn default_options() -> PartitionOptions {
     PartitionOptions {
         segment_size: 1 << 30,
@@ -1374,394 +1357,13 @@ pub fn default_options() -> PartitionOptions {
 }
 
 #[cfg(test)]
-#[path = "partition_faults.rs"]
 mod faults;
 
 #[cfg(test)]
-#[path = "partition_prealloc.rs"]
 mod prealloc;
 
 #[cfg(test)]
-#[path = "partition_order.rs"]
 mod order;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fs::{FaultFs, StdFs};
-    use crate::record::ReqId;
-    use crate::segment::HEADER_LEN;
-    use std::os::unix::fs::FileExt;
-
-    pub(super) const KEY: [u8; 16] = [3; 16];
-
-    pub(super) fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
-        let mut o = default_options();
-        o.segment_size = segment_size;
-        o.recover.checkpoint_interval = cp;
-        o
-    }
-
-    pub(super) fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
-        Partition::create(fs.as_ref(), dir, 0, KEY)?;
-        Partition::open(fs, dir, 0, KEY, o)
-    }
-
-    fn open(dir: &Path, o: PartitionOptions) -> Partition {
-        open_with(Arc::new(StdFs), dir, o).unwrap()
-    }
-
-    /// Copies the partition folder as it is now, open files and all: what kill -9 leaves
-    /// (everything written, possibly only in the page cache).
-    pub(super) fn crash_copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap() {
-            let e = e.unwrap();
-            if e.path().is_dir() {
-                continue;
-            }
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-
-    fn payload(txid: i64) -> Vec<u8> {
-        format!("payload-{txid}-").repeat((txid % 7 + 1) as usize).into_bytes()
-    }
-
-    fn append_n(p: &Partition, from: i64, n: i64) {
-        let datas: Vec<Vec<u8>> = (from..from + n).map(payload).collect();
-        let recs: Vec<NewRecord<'_>> = datas
-            .iter()
-            .enumerate()
-            .map(|(i, d)| NewRecord {
-                req_id: ReqId { client_id: 1, generation: 1, partition_id: 0, sequence: (from + i as i64) as i32 },
-                header: i as i32,
-                data: d,
-                data_crc: None,
-            })
-            .collect();
-        p.append(from, &recs).unwrap();
-    }
-
-    fn check_all(p: &Partition, upto: i64) {
-        assert_eq!(p.max_txid(), upto);
-        let first = p.first_txid();
-        let mut t = first;
-        p.visit(first, i64::MAX, |h, d| {
-            assert_eq!(h.txid, t);
-            assert_eq!(d, payload(t).as_slice());
-            t += 1;
-            true
-        }, 1 << 20)
-        .unwrap();
-        assert_eq!(t, upto + 1);
-    }
-
-    fn data_files(dir: &Path) -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().map(|e| e == "seg").unwrap_or(false)).collect();
-        v.sort();
-        v
-    }
-
-    #[test]
-    fn rolls_segments_and_survives_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        for i in 0..50 {
-            append_n(&p, i * 7, 7);
-        }
-        assert!(p.segment_count() > 5);
-        check_all(&p, 349);
-        drop(p);
-        let p = open(d.path(), opts(4096, 10));
-        check_all(&p, 349);
-        assert_eq!(p.recovery.torn_bytes, 0);
-    }
-
-    #[test]
-    fn index_is_rebuilt_only_past_the_last_checkpoint() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(1 << 30, 100));
-        for i in 0..25 {
-            append_n(&p, i * 10, 10);
-        }
-        drop(p);
-        let p = open(d.path(), opts(1 << 30, 100));
-        assert_eq!(p.recovery.scanned_records, 50);
-        check_all(&p, 249);
-        drop(p);
-        // A damaged entry inside the last checkpoint window moves recovery one window back.
-        let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(index_name(0))).unwrap();
-        idx.write_all_at(&[0u8; 8], HEADER_LEN + 8 * 150).unwrap();
-        let p = open(d.path(), opts(1 << 30, 100));
-        assert_eq!(p.recovery.scanned_records, 150);
-        check_all(&p, 249);
-    }
-
-    #[test]
-    fn torn_tail_is_truncated_and_appends_continue() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(1 << 30, 1000));
-        append_n(&p, 0, 20);
-        drop(p);
-        let seg = d.path().join(data_name(0));
-        let len = std::fs::metadata(&seg).unwrap().len();
-        let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-        f.set_len(len - 5).unwrap();
-        let p = open(d.path(), opts(1 << 30, 1000));
-        check_all(&p, 18);
-        assert!(p.recovery.torn_bytes > 0);
-        append_n(&p, 19, 5);
-        check_all(&p, 23);
-    }
-
-    #[test]
-    fn corruption_before_valid_records_is_an_error_and_repair_cuts() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(1 << 30, 1000));
-        append_n(&p, 0, 20);
-        let off = p.snapshot(10).unwrap().0[0].files.offset_of(10).unwrap();
-        drop(p);
-        let seg = d.path().join(data_name(0));
-        let f = std::fs::OpenOptions::new().write(true).read(true).open(&seg).unwrap();
-        f.write_all_at(b"X", off + 40).unwrap();
-        match open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 1000)) {
-            Err(Error::Corruption { path, offset, .. }) => {
-                assert_eq!(path, seg);
-                assert_eq!(offset, off);
-            }
-            other => panic!("expected corruption, got {:?}", other.map(|_| ())),
-        }
-        let mut o = opts(1 << 30, 1000);
-        o.recover.mode = RecoveryMode::TruncateAtCorruption;
-        let p = open(d.path(), o);
-        check_all(&p, 9);
-    }
-
-    #[test]
-    fn truncate_across_segments_and_an_interrupted_one_finishes_on_open() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        for i in 0..30 {
-            append_n(&p, i * 5, 5);
-        }
-        let before = data_files(d.path()).len();
-        assert_eq!(p.truncate(40).unwrap(), 40);
-        check_all(&p, 40);
-        assert!(data_files(d.path()).len() < before);
-        append_n(&p, 41, 3);
-        check_all(&p, 43);
-        drop(p);
-        // Simulate a crash right after the intent was written: nothing deleted yet.
-        write_file_atomically(&StdFs, &d.path().join(TRUNCATE_INTENT), &encode_intent(12)).unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        assert_eq!(p.recovery.finished_truncation, Some(12));
-        check_all(&p, 12);
-        assert!(!d.path().join(TRUNCATE_INTENT).exists());
-        assert!(matches!(p.truncate(-5), Err(Error::BelowLogStart { .. })));
-    }
-
-    /// Found while fuzzing recovery (fuzz/regressions/segment_recovery/intent-*): an intent file
-    /// naming i64::MAX overflowed `t + 1` on open (in a release build it wrapped and deleted every
-    /// segment but the first); one naming less than -1 overflowed the cut or emptied the log.
-    #[test]
-    fn intent_files_at_the_ends_of_the_id_range_do_not_overflow() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        append_n(&p, 0, 10);
-        drop(p);
-        let intent = d.path().join(TRUNCATE_INTENT);
-        // Keeping everything up to i64::MAX cuts nothing; the intent is simply finished.
-        write_file_atomically(&StdFs, &intent, &encode_intent(i64::MAX)).unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        assert_eq!(p.recovery.finished_truncation, Some(i64::MAX));
-        check_all(&p, 9);
-        assert!(!intent.exists());
-        drop(p);
-        // No truncation targets an id below -1: such an intent is damage, reported as such.
-        for bad in [i64::MIN, -2] {
-            write_file_atomically(&StdFs, &intent, &encode_intent(bad)).unwrap();
-            match Partition::open(Arc::new(StdFs), d.path(), 0, KEY, opts(4096, 10)) {
-                Err(Error::Corruption { reason, .. }) => assert!(reason.contains("intent"), "{reason}"),
-                other => panic!("intent {bad}: expected corruption, got {:?}", other.map(|p| p.max_txid())),
-            }
-        }
-    }
-
-    #[test]
-    fn truncating_into_a_sealed_segment_then_appending_other_sizes_reads_back_exactly() {
-        let d = tempfile::tempdir().unwrap();
-        for reopen_first in [false, true] {
-            let dir = d.path().join(format!("{reopen_first}"));
-            std::fs::create_dir(&dir).unwrap();
-            let mut p = open(&dir, opts(4096, 10));
-            for i in 0..30 {
-                append_n(&p, i * 5, 5);
-            }
-            if reopen_first {
-                drop(p);
-                p = open(&dir, opts(4096, 10));
-            }
-            assert!(p.segment_count() > 1 && p.first_txid() == 0);
-            p.truncate(12).unwrap();
-            // Records of other sizes than before, so stale index entries would point wrongly.
-            let datas: Vec<Vec<u8>> = (13..40).map(|t| vec![t as u8; 3 + (t as usize * 53) % 400]).collect();
-            for (k, d) in datas.iter().enumerate() {
-                let r = [NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None }];
-                p.append(13 + k as i64, &r).unwrap();
-            }
-            for _ in 0..2 {
-                for t in 13..40i64 {
-                    assert_eq!(p.read_record(t).unwrap().unwrap().data, datas[(t - 13) as usize], "txid {t}");
-                }
-                assert_eq!(p.read_record(5).unwrap().unwrap().data, payload(5));
-                drop(p);
-                p = open(&dir, opts(4096, 10));
-            }
-        }
-    }
-
-    #[test]
-    fn retention_drops_whole_segments_and_keeps_the_start_across_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(4096, 10));
-        for i in 0..30 {
-            append_n(&p, i * 5, 5);
-        }
-        let first = p.drop_segments_before(100).unwrap();
-        assert!(first > 0 && first <= 100);
-        assert!(matches!(p.read_record(first - 1), Err(Error::BelowLogStart { .. })));
-        check_all(&p, 149);
-        drop(p);
-        let p = open(d.path(), opts(4096, 10));
-        assert_eq!(p.first_txid(), first);
-        check_all(&p, 149);
-    }
-
-    #[test]
-    fn non_dense_append_writes_nothing() {
-        let d = tempfile::tempdir().unwrap();
-        let p = open(d.path(), opts(1 << 30, 1000));
-        append_n(&p, 0, 3);
-        let data = b"x".to_vec();
-        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
-        assert!(matches!(p.append(5, &r), Err(Error::NonDenseAppend { expected: 3, got: 5, .. })));
-        assert!(matches!(p.append(2, &r), Err(Error::NonDenseAppend { .. })));
-        check_all(&p, 2);
-        let big = vec![0u8; (16 << 20) + 1];
-        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &big, data_crc: None }];
-        assert!(matches!(p.append(3, &r), Err(Error::RecordTooLarge { .. })));
-        check_all(&p, 2);
-    }
-
-    #[test]
-    fn fsync_failure_poisons_and_reports_nothing_durable() {
-        let d = tempfile::tempdir().unwrap();
-        let fs = Arc::new(FaultFs::new());
-        let p = open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap();
-        append_n(&p, 0, 5);
-        fs.syncs_before_eio.store(0, Ordering::SeqCst);
-        let data = payload(5);
-        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
-        assert!(matches!(p.append(5, &r), Err(Error::Io { .. })));
-        assert_eq!(p.max_txid(), 4, "an unsynced record must not count as durable");
-        fs.syncs_before_eio.store(-1, Ordering::SeqCst);
-        // Even with the disk healthy again, the partition refuses until reopened.
-        assert!(matches!(p.append(6, &r), Err(Error::PartitionFailed { .. })));
-        assert!(matches!(p.append(5, &r), Err(Error::PartitionFailed { .. })));
-        drop(p);
-        // Closing the failed partition discarded the record whose sync failed.
-        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
-        check_all(&p, 4);
-    }
-
-    #[test]
-    fn disk_full_fails_the_append_and_reopen_drops_the_partial_write() {
-        let d = tempfile::tempdir().unwrap();
-        let fs = Arc::new(FaultFs::new());
-        let p = open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap();
-        append_n(&p, 0, 5);
-        fs.write_budget.store(30, Ordering::SeqCst);
-        let data = vec![7u8; 1000];
-        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
-        match p.append(5, &r) {
-            Err(Error::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
-            other => panic!("expected ENOSPC, got {:?}", other),
-        }
-        assert!(matches!(p.append(5, &r), Err(Error::PartitionFailed { .. })));
-        fs.write_budget.store(u64::MAX, Ordering::SeqCst);
-        drop(p);
-        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
-        // Closing the failed partition already cut the partial write back to the last sync.
-        assert_eq!(p.recovery.torn_bytes, 0);
-        check_all(&p, 4);
-    }
-
-    #[test]
-    fn a_failed_sync_under_concurrency_acknowledges_nothing_it_did_not_sync() {
-        let d = tempfile::tempdir().unwrap();
-        let fs = Arc::new(FaultFs::new());
-        let p = Arc::new(open_with(fs.clone(), d.path(), opts(1 << 30, 1000)).unwrap());
-        fs.syncs_before_eio.store(30, Ordering::SeqCst);
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let p = p.clone();
-                std::thread::spawn(move || {
-                    let mut acked = Vec::new();
-                    let mut failures = 0;
-                    for i in 0..100 {
-                        let data = vec![t as u8; 50 + i];
-                        let r = [NewRecord { req_id: ReqId::default(), header: t, data: &data, data_crc: None }];
-                        match p.append_next(&r) {
-                            Ok((first, _)) => acked.push((first, data)),
-                            Err(Error::Io { .. }) | Err(Error::PartitionFailed { .. }) => failures += 1,
-                            Err(e) => panic!("unexpected {e}"),
-                        }
-                    }
-                    (acked, failures)
-                })
-            })
-            .collect();
-        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        assert!(results.iter().all(|(_, f)| *f > 0), "every thread must see the failure");
-        let durable = p.max_txid();
-        for (acked, _) in &results {
-            for (txid, _) in acked {
-                assert!(*txid <= durable, "acknowledged {txid} beyond the durable {durable}");
-            }
-        }
-        drop(p);
-        fs.syncs_before_eio.store(-1, Ordering::SeqCst);
-        let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
-        for (acked, _) in &results {
-            for (txid, data) in acked {
-                assert_eq!(&p.read_record(*txid).unwrap().unwrap().data, data);
-            }
-        }
-    }
-
-    #[test]
-    fn concurrent_appenders_share_fsyncs() {
-        let d = tempfile::tempdir().unwrap();
-        let p = Arc::new(open(d.path(), opts(1 << 30, 1000)));
-        let threads: Vec<_> = (0..16)
-            .map(|_| {
-                let p = p.clone();
-                std::thread::spawn(move || {
-                    let data = vec![1u8; 100];
-                    for _ in 0..50 {
-                        let r = [NewRecord { req_id: ReqId::default(), header: 0, data: &data, data_crc: None }];
-                        p.append_next(&r).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let s = p.stats();
-        assert_eq!(s.appends, 800);
-        assert_eq!(p.max_txid(), 799);
-        assert!(s.syncs < s.appends / 2, "group commit should share syncs: {s:?}");
-    }
-}
+mod tests;

@@ -55,11 +55,7 @@ pub struct Record {
 
 impl Record {
     pub fn record_header(&self) -> RecordHeader {
-        RecordHeader {
-            txid: self.txid,
-            req_id: self.req_id,
-            header: self.header,
-        }
+        RecordHeader { txid: self.txid, req_id: self.req_id, header: self.header }
     }
 }
 
@@ -105,7 +101,7 @@ pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
     out.extend_from_slice(rec.data);
     // With the data's CRC known (it travels in the storage protocol) the data is not hashed again.
     let crc = match rec.data_crc {
-        Some(data_crc) => crate::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64),
+        Some(data_crc) => crate::engine::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64),
         None => crc32(&out[start..]),
     };
     out.extend_from_slice(&crc.to_be_bytes());
@@ -115,8 +111,14 @@ pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invalid {
     /// Fewer bytes remain than the record needs (a cut or an unfinished write).
-    Short { needed: u64, available: u64 },
-    BadTxid { expected: i64, found: i64 },
+    Short {
+        needed: u64,
+        available: u64,
+    },
+    BadTxid {
+        expected: i64,
+        found: i64,
+    },
     BadLength(i32),
     DataCrc,
     RecordCrc,
@@ -155,21 +157,14 @@ impl RecordView {
 /// Parses the prefix only (no checksum work). `max_data` bounds the length before any allocation.
 pub fn parse_prefix(buf: &[u8], max_data: usize) -> Result<(RecordHeader, usize, u32), Invalid> {
     if buf.len() < RECORD_PREFIX {
-        return Err(Invalid::Short {
-            needed: RECORD_PREFIX as u64,
-            available: buf.len() as u64,
-        });
+        return Err(Invalid::Short { needed: RECORD_PREFIX as u64, available: buf.len() as u64 });
     }
     let len = be_i32(&buf[28..32]);
     if len < 0 || len as usize > max_data {
         return Err(Invalid::BadLength(len));
     }
     Ok((
-        RecordHeader {
-            txid: be_i64(&buf[0..8]),
-            req_id: ReqId::decode(&buf[8..24]),
-            header: be_i32(&buf[24..28]),
-        },
+        RecordHeader { txid: be_i64(&buf[0..8]), req_id: ReqId::decode(&buf[8..24]), header: be_i32(&buf[24..28]) },
         len as usize,
         be_u32(&buf[32..36]),
     ))
@@ -180,18 +175,12 @@ pub fn check_record(buf: &[u8], expected: Option<i64>, max_data: usize) -> Resul
     let (header, len, data_crc) = parse_prefix(buf, max_data)?;
     if let Some(e) = expected {
         if header.txid != e {
-            return Err(Invalid::BadTxid {
-                expected: e,
-                found: header.txid,
-            });
+            return Err(Invalid::BadTxid { expected: e, found: header.txid });
         }
     }
     let total = RECORD_OVERHEAD + len;
     if buf.len() < total {
-        return Err(Invalid::Short {
-            needed: total as u64,
-            available: buf.len() as u64,
-        });
+        return Err(Invalid::Short { needed: total as u64, available: buf.len() as u64 });
     }
     let data = &buf[RECORD_PREFIX..RECORD_PREFIX + len];
     if crc32(data) != data_crc {
@@ -200,14 +189,10 @@ pub fn check_record(buf: &[u8], expected: Option<i64>, max_data: usize) -> Resul
     // The data matches its CRC, so the record's CRC follows from the prefix's: the data is
     // hashed once, not twice (a third of a scan's time went to CRCs).
     let stored = be_u32(&buf[RECORD_PREFIX + len..total]);
-    if crate::crc::extend(crc32(&buf[..RECORD_PREFIX]), data_crc, len as u64) != stored {
+    if crate::engine::crc::extend(crc32(&buf[..RECORD_PREFIX]), data_crc, len as u64) != stored {
         return Err(Invalid::RecordCrc);
     }
-    Ok(RecordView {
-        header,
-        data_start: RECORD_PREFIX,
-        data_len: len,
-    })
+    Ok(RecordView { header, data_start: RECORD_PREFIX, data_len: len })
 }
 
 #[cfg(test)]
@@ -216,12 +201,7 @@ mod tests {
 
     fn rec(data: &[u8]) -> NewRecord<'_> {
         NewRecord {
-            req_id: ReqId {
-                client_id: 1,
-                generation: 2,
-                partition_id: 3,
-                sequence: 4,
-            },
+            req_id: ReqId { client_id: 1, generation: 2, partition_id: 3, sequence: 4 },
             header: 7,
             data,
             data_crc: None,
@@ -281,17 +261,8 @@ mod tests {
     fn short_and_oversized_are_rejected_before_reading_data() {
         let mut out = Vec::new();
         encode_record(&mut out, 0, &rec(&[1u8; 100]));
-        assert!(matches!(
-            check_record(&out[..50], Some(0), 1 << 20),
-            Err(Invalid::Short { .. })
-        ));
-        assert!(matches!(
-            check_record(&out, Some(0), 10),
-            Err(Invalid::BadLength(100))
-        ));
-        assert!(matches!(
-            check_record(&out, Some(1), 1 << 20),
-            Err(Invalid::BadTxid { .. })
-        ));
+        assert!(matches!(check_record(&out[..50], Some(0), 1 << 20), Err(Invalid::Short { .. })));
+        assert!(matches!(check_record(&out, Some(0), 10), Err(Invalid::BadLength(100))));
+        assert!(matches!(check_record(&out, Some(1), 1 << 20), Err(Invalid::BadTxid { .. })));
     }
 }

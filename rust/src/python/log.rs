@@ -39,7 +39,9 @@ pub fn install(py: Python<'_>) -> PyResult<()> {
     // As libraries should: a process that configured no logging (a CLI, an application) prints
     // nothing of ours through logging's last-resort handler; a daemon's handlers get everything.
     let logging = py.import("logging")?;
-    logging.call_method1("getLogger", ("waltz.native",))?.call_method1("addHandler", (logging.call_method0("NullHandler")?,))?;
+    logging
+        .call_method1("getLogger", ("waltz.native",))?
+        .call_method1("addHandler", (logging.call_method0("NullHandler")?,))?;
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let (tx, rx) = sync_channel(QUEUE);

@@ -3,11 +3,14 @@
 //! struct of the control file with its checksum, and a segment's records, where they stop being
 //! valid and why, and whether its index agrees. Files are opened read-only and read in bounded
 //! chunks; every length read from disk is checked before anything is allocated for it.
-use crate::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{FileHandle, FileSystem};
-use crate::record::{be_i64, ReqId};
-use crate::segment::{find_valid_record_after, ids_fit, is_zero_range, index_name, parse_segment_name, scan_records, SegmentHeader, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::control::{ControlEntry, ControlHeader, CONTROL_FILE, ENTRY_LEN};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{FORMAT_VERSION, HEADER_LEN};
+use crate::engine::fs::{FileHandle, FileSystem};
+use crate::engine::record::{be_i64, ReqId};
+use crate::engine::segment::{
+    find_valid_record_after, ids_fit, index_name, is_zero_range, parse_segment_name, scan_records, SegmentHeader,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -189,7 +192,12 @@ impl IndexCheck {
 
 /// Walks the segment data file `path` (`<first txid>.seg`) and its `.idx` if there is one.
 /// `max_record_size` bounds every record length read, as the engine's option does.
-pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_record_size: usize) -> Result<SegmentReport> {
+pub fn inspect_segment(
+    fs: &dyn FileSystem,
+    path: &Path,
+    limit: usize,
+    max_record_size: usize,
+) -> Result<SegmentReport> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let name_txid = parse_segment_name(name, "seg").ok_or_else(|| {
         Error::InvalidArgument(format!("{} is not a segment data file (<first id, 19 digits>.seg)", path.display()))
@@ -205,7 +213,11 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
         return Err(Error::corruption(path, 0, format!("unknown segment format version {}", header.version)));
     }
     if !ids_fit(header.first_txid, file_len) {
-        return Err(Error::corruption(path, 32, format!("first transaction id {} leaves no room for the file's records", header.first_txid)));
+        return Err(Error::corruption(
+            path,
+            32,
+            format!("first transaction id {} leaves no room for the file's records", header.first_txid),
+        ));
     }
 
     let index_path = path.with_file_name(index_name(name_txid));
@@ -239,22 +251,23 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
 
     let mut records = Vec::new();
     let mut count = 0u64;
-    let (valid_end, stopped) = scan_records(&data, path, HEADER_LEN, file_len, header.first_txid, max_record_size, |off, v| {
-        if records.len() < limit {
-            records.push(RecordSummary {
-                offset: off,
-                txid: v.header.txid,
-                req_id: v.header.req_id,
-                header: v.header.header,
-                data_len: v.data_len as u64,
-            });
-        }
-        count += 1;
-        match check.as_mut() {
-            Some(c) => c.push(off),
-            None => Ok(()),
-        }
-    })?;
+    let (valid_end, stopped) =
+        scan_records(&data, path, HEADER_LEN, file_len, header.first_txid, max_record_size, |off, v| {
+            if records.len() < limit {
+                records.push(RecordSummary {
+                    offset: off,
+                    txid: v.header.txid,
+                    req_id: v.header.req_id,
+                    header: v.header.header,
+                    data_len: v.data_len as u64,
+                });
+            }
+            count += 1;
+            match check.as_mut() {
+                Some(c) => c.push(off),
+                None => Ok(()),
+            }
+        })?;
     if let (Some(c), Some(r)) = (check.as_mut(), index.as_mut()) {
         c.compare()?;
         r.mismatch = c.mismatch.take();
@@ -295,10 +308,10 @@ pub fn inspect_segment(fs: &dyn FileSystem, path: &Path, limit: usize, max_recor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::{ControlFile, PartitionInfo};
-    use crate::fs::StdFs;
-    use crate::record::{encode_record, NewRecord};
-    use crate::segment::{create_segment, data_name};
+    use crate::engine::control::{ControlFile, PartitionInfo};
+    use crate::engine::fs::StdFs;
+    use crate::engine::record::{encode_record, NewRecord};
+    use crate::engine::segment::{create_segment, data_name};
     use std::os::unix::fs::FileExt;
 
     const KEY: [u8; 16] = [3; 16];
@@ -314,7 +327,13 @@ mod tests {
 
     /// A segment of records `first..first + n` with the first `indexed` of them in its index.
     fn write_segment(dir: &Path, first: i64, n: i64, indexed: usize) -> (PathBuf, Vec<u64>) {
-        let h = SegmentHeader { version: FORMAT_VERSION, creation_ms: 5, cluster_key: KEY, partition_id: 1, first_txid: first };
+        let h = SegmentHeader {
+            version: FORMAT_VERSION,
+            creation_ms: 5,
+            cluster_key: KEY,
+            partition_id: 1,
+            first_txid: first,
+        };
         let seg = create_segment(&StdFs, dir, &h).unwrap();
         let (mut buf, mut offs) = (Vec::new(), Vec::new());
         for t in first..first + n {
@@ -457,7 +476,12 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (seg, offs) = write_segment(d.path(), 0, 3, 3);
         // A length field claiming 2 GiB - 1: refused before anything is allocated for it.
-        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().write_all_at(&i32::MAX.to_be_bytes(), offs[1] + 28).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .write_all_at(&i32::MAX.to_be_bytes(), offs[1] + 28)
+            .unwrap();
         let p = inspect_segment(&StdFs, &seg, 0, MAX).unwrap().problem.unwrap();
         assert_eq!(p.reason, format!("impossible data length {}", i32::MAX));
         assert_eq!(p.next_valid, Some(offs[2]));

@@ -17,14 +17,14 @@
 //! Fencing: each partition remembers the newest session id seen; a request with an older one
 //! fails as stale. The fence starts, after a restart, from the session recorded in the control
 //! file, which every store session writes first (Set Low-water Mark).
-use crate::error::Error;
-use crate::partition::{lock, Partition};
-use crate::protocol::{
-    split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, Request, Response,
-    WireRecord, MAGIC_ADMIN, MAGIC_STORAGE, VERSION,
+use super::admin::serve_admin;
+use crate::engine::error::Error;
+use crate::engine::partition::{lock, Partition};
+use crate::engine::record::NewRecord;
+use crate::engine::storage::Storage;
+use crate::node::protocol::{
+    split_frame, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE, VERSION,
 };
-use crate::record::NewRecord;
-use crate::storage::Storage;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -46,7 +46,7 @@ pub struct NodeOptions {
     pub idle_timeout: Duration,
     /// Appends of one connection queued before the node waits for their sync and answers them.
     pub max_in_flight: usize,
-    /// Mutual TLS on both ports (`crate::tls::server_config`); None serves plaintext.
+    /// Mutual TLS on both ports (`crate::node::tls::server_config`); None serves plaintext.
     pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     /// Connections open at once on each port; one more is closed as soon as it is accepted.
     /// A storage connection costs a thread and three file descriptors.
@@ -56,7 +56,7 @@ pub struct NodeOptions {
 impl Default for NodeOptions {
     fn default() -> Self {
         NodeOptions {
-            max_frame: crate::protocol::DEFAULT_MAX_FRAME,
+            max_frame: crate::node::protocol::DEFAULT_MAX_FRAME,
             max_list_count: 10_000,
             max_list_bytes: 16 << 20,
             idle_timeout: Duration::from_secs(300),
@@ -83,13 +83,13 @@ pub struct NodeStats {
     pub failures_by_kind: [AtomicU64; 17],
 }
 
-struct Shared {
-    storage: Arc<Storage>,
-    opts: NodeOptions,
+pub(super) struct Shared {
+    pub(super) storage: Arc<Storage>,
+    pub(super) opts: NodeOptions,
     /// Newest session id seen per partition.
-    fences: Mutex<HashMap<i32, i64>>,
+    pub(super) fences: Mutex<HashMap<i32, i64>>,
     /// (readable, writable) per partition, set through the admin port; absent means both.
-    availability: Mutex<HashMap<i32, (bool, bool)>>,
+    pub(super) availability: Mutex<HashMap<i32, (bool, bool)>>,
     stats: NodeStats,
     /// Set once the node stops: every connection thread ends at its next wait.
     stopping: tokio::sync::watch::Sender<bool>,
@@ -132,12 +132,14 @@ impl Drop for NodeHandle {
 
 /// Starts serving the storage protocol on `bind` and, when given, the admin protocol on
 /// `admin_bind` (host:port; port 0 picks a free one).
-pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: NodeOptions) -> std::io::Result<NodeHandle> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("waltz-node")
-        .enable_all()
-        .build()?;
+pub fn start(
+    storage: Arc<Storage>,
+    bind: &str,
+    admin_bind: Option<&str>,
+    opts: NodeOptions,
+) -> std::io::Result<NodeHandle> {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("waltz-node").enable_all().build()?;
     let listener = rt.block_on(TcpListener::bind(bind))?;
     let addr = listener.local_addr()?;
     let admin = match admin_bind {
@@ -159,7 +161,7 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
     });
     let shutdown = Arc::new(Notify::new());
     let (sh, stop, conns) = (shared.clone(), shutdown.clone(), shared.clone());
-    let acceptor = shared.opts.tls.clone().map(crate::tls::TlsAcceptor::from);
+    let acceptor = shared.opts.tls.clone().map(crate::node::tls::TlsAcceptor::from);
     let thread = std::thread::Builder::new().name("waltz-node-accept".into()).spawn(move || {
         rt.block_on(async move {
             let admin_accept = async {
@@ -220,7 +222,7 @@ pub fn start(storage: Arc<Storage>, bind: &str, admin_bind: Option<&str>, opts: 
     Ok(NodeHandle { addr, admin_addr, shared, shutdown, thread: Some(thread) })
 }
 
-fn failure_kind(e: &Error) -> FailureKind {
+pub(super) fn failure_kind(e: &Error) -> FailureKind {
     match e {
         Error::ClusterKeyMismatch { .. } => FailureKind::ClusterKeyMismatch,
         Error::PartitionCountMismatch { .. } => FailureKind::PartitionCountMismatch,
@@ -244,7 +246,7 @@ fn fail(h: MsgHeader, kind: FailureKind, message: impl Into<String>) -> Response
 fn count_response(stats: &NodeStats, bytes: &[u8]) {
     stats.bytes_out.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     // Frame type is at offset 7; a Failure's kind follows its 20-byte message header.
-    if bytes.len() > 30 && bytes[7] == crate::protocol::msg::FAILURE {
+    if bytes.len() > 30 && bytes[7] == crate::node::protocol::msg::FAILURE {
         let kind = u16::from_be_bytes([bytes[28], bytes[29]]) as usize;
         stats.failures.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = stats.failures_by_kind.get(kind) {
@@ -273,7 +275,8 @@ fn now(r: Response) -> Answer {
 /// A panic in engine work becomes an Internal failure of request `h` instead of ending the
 /// connection's thread.
 fn guarded(h: MsgHeader, f: impl FnOnce() -> Response) -> Response {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| fail(h, FailureKind::Internal, "request task panicked"))
 }
 
 /// Runs engine work (reads, truncation, marks) right here, on the connection's own thread.
@@ -337,8 +340,10 @@ const PRE_OPEN_MAX_FRAME: usize = 64 << 10;
 
 /// Probes a connection that has been silent a minute, so a storage connection (never closed for
 /// silence once opened) of a peer that vanished ends within about two minutes.
-const KEEPALIVE: socket2::TcpKeepalive =
-    socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10)).with_retries(6);
+const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(Duration::from_secs(60))
+    .with_interval(Duration::from_secs(10))
+    .with_retries(6);
 
 /// Connections refused over `max_connections` are warned about at most this often: a flood of
 /// them must not flood the log too.
@@ -380,7 +385,7 @@ fn admit(shared: &Shared, stream: &TcpStream, peer: SocketAddr, port: &str, open
 
 /// What a connection's next read (and the write before it) may wait for.
 #[derive(Clone, Copy)]
-enum Wait {
+pub(super) enum Wait {
     /// Not opened yet: every wait ends at this instant (`OPEN_DEADLINE`).
     OpenBy(tokio::time::Instant),
     /// An opened admin connection: reads wait `idle_timeout` at most.
@@ -390,7 +395,7 @@ enum Wait {
     Forever,
 }
 
-fn open_deadline(shared: &Shared) -> Duration {
+pub(super) fn open_deadline(shared: &Shared) -> Duration {
     OPEN_DEADLINE.min(shared.opts.idle_timeout)
 }
 
@@ -399,7 +404,7 @@ fn not_opened(shared: &Shared) -> String {
 }
 
 /// The frame size limit of a connection opened or not.
-fn frame_limit(shared: &Shared, opened: bool) -> usize {
+pub(super) fn frame_limit(shared: &Shared, opened: bool) -> usize {
     if opened {
         shared.opts.max_frame
     } else {
@@ -410,11 +415,15 @@ fn frame_limit(shared: &Shared, opened: bool) -> usize {
 /// The TLS handshake of an accepted connection; a failure is one warning line and the
 /// connection is dropped.
 async fn handshake(
-    acceptor: &crate::tls::TlsAcceptor, stream: TcpStream, peer: SocketAddr, port: &str, shared: &Shared,
+    acceptor: &crate::node::tls::TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    port: &str,
+    shared: &Shared,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(s)) => return Some(s),
-        Ok(Err(e)) => crate::tls::describe(&e),
+        Ok(Err(e)) => crate::node::tls::describe(&e),
         Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
     };
     shared.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
@@ -424,8 +433,8 @@ async fn handshake(
 
 /// Why the bytes in `buf` are not a frame: a TLS client on this plaintext port gets a reason
 /// that says so rather than a frame length.
-fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
-    if crate::tls::looks_like_client_hello(buf) {
+pub(super) fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
+    if crate::node::tls::looks_like_client_hello(buf) {
         format!("{what}: the client speaks TLS but this node has no [tls] configured")
     } else {
         format!("{what}: {e}")
@@ -436,7 +445,11 @@ fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
 /// own (TLS handshake included), so that its appends' fsyncs run where its frames are decoded. A
 /// node out of threads drops the connection with a warning; the peer reconnects.
 fn serve_on_own_thread(
-    stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, acceptor: Option<crate::tls::TlsAcceptor>, slot: Slot,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<crate::node::tls::TlsAcceptor>,
+    slot: Slot,
 ) {
     let stream = match stream.into_std() {
         Ok(s) => s,
@@ -523,7 +536,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
             let (size, req) = match split_frame(buf.pending(), MAGIC_STORAGE, frame_limit(&shared, conn.opened)) {
                 Ok(Some(f)) => (f.size, Request::decode(&f)),
                 Ok(None) => break,
-                Err(e) => break 'conn bad_frame(if conn.opened { "bad frame" } else { "bad frame before Open" }, buf.pending(), e),
+                Err(e) => {
+                    break 'conn bad_frame(
+                        if conn.opened { "bad frame" } else { "bad frame before Open" },
+                        buf.pending(),
+                        e,
+                    )
+                }
             };
             buf.consume(size);
             let req = match req {
@@ -596,7 +615,12 @@ fn push_answer(shared: &Shared, out: &mut Vec<u8>, bytes: Vec<u8>) {
 /// hostile; one not opened yet has until its Open deadline. The timeout runs from the last bytes
 /// the peer took, not from the start: a slow reader that keeps reading gets a whole list. The
 /// flush is free on TCP; TLS may hold encrypted bytes back until it.
-async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, shared: &Shared, wait: Wait) -> Result<(), String> {
+pub(super) async fn send<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
     if out.is_empty() {
         return Ok(());
     }
@@ -636,7 +660,12 @@ struct Conn {
 
 /// Appends what the peer sends next to `buf`. Err ends the connection: an empty reason for a
 /// clean close, else why (a read error, or a wait `wait` does not allow).
-async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut FrameBuf, shared: &Shared, wait: Wait) -> Result<(), String> {
+pub(super) async fn read_more(
+    rd: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut FrameBuf,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
     // Straight into the buffer's spare room: a zeroed 64 KiB stack chunk per read, copied over,
     // cost a memset and a copy per request.
     let buf = buf.writable();
@@ -661,45 +690,14 @@ async fn read_more(rd: &mut (impl AsyncReadExt + Unpin), buf: &mut FrameBuf, sha
 /// Turns one request into its (future) response. Err closes the connection with that reason.
 fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     if !conn.greeted {
-        return match req {
-            Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
-                conn.greeted = true;
-                Ok(now(Response::HelloOk { version: VERSION }))
-            }
-            Request::Hello { min_version, max_version } => {
-                Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
-            }
-            _ => Err("the first frame must be Hello".into()),
-        };
+        return greet(conn, req);
     }
     let h = match req.header() {
         Some(h) => h,
         None => return Err("Hello sent twice".into()),
     };
     if let Request::Open { cluster_key, partition_count, .. } = req {
-        // Whatever an earlier Open proved, a failed one leaves the connection unopened (and past
-        // its Open deadline, so it is closed once the Failure is sent).
-        conn.opened = false;
-        let s = &shared.storage;
-        if cluster_key != s.cluster_key {
-            let theirs = crate::control::format_uuid(&cluster_key);
-            // The key is what makes a peer one of the cluster's: the answer must not teach it.
-            log::warn!(
-                "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
-                conn.peer,
-                crate::control::format_uuid(&s.cluster_key)
-            );
-            return Ok(now(fail(h, FailureKind::ClusterKeyMismatch, format!("cluster key {theirs} does not match this storage's key"))));
-        }
-        if partition_count != s.partition_count {
-            return Ok(now(fail(
-                h,
-                FailureKind::PartitionCountMismatch,
-                format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
-            )));
-        }
-        conn.opened = true;
-        return Ok(now(Response::Success { h }));
+        return Ok(now(open(shared, conn, h, cluster_key, partition_count)));
     }
     if !conn.opened {
         return Ok(now(fail(h, FailureKind::NotOpened, "send Open first")));
@@ -708,6 +706,61 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         Ok(p) => p,
         Err(resp) => return Ok(now(resp)),
     };
+    if let Some(refused) = refusal(shared, h, &req, &part) {
+        return Ok(now(refused));
+    }
+    Ok(dispatch(shared, h, part, req))
+}
+
+/// The version handshake: the first frame must be a Hello this node speaks; an error closes
+/// the connection.
+fn greet(conn: &mut Conn, req: Request) -> Result<Answer, String> {
+    match req {
+        Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
+            conn.greeted = true;
+            Ok(now(Response::HelloOk { version: VERSION }))
+        }
+        Request::Hello { min_version, max_version } => {
+            Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
+        }
+        _ => Err("the first frame must be Hello".into()),
+    }
+}
+
+/// Open: the peer proves it belongs to this storage's cluster (key and partition count).
+fn open(shared: &Shared, conn: &mut Conn, h: MsgHeader, cluster_key: [u8; 16], partition_count: i32) -> Response {
+    // Whatever an earlier Open proved, a failed one leaves the connection unopened (and past
+    // its Open deadline, so it is closed once the Failure is sent).
+    conn.opened = false;
+    let s = &shared.storage;
+    if cluster_key != s.cluster_key {
+        let theirs = crate::engine::format::format_uuid(&cluster_key);
+        // The key is what makes a peer one of the cluster's: the answer must not teach it.
+        log::warn!(
+            "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
+            conn.peer,
+            crate::engine::format::format_uuid(&s.cluster_key)
+        );
+        return fail(
+            h,
+            FailureKind::ClusterKeyMismatch,
+            format!("cluster key {theirs} does not match this storage's key"),
+        );
+    }
+    if partition_count != s.partition_count {
+        return fail(
+            h,
+            FailureKind::PartitionCountMismatch,
+            format!("partition count {partition_count} does not match this storage's {}", s.partition_count),
+        );
+    }
+    conn.opened = true;
+    Response::Success { h }
+}
+
+/// Why this node refuses the request on this partition now (an admin's availability marks, a
+/// failed partition), or None.
+fn refusal(shared: &Shared, h: MsgHeader, req: &Request, part: &Partition) -> Option<Response> {
     let (readable, writable) = shared
         .availability
         .lock()
@@ -717,10 +770,18 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         .unwrap_or((true, true));
     let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
     if mutates && !writable {
-        return Ok(now(fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))));
+        return Some(fail(
+            h,
+            FailureKind::PartitionNotWritable,
+            format!("partition {} is not writable on this node", h.partition_id),
+        ));
     }
     if !mutates && !readable {
-        return Ok(now(fail(h, FailureKind::PartitionNotReadable, format!("partition {} is not readable on this node", h.partition_id))));
+        return Some(fail(
+            h,
+            FailureKind::PartitionNotReadable,
+            format!("partition {} is not readable on this node", h.partition_id),
+        ));
     }
     // A partition that failed (an fsync or a write refused) may hold bytes past its durable end
     // that were written but never confirmed: they can be back after a reopen. Until then it
@@ -728,11 +789,19 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     // truncated (`waltz torture`: a dirty record resurrected at an id another session committed).
     if matches!(req, Request::MaxTransactionId { .. } | Request::SetLowWaterMark { .. }) {
         if let Some(reason) = part.is_failed() {
-            let msg = format!("partition {} failed ({reason}): what it holds is unknown until the node reopens it", h.partition_id);
-            return Ok(now(fail(h, FailureKind::PartitionFailed, msg)));
+            let msg = format!(
+                "partition {} failed ({reason}): what it holds is unknown until the node reopens it",
+                h.partition_id
+            );
+            return Some(fail(h, FailureKind::PartitionFailed, msg));
         }
     }
-    Ok(match req {
+    None
+}
+
+/// Serves a request that passed the handshake, Open, fence and availability checks.
+fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Request) -> Answer {
+    match req {
         Request::Append { records, .. } => append(shared, h, part, records),
         // Waits for the sync of every append already queued (an older session's, accepted just
         // before this session's fence): the answer is what the replica will hold.
@@ -740,10 +809,12 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
             Ok(txid) => Response::MaxTransactionId { h, txid },
             Err(e) => fail(h, failure_kind(&e), e.to_string()),
         }),
-        Request::LastSessionInfo { .. } => blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
-            Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
-            Err(e) => fail(h, failure_kind(&e), e.to_string()),
-        }),
+        Request::LastSessionInfo { .. } => {
+            blocking(shared, h, move |sh| match sh.storage.partition_info(h.partition_id) {
+                Ok(i) => Response::LastSessionInfo { h, session_id: i.session_id, low_water_mark: i.low_water_mark },
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
         Request::Truncate { txid, .. } => blocking(shared, h, move |sh| {
@@ -753,9 +824,11 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
             })
         }),
         Request::SetLowWaterMark { low_water_mark, .. } => blocking(shared, h, move |sh| {
-            gated_mutation(sh, h, || match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
-                Ok(_) => Response::Success { h },
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            gated_mutation(sh, h, || {
+                match sh.storage.set_low_water_mark(h.partition_id, h.session_id, low_water_mark) {
+                    Ok(_) => Response::Success { h },
+                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
+                }
             })
         }),
         Request::RecordHeader { txid, .. } => blocking(shared, h, move |_| match part.read_header(txid) {
@@ -782,7 +855,7 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
             })
         }
         Request::Hello { .. } | Request::Open { .. } => unreachable!("handled above"),
-    })
+    }
 }
 
 /// The partition, if this node has it, after the session fence; a Failure response otherwise.
@@ -863,222 +936,11 @@ fn append(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, records: Vec
     }
 }
 
-
 /// PartitionNotWritable when an admin marked the partition so (checked again under the fence
 /// gate, which Set Availability takes exclusively).
 fn not_writable(shared: &Shared, h: MsgHeader) -> Option<Response> {
     let writable = lock(&shared.availability).get(&h.partition_id).is_none_or(|a| a.1);
-    (!writable).then(|| fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id)))
-}
-
-/// The admin port: one request at a time, answered in order.
-async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
-    let mut buf = FrameBuf::default();
-    let (mut greeted, mut opened) = (false, false);
-    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
-    let wait = |opened: bool| if opened { Wait::Idle } else { Wait::OpenBy(open_by) };
-    let mut out = Vec::new();
-    let reason: String = 'conn: loop {
-        loop {
-            let (size, req) = match split_frame(buf.pending(), MAGIC_ADMIN, frame_limit(&shared, opened)) {
-                Ok(Some(f)) => (f.size, AdminRequest::decode(&f)),
-                Ok(None) => break,
-                Err(e) => break 'conn bad_frame(if opened { "bad admin frame" } else { "bad admin frame before Open" }, buf.pending(), e),
-            };
-            buf.consume(size);
-            let req = match req {
-                Ok(r) => r,
-                Err(e) => break 'conn format!("bad admin frame: {e}"),
-            };
-            let resp = match (greeted, req) {
-                (false, AdminRequest::Hello { min_version, max_version }) if min_version <= VERSION && VERSION <= max_version => {
-                    greeted = true;
-                    AdminResponse::HelloOk { version: VERSION }
-                }
-                (false, _) => break 'conn "the first admin frame must be a Hello this node speaks".into(),
-                (true, AdminRequest::Hello { .. }) => break 'conn "Hello sent twice".into(),
-                (true, AdminRequest::Open { h, cluster_key, partition_count }) => {
-                    opened = false; // as on the storage port: a failed Open leaves it unopened
-                    let s = &shared.storage;
-                    if cluster_key != s.cluster_key {
-                        admin_fail(h, FailureKind::ClusterKeyMismatch, "cluster key does not match this storage".into())
-                    } else if partition_count != s.partition_count {
-                        admin_fail(h, FailureKind::PartitionCountMismatch, format!("this storage has {} partitions", s.partition_count))
-                    } else {
-                        opened = true;
-                        AdminResponse::Success { h }
-                    }
-                }
-                (true, req) if !opened => admin_fail(req.header().unwrap_or_default(), FailureKind::NotOpened, "send Open first".into()),
-                (true, req) => {
-                    let sh = shared.clone();
-                    match tokio::task::spawn_blocking(move || admin(&sh, req)).await {
-                        Ok(r) => r,
-                        Err(e) => admin_fail(MsgHeader::default(), FailureKind::Internal, e.to_string()),
-                    }
-                }
-            };
-            resp.encode(&mut out);
-            if let Err(why) = send(&mut stream, &mut out, &shared, wait(opened)).await {
-                break 'conn why;
-            }
-        }
-        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(opened)).await {
-            break why;
-        }
-    };
-    if !reason.is_empty() {
-        log::warn!("closing admin connection from {peer}: {reason}");
-    }
-}
-
-fn admin_fail(h: MsgHeader, kind: FailureKind, message: String) -> AdminResponse {
-    AdminResponse::Failure { h, kind, message }
-}
-
-fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
-    let s = &shared.storage;
-    let h = req.header().unwrap_or_default();
-    let pid = h.partition_id;
-    let done = |r: crate::error::Result<()>| match r {
-        Ok(()) => AdminResponse::Success { h },
-        Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
-    };
-    match req {
-        AdminRequest::Assign { .. } => done(s.add_partition(pid).and_then(|_| s.partition(pid).map(|_| ()))),
-        AdminRequest::Unassign { delete_files, .. } => {
-            let r = s.remove_partition(pid, delete_files);
-            lock(&shared.fences).remove(&pid);
-            done(r)
-        }
-        AdminRequest::SetAvailability { readable, writable, .. } => {
-            if pid < 0 || pid >= s.partition_count {
-                return admin_fail(h, FailureKind::PartitionNotAssigned, format!("partition {pid} is out of range"));
-            }
-            {
-                // Under the fence gate: an append checks writability and queues under it (shared).
-                let gate = s.fence_gate(pid);
-                let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
-                lock(&shared.availability).insert(pid, (readable, writable));
-            }
-            // Servers kept out: the appends accepted before are synced (or failed) before the
-            // answer, so a status read next says what the replica holds for good.
-            if !writable {
-                if let Some((p, _)) = s.open_partition_info(pid) {
-                    if let Err(e) = p.settled_max_txid() {
-                        return admin_fail(h, failure_kind(&e), e.to_string());
-                    }
-                }
-            }
-            AdminResponse::Success { h }
-        }
-        AdminRequest::Status { .. } => {
-            let ids = match s.partition_ids() {
-                Ok(ids) => ids,
-                Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
-            };
-            let avail = lock(&shared.availability).clone();
-            let mut partitions = Vec::new();
-            for id in ids {
-                let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));
-                let (readable, writable) = avail.get(&id).copied().unwrap_or((true, true));
-                partitions.push(match st {
-                    Ok((p, info)) => PartitionStatus {
-                        partition_id: id,
-                        first_txid: p.first_txid(),
-                        max_txid: p.max_txid(),
-                        session_id: info.session_id,
-                        low_water_mark: info.low_water_mark,
-                        local_low_water_mark: info.local_low_water_mark,
-                        newest_session: s.fence(id).unwrap_or(info.session_id),
-                        readable,
-                        writable,
-                        failure: p.is_failed().unwrap_or_default(),
-                    },
-                    Err(e) => PartitionStatus {
-                        partition_id: id,
-                        first_txid: -1,
-                        max_txid: -1,
-                        session_id: -1,
-                        low_water_mark: -1,
-                        local_low_water_mark: -1,
-                        newest_session: -1,
-                        readable,
-                        writable,
-                        failure: format!("cannot open: {e}"),
-                    },
-                });
-            }
-            AdminResponse::Status { h, partitions }
-        }
-        AdminRequest::RecordList { txid, max_count, .. } => {
-            let n = (max_count.max(0) as usize).min(shared.opts.max_list_count);
-            match s.partition(pid).and_then(|p| p.read_records(txid, n, shared.opts.max_list_bytes)) {
-                Ok(rs) => AdminResponse::RecordList { h, records: rs.into_iter().map(WireRecord::from).collect() },
-                Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
-            }
-        }
-        AdminRequest::Append { records, .. } => {
-            if let Some(refused) = unless_in_maintenance(shared, h) {
-                return refused;
-            }
-            let Some(first) = records.first().map(|r| r.txid) else {
-                return AdminResponse::Success { h };
-            };
-            if let Some((i, r)) = records.iter().enumerate().find(|(i, r)| r.txid != first + *i as i64) {
-                let msg = format!("record {i} of the batch has id {}, expected {}", r.txid, first + i as i64);
-                return admin_fail(h, FailureKind::NonDenseAppend, msg);
-            }
-            let recs: Vec<NewRecord<'_>> = records
-                .iter()
-                .map(|r| NewRecord { req_id: r.req_id, header: r.header, data: &r.data, data_crc: Some(r.data_crc) })
-                .collect();
-            done(s.partition(pid).and_then(|p| p.append(first, &recs)).map(|_| ()))
-        }
-        AdminRequest::SetPartitionInfo { session_id, low_water_mark, .. } => {
-            if let Some(refused) = unless_in_maintenance(shared, h) {
-                return refused;
-            }
-            // Never behind a session this replica has already seen: recovery would take the
-            // replica's log for an older session's and the fence would no longer be recorded.
-            // Raising only the low-water mark of the session it has is allowed (recover-partition
-            // fills a replica that lost its files that way: taking the source's session would
-            // hide the loss from recovery); the fence file keeps the newer session.
-            let gate = s.fence_gate(pid);
-            let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
-            match (s.fence(pid), s.partition_info(pid)) {
-                (Ok(newest), Ok(i)) if session_id < newest && session_id != i.session_id => {
-                    let msg = format!("session {session_id} of partition {pid} is older than session {newest} seen here");
-                    return admin_fail(h, FailureKind::StaleSession, msg);
-                }
-                (_, Ok(i)) if (session_id, low_water_mark) < (i.session_id, i.low_water_mark) => {
-                    let msg = format!("partition {pid} already has session {} with low-water mark {}", i.session_id, i.low_water_mark);
-                    return admin_fail(h, FailureKind::BadRequest, msg);
-                }
-                (Err(e), _) | (_, Err(e)) => return admin_fail(h, failure_kind(&e), e.to_string()),
-                _ => {}
-            }
-            done(s.set_low_water_mark(pid, session_id, low_water_mark).map(|_| ()))
-        }
-        AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
-    }
-}
-
-/// Admin writes bypass store sessions, so they are refused unless servers are kept out of the
-/// partition (marked unwritable with Set Availability).
-fn unless_in_maintenance(shared: &Shared, h: MsgHeader) -> Option<AdminResponse> {
-    let writable = shared
-        .availability
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&h.partition_id)
-        .map(|a| a.1)
-        .unwrap_or(true);
-    writable.then(|| {
-        admin_fail(
-            h,
-            FailureKind::BadRequest,
-            format!("partition {} is writable by servers; mark it unwritable before admin writes", h.partition_id),
-        )
+    (!writable).then(|| {
+        fail(h, FailureKind::PartitionNotWritable, format!("partition {} is not writable on this node", h.partition_id))
     })
 }

@@ -3,9 +3,10 @@
 //! open (what kill -9 leaves: everything written, in the page cache).
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::fs::{FaultFs, StdFs};
-use crate::record::ReqId;
-use crate::segment::{data_name, HEADER_LEN};
+use crate::engine::format::HEADER_LEN;
+use crate::engine::fs::{FaultFs, StdFs};
+use crate::engine::record::ReqId;
+use crate::engine::segment::data_name;
 use std::os::unix::fs::FileExt;
 
 const STEP: u64 = 64 << 10;
@@ -24,7 +25,12 @@ fn append_sized(p: &Partition, from: i64, sizes: &[usize]) {
     let datas: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(k, n)| data(from + k as i64, *n)).collect();
     let recs: Vec<NewRecord<'_>> = datas
         .iter()
-        .map(|d| NewRecord { req_id: ReqId { client_id: 7, generation: 1, partition_id: 0, sequence: 0 }, header: 0, data: d, data_crc: None })
+        .map(|d| NewRecord {
+            req_id: ReqId { client_id: 7, generation: 1, partition_id: 0, sequence: 0 },
+            header: 0,
+            data: d,
+            data_crc: None,
+        })
         .collect();
     p.append(from, &recs).unwrap();
 }
@@ -96,7 +102,11 @@ fn a_torn_record_in_preallocated_space_is_a_torn_tail() {
     crash_copy(d.path(), &crashed);
     // Half a record for id 2: its header and part of its data, zeros after.
     let mut half = Vec::new();
-    crate::record::encode_record(&mut half, 2, &NewRecord { req_id: ReqId::default(), header: 0, data: &[0xEE; 900], data_crc: None });
+    crate::engine::record::encode_record(
+        &mut half,
+        2,
+        &NewRecord { req_id: ReqId::default(), header: 0, data: &[0xEE; 900], data_crc: None },
+    );
     half.truncate(500);
     std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&half, end).unwrap();
     let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();
@@ -116,7 +126,12 @@ fn a_torn_first_record_before_a_long_run_of_zeros_is_found_quickly() {
     append_sized(&p, 0, &[10]);
     let crashed = d.path().join("crashed");
     crash_copy(d.path(), &crashed);
-    std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&[0xAB; 7], HEADER_LEN + 4).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(crashed.join(data_name(0)))
+        .unwrap()
+        .write_all_at(&[0xAB; 7], HEADER_LEN + 4)
+        .unwrap();
     let q = reopen(&crashed, o).unwrap();
     assert_eq!(q.max_txid(), -1);
     assert_eq!(q.recovery.torn_bytes, (8 << 20) - HEADER_LEN);
@@ -131,7 +146,12 @@ fn zeros_then_a_valid_record_is_still_corruption() {
     let crashed = d.path().join("crashed");
     crash_copy(d.path(), &crashed);
     let second = HEADER_LEN + RECORD_OVERHEAD as u64 + 300;
-    std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap().write_all_at(&[0; 440], second).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(crashed.join(data_name(0)))
+        .unwrap()
+        .write_all_at(&[0; 440], second)
+        .unwrap();
     match reopen(&crashed, prealloc_opts(1 << 30)) {
         Err(Error::Corruption { offset, .. }) => assert_eq!(offset, second),
         other => panic!("expected corruption, got {:?}", other.map(|p| p.max_txid())),

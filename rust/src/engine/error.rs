@@ -11,42 +11,22 @@ pub enum Error {
     },
 
     #[error("corruption in {path} at offset {offset}: {reason}")]
-    Corruption {
-        path: PathBuf,
-        offset: u64,
-        reason: String,
-    },
+    Corruption { path: PathBuf, offset: u64, reason: String },
 
     #[error("cluster key mismatch: {path} belongs to cluster {found}, expected {expected}")]
-    ClusterKeyMismatch {
-        path: PathBuf,
-        expected: String,
-        found: String,
-    },
+    ClusterKeyMismatch { path: PathBuf, expected: String, found: String },
 
     #[error("partition count mismatch: {path} has {found} partitions, expected {expected}")]
-    PartitionCountMismatch {
-        path: PathBuf,
-        expected: i32,
-        found: i32,
-    },
+    PartitionCountMismatch { path: PathBuf, expected: i32, found: i32 },
 
     #[error("transaction id {got} does not continue partition {partition}: expected {expected}")]
-    NonDenseAppend {
-        partition: i32,
-        expected: i64,
-        got: i64,
-    },
+    NonDenseAppend { partition: i32, expected: i64, got: i64 },
 
     #[error("record of {size} bytes exceeds the maximum record size of {max} bytes")]
     RecordTooLarge { size: usize, max: usize },
 
     #[error("transaction {txid} of partition {partition} is below the partition's first transaction id {first}")]
-    BelowLogStart {
-        partition: i32,
-        txid: i64,
-        first: i64,
-    },
+    BelowLogStart { partition: i32, txid: i64, first: i64 },
 
     #[error("an append to partition {partition} was cut by a truncation before it was acknowledged")]
     AppendTruncated { partition: i32 },
@@ -95,19 +75,12 @@ pub trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        self.map_err(|source| Error::Io { path: path.to_path_buf(), source })
     }
 }
 
 impl Error {
     pub fn corruption(path: &std::path::Path, offset: u64, reason: impl Into<String>) -> Self {
-        Error::Corruption {
-            path: path.to_path_buf(),
-            offset,
-            reason: reason.into(),
-        }
+        Error::Corruption { path: path.to_path_buf(), offset, reason: reason.into() }
     }
 }

@@ -5,7 +5,7 @@
 //! Frame: length u32 (bytes after this field), magic u16, version u8, message type u8, payload,
 //! CRC-32 u32 over magic..payload. Every count and length read from a frame is checked against
 //! the bytes actually present before anything is allocated.
-use crate::record::{crc32, Record, RecordHeader, ReqId};
+use crate::engine::record::{crc32, Record, RecordHeader, ReqId};
 
 pub const MAGIC_STORAGE: u16 = 0x5753; // "WS"
 pub const MAGIC_ADMIN: u16 = 0x5741; // "WA"
@@ -18,10 +18,20 @@ pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameError {
     /// The frame claims more bytes than the connection allows.
-    TooLarge { len: usize, max: usize },
-    TooShort { len: usize },
-    BadMagic { found: u16, expected: u16 },
-    BadVersion { found: u8 },
+    TooLarge {
+        len: usize,
+        max: usize,
+    },
+    TooShort {
+        len: usize,
+    },
+    BadMagic {
+        found: u16,
+        expected: u16,
+    },
+    BadVersion {
+        found: u8,
+    },
     BadCrc,
     UnknownType(u8),
     /// The payload does not parse as its message type says.
@@ -84,13 +94,7 @@ pub fn split_frame(buf: &[u8], magic: u16, max: usize) -> Result<Option<Frame<'_
     if version != VERSION {
         return Err(FrameError::BadVersion { found: version });
     }
-    Ok(Some(Frame {
-        magic,
-        version,
-        msg_type: body[3],
-        payload: &body[4..len - 4],
-        size: 4 + len,
-    }))
+    Ok(Some(Frame { magic, version, msg_type: body[3], payload: &body[4..len - 4], size: 4 + len }))
 }
 
 /// Bytes received from a stream and not yet taken as frames. Taking a frame only moves a start
@@ -319,11 +323,7 @@ fn put_header(out: &mut Vec<u8>, h: &RecordHeader) {
 }
 
 fn read_header(r: &mut Reader<'_>) -> Result<RecordHeader, FrameError> {
-    Ok(RecordHeader {
-        txid: r.i64("transaction id")?,
-        req_id: r.req_id()?,
-        header: r.i32("header")?,
-    })
+    Ok(RecordHeader { txid: r.i64("transaction id")?, req_id: r.req_id()?, header: r.i32("header")? })
 }
 
 pub mod msg {
@@ -352,17 +352,51 @@ pub mod msg {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// First frame of a connection: the versions the client speaks (inclusive range).
-    Hello { min_version: u8, max_version: u8 },
-    Open { h: MsgHeader, cluster_key: [u8; 16], partition_count: i32 },
-    LastSessionInfo { h: MsgHeader },
-    MaxTransactionId { h: MsgHeader },
-    Truncate { h: MsgHeader, txid: i64 },
-    SetLowWaterMark { h: MsgHeader, low_water_mark: i64 },
-    Append { h: MsgHeader, records: Vec<WireRecord> },
-    RecordHeader { h: MsgHeader, txid: i64 },
-    Record { h: MsgHeader, txid: i64 },
-    RecordHeaderList { h: MsgHeader, txid: i64, max_count: i32 },
-    RecordList { h: MsgHeader, txid: i64, max_count: i32 },
+    Hello {
+        min_version: u8,
+        max_version: u8,
+    },
+    Open {
+        h: MsgHeader,
+        cluster_key: [u8; 16],
+        partition_count: i32,
+    },
+    LastSessionInfo {
+        h: MsgHeader,
+    },
+    MaxTransactionId {
+        h: MsgHeader,
+    },
+    Truncate {
+        h: MsgHeader,
+        txid: i64,
+    },
+    SetLowWaterMark {
+        h: MsgHeader,
+        low_water_mark: i64,
+    },
+    Append {
+        h: MsgHeader,
+        records: Vec<WireRecord>,
+    },
+    RecordHeader {
+        h: MsgHeader,
+        txid: i64,
+    },
+    Record {
+        h: MsgHeader,
+        txid: i64,
+    },
+    RecordHeaderList {
+        h: MsgHeader,
+        txid: i64,
+        max_count: i32,
+    },
+    RecordList {
+        h: MsgHeader,
+        txid: i64,
+        max_count: i32,
+    },
 }
 
 /// Failure kinds, so a client can react without parsing messages.
@@ -430,17 +464,25 @@ impl Request {
         use Request::*;
         match self {
             Hello { .. } => None,
-            Open { h, .. } | LastSessionInfo { h } | MaxTransactionId { h } | Truncate { h, .. } | SetLowWaterMark { h, .. }
-            | Append { h, .. } | RecordHeader { h, .. } | Record { h, .. } | RecordHeaderList { h, .. } | RecordList { h, .. } => {
-                Some(*h)
-            }
+            Open { h, .. }
+            | LastSessionInfo { h }
+            | MaxTransactionId { h }
+            | Truncate { h, .. }
+            | SetLowWaterMark { h, .. }
+            | Append { h, .. }
+            | RecordHeader { h, .. }
+            | Record { h, .. }
+            | RecordHeaderList { h, .. }
+            | RecordList { h, .. } => Some(*h),
         }
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
         use Request::*;
         let (t, body): (u8, Box<dyn FnOnce(&mut Vec<u8>) + '_>) = match self {
-            Hello { min_version, max_version } => (msg::HELLO, Box::new(move |o| o.extend_from_slice(&[*min_version, *max_version]))),
+            Hello { min_version, max_version } => {
+                (msg::HELLO, Box::new(move |o| o.extend_from_slice(&[*min_version, *max_version])))
+            }
             Open { h, cluster_key, partition_count } => (
                 msg::OPEN,
                 Box::new(move |o| {
@@ -451,36 +493,57 @@ impl Request {
             ),
             LastSessionInfo { h } => (msg::LAST_SESSION_INFO, Box::new(move |o| h.put(o))),
             MaxTransactionId { h } => (msg::MAX_TRANSACTION_ID, Box::new(move |o| h.put(o))),
-            Truncate { h, txid } => (msg::TRUNCATE, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-            })),
-            SetLowWaterMark { h, low_water_mark } => (msg::SET_LOW_WATER_MARK, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&low_water_mark.to_be_bytes());
-            })),
-            Append { h, records } => (msg::APPEND, Box::new(move |o| {
-                h.put(o);
-                put_records(o, records);
-            })),
-            RecordHeader { h, txid } => (msg::RECORD_HEADER, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-            })),
-            Record { h, txid } => (msg::RECORD, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-            })),
-            RecordHeaderList { h, txid, max_count } => (msg::RECORD_HEADER_LIST, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-                o.extend_from_slice(&max_count.to_be_bytes());
-            })),
-            RecordList { h, txid, max_count } => (msg::RECORD_LIST, Box::new(move |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-                o.extend_from_slice(&max_count.to_be_bytes());
-            })),
+            Truncate { h, txid } => (
+                msg::TRUNCATE,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                }),
+            ),
+            SetLowWaterMark { h, low_water_mark } => (
+                msg::SET_LOW_WATER_MARK,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&low_water_mark.to_be_bytes());
+                }),
+            ),
+            Append { h, records } => (
+                msg::APPEND,
+                Box::new(move |o| {
+                    h.put(o);
+                    put_records(o, records);
+                }),
+            ),
+            RecordHeader { h, txid } => (
+                msg::RECORD_HEADER,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                }),
+            ),
+            Record { h, txid } => (
+                msg::RECORD,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                }),
+            ),
+            RecordHeaderList { h, txid, max_count } => (
+                msg::RECORD_HEADER_LIST,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                    o.extend_from_slice(&max_count.to_be_bytes());
+                }),
+            ),
+            RecordList { h, txid, max_count } => (
+                msg::RECORD_LIST,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                    o.extend_from_slice(&max_count.to_be_bytes());
+                }),
+            ),
         };
         encode_frame(out, MAGIC_STORAGE, t, body);
     }
@@ -497,7 +560,9 @@ impl Request {
             msg::LAST_SESSION_INFO => Request::LastSessionInfo { h: MsgHeader::read(&mut r)? },
             msg::MAX_TRANSACTION_ID => Request::MaxTransactionId { h: MsgHeader::read(&mut r)? },
             msg::TRUNCATE => Request::Truncate { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
-            msg::SET_LOW_WATER_MARK => Request::SetLowWaterMark { h: MsgHeader::read(&mut r)?, low_water_mark: r.i64("low-water mark")? },
+            msg::SET_LOW_WATER_MARK => {
+                Request::SetLowWaterMark { h: MsgHeader::read(&mut r)?, low_water_mark: r.i64("low-water mark")? }
+            }
             msg::APPEND => Request::Append { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
             msg::RECORD_HEADER => Request::RecordHeader { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
             msg::RECORD => Request::Record { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
@@ -554,13 +619,15 @@ impl Response {
                     put_record(o, x.txid, &x.req_id, x.header, &x.data, x.data_crc);
                 }
             }),
-            RecordHeaderList { h, headers } => encode_frame(out, MAGIC_STORAGE, msg::RECORD_HEADER_LIST_RESPONSE, |o| {
-                h.put(o);
-                o.extend_from_slice(&(headers.len() as i32).to_be_bytes());
-                for x in headers {
-                    put_header(o, x);
-                }
-            }),
+            RecordHeaderList { h, headers } => {
+                encode_frame(out, MAGIC_STORAGE, msg::RECORD_HEADER_LIST_RESPONSE, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&(headers.len() as i32).to_be_bytes());
+                    for x in headers {
+                        put_header(o, x);
+                    }
+                })
+            }
             RecordList { h, records } => encode_frame(out, MAGIC_STORAGE, msg::RECORD_LIST_RESPONSE, |o| {
                 h.put(o);
                 put_records(o, records);
@@ -584,7 +651,9 @@ impl Response {
                 session_id: r.i64("session id")?,
                 low_water_mark: r.i64("low-water mark")?,
             },
-            msg::MAX_TRANSACTION_ID_RESPONSE => Response::MaxTransactionId { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? },
+            msg::MAX_TRANSACTION_ID_RESPONSE => {
+                Response::MaxTransactionId { h: MsgHeader::read(&mut r)?, txid: r.i64("transaction id")? }
+            }
             msg::RECORD_HEADER_RESPONSE => {
                 let h = MsgHeader::read(&mut r)?;
                 let header = if r.bool("presence")? { Some(read_header(&mut r)?) } else { None };
@@ -604,7 +673,9 @@ impl Response {
                 }
                 Response::RecordHeaderList { h, headers }
             }
-            msg::RECORD_LIST_RESPONSE => Response::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
+            msg::RECORD_LIST_RESPONSE => {
+                Response::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? }
+            }
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -629,20 +700,49 @@ pub mod admin_msg {
 /// session id is ignored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminRequest {
-    Hello { min_version: u8, max_version: u8 },
-    Open { h: MsgHeader, cluster_key: [u8; 16], partition_count: i32 },
+    Hello {
+        min_version: u8,
+        max_version: u8,
+    },
+    Open {
+        h: MsgHeader,
+        cluster_key: [u8; 16],
+        partition_count: i32,
+    },
     /// Assigns the header's partition to this node, creating its files if needed.
-    Assign { h: MsgHeader },
-    Unassign { h: MsgHeader, delete_files: bool },
-    SetAvailability { h: MsgHeader, readable: bool, writable: bool },
-    Status { h: MsgHeader },
+    Assign {
+        h: MsgHeader,
+    },
+    Unassign {
+        h: MsgHeader,
+        delete_files: bool,
+    },
+    SetAvailability {
+        h: MsgHeader,
+        readable: bool,
+        writable: bool,
+    },
+    Status {
+        h: MsgHeader,
+    },
     /// Reads records without a store session (the copy source of `recover-partition`).
-    RecordList { h: MsgHeader, txid: i64, max_count: i32 },
+    RecordList {
+        h: MsgHeader,
+        txid: i64,
+        max_count: i32,
+    },
     /// Appends records without a store session; only while the partition is marked unwritable,
     /// so no server writes it at the same time.
-    Append { h: MsgHeader, records: Vec<WireRecord> },
+    Append {
+        h: MsgHeader,
+        records: Vec<WireRecord>,
+    },
     /// Sets the partition's last session info (session id, low-water mark); only while unwritable.
-    SetPartitionInfo { h: MsgHeader, session_id: i64, low_water_mark: i64 },
+    SetPartitionInfo {
+        h: MsgHeader,
+        session_id: i64,
+        low_water_mark: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -692,11 +792,13 @@ impl AdminRequest {
             AdminRequest::Hello { min_version, max_version } => {
                 encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| o.extend_from_slice(&[*min_version, *max_version]))
             }
-            AdminRequest::Open { h, cluster_key, partition_count } => encode_frame(out, MAGIC_ADMIN, admin_msg::OPEN, |o| {
-                h.put(o);
-                o.extend_from_slice(cluster_key);
-                o.extend_from_slice(&partition_count.to_be_bytes());
-            }),
+            AdminRequest::Open { h, cluster_key, partition_count } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::OPEN, |o| {
+                    h.put(o);
+                    o.extend_from_slice(cluster_key);
+                    o.extend_from_slice(&partition_count.to_be_bytes());
+                })
+            }
             AdminRequest::Assign { h } => encode_frame(out, MAGIC_ADMIN, admin_msg::ASSIGN, |o| h.put(o)),
             AdminRequest::Unassign { h, delete_files } => encode_frame(out, MAGIC_ADMIN, admin_msg::UNASSIGN, |o| {
                 h.put(o);
@@ -710,11 +812,13 @@ impl AdminRequest {
                 })
             }
             AdminRequest::Status { h } => encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS, |o| h.put(o)),
-            AdminRequest::RecordList { h, txid, max_count } => encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST, |o| {
-                h.put(o);
-                o.extend_from_slice(&txid.to_be_bytes());
-                o.extend_from_slice(&max_count.to_be_bytes());
-            }),
+            AdminRequest::RecordList { h, txid, max_count } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&txid.to_be_bytes());
+                    o.extend_from_slice(&max_count.to_be_bytes());
+                })
+            }
             AdminRequest::Append { h, records } => encode_frame(out, MAGIC_ADMIN, admin_msg::APPEND, |o| {
                 h.put(o);
                 put_records(o, records);
@@ -739,7 +843,9 @@ impl AdminRequest {
                 partition_count: r.i32("partition count")?,
             },
             admin_msg::ASSIGN => AdminRequest::Assign { h: MsgHeader::read(&mut r)? },
-            admin_msg::UNASSIGN => AdminRequest::Unassign { h: MsgHeader::read(&mut r)?, delete_files: r.bool("delete files")? },
+            admin_msg::UNASSIGN => {
+                AdminRequest::Unassign { h: MsgHeader::read(&mut r)?, delete_files: r.bool("delete files")? }
+            }
             admin_msg::SET_AVAILABILITY => AdminRequest::SetAvailability {
                 h: MsgHeader::read(&mut r)?,
                 readable: r.bool("readable")?,
@@ -774,23 +880,34 @@ impl AdminResponse {
                 o.extend_from_slice(&(*kind as u16).to_be_bytes());
                 put_bytes(o, message.as_bytes());
             }),
-            AdminResponse::Status { h, partitions } => encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS_RESPONSE, |o| {
-                h.put(o);
-                o.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
-                for p in partitions {
-                    o.extend_from_slice(&p.partition_id.to_be_bytes());
-                    for v in [p.first_txid, p.max_txid, p.session_id, p.low_water_mark, p.local_low_water_mark, p.newest_session] {
-                        o.extend_from_slice(&v.to_be_bytes());
+            AdminResponse::Status { h, partitions } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::STATUS_RESPONSE, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
+                    for p in partitions {
+                        o.extend_from_slice(&p.partition_id.to_be_bytes());
+                        for v in [
+                            p.first_txid,
+                            p.max_txid,
+                            p.session_id,
+                            p.low_water_mark,
+                            p.local_low_water_mark,
+                            p.newest_session,
+                        ] {
+                            o.extend_from_slice(&v.to_be_bytes());
+                        }
+                        o.push(p.readable as u8);
+                        o.push(p.writable as u8);
+                        put_bytes(o, p.failure.as_bytes());
                     }
-                    o.push(p.readable as u8);
-                    o.push(p.writable as u8);
-                    put_bytes(o, p.failure.as_bytes());
-                }
-            }),
-            AdminResponse::RecordList { h, records } => encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST_RESPONSE, |o| {
-                h.put(o);
-                put_records(o, records);
-            }),
+                })
+            }
+            AdminResponse::RecordList { h, records } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::RECORD_LIST_RESPONSE, |o| {
+                    h.put(o);
+                    put_records(o, records);
+                })
+            }
         }
     }
 
@@ -824,7 +941,9 @@ impl AdminResponse {
                 }
                 AdminResponse::Status { h, partitions }
             }
-            admin_msg::RECORD_LIST_RESPONSE => AdminResponse::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? },
+            admin_msg::RECORD_LIST_RESPONSE => {
+                AdminResponse::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? }
+            }
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -849,7 +968,13 @@ mod tests {
 
     fn rec(t: i64, n: usize) -> WireRecord {
         let data: Vec<u8> = (0..n).map(|i| (i as i64 * 7 + t) as u8).collect();
-        WireRecord { txid: t, req_id: ReqId { client_id: 1, generation: 2, partition_id: 3, sequence: t as i32 }, header: -5, data_crc: crc32(&data), data }
+        WireRecord {
+            txid: t,
+            req_id: ReqId { client_id: 1, generation: 2, partition_id: 3, sequence: t as i32 },
+            header: -5,
+            data_crc: crc32(&data),
+            data,
+        }
     }
 
     pub(crate) fn all_requests() -> Vec<Request> {
@@ -869,11 +994,15 @@ mod tests {
     }
 
     fn all_responses() -> Vec<Response> {
-        let hd = crate::record::RecordHeader { txid: 3, req_id: ReqId::default(), header: 1 };
+        let hd = crate::engine::record::RecordHeader { txid: 3, req_id: ReqId::default(), header: 1 };
         vec![
             Response::HelloOk { version: 1 },
             Response::Success { h: h(0) },
-            Response::Failure { h: h(0), kind: FailureKind::StaleSession, message: "session 3 is older than 5 ✓".into() },
+            Response::Failure {
+                h: h(0),
+                kind: FailureKind::StaleSession,
+                message: "session 3 is older than 5 ✓".into(),
+            },
             Response::LastSessionInfo { h: h(1), session_id: 5, low_water_mark: 100 },
             Response::MaxTransactionId { h: h(1), txid: -1 },
             Response::RecordHeader { h: h(1), header: Some(hd) },
@@ -946,7 +1075,10 @@ mod tests {
         let crc = crc32(&v2[4..v2.len() - 4]);
         let n = v2.len();
         v2[n - 4..].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(split_frame(&v2, MAGIC_STORAGE, DEFAULT_MAX_FRAME).unwrap_err(), FrameError::BadVersion { found: 9 });
+        assert_eq!(
+            split_frame(&v2, MAGIC_STORAGE, DEFAULT_MAX_FRAME).unwrap_err(),
+            FrameError::BadVersion { found: 9 }
+        );
         let mut unknown = Vec::new();
         encode_frame(&mut unknown, MAGIC_STORAGE, 0x7f, |_| {});
         let f = split_frame(&unknown, MAGIC_STORAGE, DEFAULT_MAX_FRAME).unwrap().unwrap();
@@ -995,8 +1127,16 @@ mod tests {
             assert!(matches!(split_frame(&b, MAGIC_STORAGE, DEFAULT_MAX_FRAME), Err(FrameError::BadMagic { .. })));
         }
         let st = PartitionStatus {
-            partition_id: 1, first_txid: 0, max_txid: 9, session_id: 3, low_water_mark: 5, local_low_water_mark: 5,
-            newest_session: 4, readable: true, writable: false, failure: "fsync: EIO".into(),
+            partition_id: 1,
+            first_txid: 0,
+            max_txid: 9,
+            session_id: 3,
+            low_water_mark: 5,
+            local_low_water_mark: 5,
+            newest_session: 4,
+            readable: true,
+            writable: false,
+            failure: "fsync: EIO".into(),
         };
         for m in [
             AdminResponse::Status { h: h(0), partitions: vec![st.clone(), st] },

@@ -1,13 +1,13 @@
 //! Fault and race tests of the partition: gated fsyncs, injected write errors, damaged index
 //! entries. Found by an adversarial review; each one failed before its fix.
+use super::tests::{open_with, opts, KEY};
 use super::*;
-use crate::fs::{FaultFs, FileHandle, StdFs, WrapFs};
-use crate::record::ReqId;
-use crate::segment::HEADER_LEN;
+use crate::engine::format::HEADER_LEN;
+use crate::engine::fs::{FaultFs, FileHandle, ForwardingFile, StdFs, WrapFs};
+use crate::engine::record::ReqId;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::Condvar;
-use super::tests::{open_with, opts, KEY};
+use std::sync::{mpsc, Condvar};
 
 #[derive(Default)]
 struct GateState {
@@ -57,9 +57,9 @@ struct GateFile {
     gate: Arc<Gate>,
 }
 
-impl FileHandle for GateFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
+impl ForwardingFile for GateFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.is_seg && self.gate.st.lock().unwrap().fail_seg_writes {
@@ -83,15 +83,6 @@ impl FileHandle for GateFile {
             }
         }
         self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 
@@ -152,7 +143,11 @@ fn r1_durable_watermark_after_truncate_during_a_sync() {
     assert_eq!(p.max_txid(), 4);
     let mut problems = Vec::new();
     if p.max_txid() != 4 {
-        problems.push(format!("max_txid() = {} after truncate(4) (log ends at {})", p.max_txid(), lock(&p.state).next_txid - 1));
+        problems.push(format!(
+            "max_txid() = {} after truncate(4) (log ends at {})",
+            p.max_txid(),
+            lock(&p.state).next_txid - 1
+        ));
     }
     // A new append whose fdatasync will fail: while it is in flight it must not be readable.
     gate.arm(1);
@@ -340,7 +335,8 @@ fn write_250(dir: &Path, cp: u64) {
 fn r4_damaged_entry_in_an_earlier_window_is_trusted_forever() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx =
+        std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&[0u8; 8], HEADER_LEN + 8 * 50).unwrap(); // window [0,100), below cp 200
     for _ in 0..2 {
         let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
@@ -360,14 +356,19 @@ fn r4_damaged_entry_in_an_earlier_window_is_trusted_forever() {
 fn r5_index_entry_minus_one_hangs_or_panics_the_reader() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx =
+        std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&[0xFFu8; 8], HEADER_LEN + 8 * 50).unwrap();
     let p = Arc::new(open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap());
     let (tx, rx) = mpsc::channel();
     let p2 = p.clone();
     std::thread::spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p2.read_record(50).map(|_| ()).map_err(|e| e.to_string())));
-        let _ = tx.send(r.map_err(|e| e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p2.read_record(50).map(|_| ()).map_err(|e| e.to_string())
+        }));
+        let _ = tx.send(r.map_err(|e| {
+            e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        }));
     });
     match rx.recv_timeout(Duration::from_secs(5)) {
         Ok(Ok(r)) => println!("read_record(50) -> {r:?}"),
@@ -389,7 +390,12 @@ fn r6_record_whose_fsync_failed_is_durable_after_reopen() {
     fs.syncs_before_eio.store(-1, Ordering::SeqCst);
     drop(p);
     let p = open_with(fs, d.path(), opts(1 << 30, 1000)).unwrap();
-    assert_eq!(p.max_txid(), 4, "record 5 (its fdatasync failed) is reported durable after reopen: {:?}", p.read_record(5).unwrap().map(|r| r.data));
+    assert_eq!(
+        p.max_txid(),
+        4,
+        "record 5 (its fdatasync failed) is reported durable after reopen: {:?}",
+        p.read_record(5).unwrap().map(|r| r.data)
+    );
 }
 
 /// F7: truncate/drop_segments_before check `closed` before taking the state lock; a call that
@@ -422,7 +428,13 @@ fn r8_read_only_open_with_intent_serves_truncated_records() {
     let mut o = opts(1 << 30, 1000);
     o.recover.read_only = true;
     let p = Partition::open(Arc::new(StdFs), d.path(), 0, KEY, o).unwrap();
-    assert_eq!(p.max_txid(), 3, "read-only view shows {} (finished_truncation = {:?})", p.max_txid(), p.recovery.finished_truncation);
+    assert_eq!(
+        p.max_txid(),
+        3,
+        "read-only view shows {} (finished_truncation = {:?})",
+        p.max_txid(),
+        p.recovery.finished_truncation
+    );
 }
 
 /// F4b: `truncate` trusts the same unverified entry as the cut point (`cut_after` -> offset_of ->
@@ -431,7 +443,8 @@ fn r8_read_only_open_with_intent_serves_truncated_records() {
 fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let idx =
+        std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     idx.write_all_at(&(HEADER_LEN as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap(); // entry 50 := 128
     let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
     assert_eq!(p.truncate(49).unwrap(), 49);
@@ -443,7 +456,7 @@ fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
         "after truncate(49) record 10 is {:?}; max_txid {}; data file {} bytes",
         r.map(|o| o.map(|r| r.txid)).map_err(|e| e.to_string()),
         p.max_txid(),
-        std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len()
+        std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len()
     );
 }
 
@@ -454,13 +467,17 @@ fn r9_truncate_through_a_damaged_entry_deletes_acknowledged_records() {
 fn r10_truncate_through_an_entry_equal_to_the_end_cuts_the_records() {
     let d = tempfile::tempdir().unwrap();
     write_250(d.path(), 100);
-    let data_len = std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len();
-    let idx = std::fs::OpenOptions::new().write(true).open(d.path().join(crate::segment::index_name(0))).unwrap();
+    let data_len = std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len();
+    let idx =
+        std::fs::OpenOptions::new().write(true).open(d.path().join(crate::engine::segment::index_name(0))).unwrap();
     // Entry 50 := the end, in a window below the last checkpoint (recovery proves only that one).
     idx.write_all_at(&(data_len as i64).to_be_bytes(), HEADER_LEN + 8 * 50).unwrap();
     let p = open_with(Arc::new(StdFs), d.path(), opts(1 << 30, 100)).unwrap();
     assert_eq!(p.truncate(49).unwrap(), 49);
-    assert!(std::fs::metadata(d.path().join(crate::segment::data_name(0))).unwrap().len() < data_len, "nothing was cut");
+    assert!(
+        std::fs::metadata(d.path().join(crate::engine::segment::data_name(0))).unwrap().len() < data_len,
+        "nothing was cut"
+    );
     for t in 50..55 {
         p.append(t, &one(format!("new-{t}").as_bytes())).unwrap();
     }
@@ -482,28 +499,16 @@ struct AppendedBehindTheReader {
     written: std::sync::atomic::AtomicBool,
 }
 
-impl FileHandle for AppendedBehindTheReader {
+impl ForwardingFile for AppendedBehindTheReader {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let n = self.inner.read_at(buf, offset)?;
         if offset <= self.at && self.at < offset + n as u64 && !self.written.swap(true, Ordering::SeqCst) {
             std::fs::OpenOptions::new().write(true).open(&self.path)?.write_all_at(&self.bytes, self.at)?;
         }
         Ok(n)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 
@@ -519,14 +524,15 @@ fn r11_a_read_only_open_follows_records_appended_while_it_scans() {
         p.append(t, &one(&payload(t))).unwrap();
     }
     drop(p);
-    let (seg, idx) = (d.path().join(crate::segment::data_name(0)), d.path().join(crate::segment::index_name(0)));
+    let (seg, idx) =
+        (d.path().join(crate::engine::segment::data_name(0)), d.path().join(crate::engine::segment::index_name(0)));
     let entry = |i: u64| {
         let mut b = [0u8; 8];
         std::fs::File::open(&idx).unwrap().read_exact_at(&mut b, HEADER_LEN + 8 * i).unwrap();
         i64::from_be_bytes(b) as u64
     };
     let (at, last) = (entry(5), entry(6));
-    let end = last + (crate::record::RECORD_OVERHEAD + payload(6).len()) as u64;
+    let end = last + (crate::engine::record::RECORD_OVERHEAD + payload(6).len()) as u64;
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
     let mut bytes = vec![0u8; (end - at) as usize];
     file.read_exact_at(&mut bytes, at).unwrap();
@@ -539,7 +545,11 @@ fn r11_a_read_only_open_follows_records_appended_while_it_scans() {
             return Ok(f);
         }
         Ok(Arc::new(AppendedBehindTheReader {
-            inner: f, path: path.to_path_buf(), at, bytes: bytes.clone(), written: Default::default(),
+            inner: f,
+            path: path.to_path_buf(),
+            at,
+            bytes: bytes.clone(),
+            written: Default::default(),
         }))
     });
     let mut o = opts(1 << 30, 1000);
@@ -555,7 +565,7 @@ struct ListingMissesOnce {
     hidden: Mutex<Option<PathBuf>>,
 }
 
-impl crate::fs::FileSystem for ListingMissesOnce {
+impl crate::engine::fs::FileSystem for ListingMissesOnce {
     fn open(&self, path: &Path, writable: bool) -> io::Result<Arc<dyn FileHandle>> {
         StdFs.open(path, writable)
     }

@@ -1,9 +1,10 @@
 //! A storage directory: the control file plus one folder per partition.
-use crate::control::{format_uuid, ControlFile, PartitionInfo, CONTROL_FILE};
+use crate::engine::control::{ControlFile, PartitionInfo, CONTROL_FILE};
+use crate::engine::format::format_uuid;
 
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{parent_dir, FileSystem, StdFs};
-use crate::partition::{lock, Partition, PartitionOptions};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::fs::{parent_dir, FileSystem, StdFs};
+use crate::engine::partition::{lock, Partition, PartitionOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -40,13 +41,13 @@ fn encode_fences(fences: &HashMap<i32, i64>) -> Vec<u8> {
         b.extend_from_slice(&pid.to_be_bytes());
         b.extend_from_slice(&session.to_be_bytes());
     }
-    let crc = crate::record::crc32(&b);
+    let crc = crate::engine::record::crc32(&b);
     b.extend_from_slice(&crc.to_be_bytes());
     b
 }
 
 fn decode_fences(path: &Path, b: &[u8]) -> Result<HashMap<i32, i64>> {
-    use crate::record::{be_i32, be_i64, be_u32, crc32};
+    use crate::engine::record::{be_i32, be_i64, be_u32, crc32};
     let bad = |why: &str| Error::corruption(path, 0, why.to_string());
     if b.len() < 12 || crc32(&b[..b.len() - 4]) != be_u32(&b[b.len() - 4..]) {
         return Err(bad("fence file fails its checksum"));
@@ -88,7 +89,12 @@ impl Storage {
         Self::open_with(fs, path, Some(cluster_key), Some(partition_count), opts)
     }
 
-    pub fn open(path: &Path, cluster_key: Option<[u8; 16]>, partition_count: Option<i32>, opts: PartitionOptions) -> Result<Storage> {
+    pub fn open(
+        path: &Path,
+        cluster_key: Option<[u8; 16]>,
+        partition_count: Option<i32>,
+        opts: PartitionOptions,
+    ) -> Result<Storage> {
         Self::open_with(Arc::new(StdFs), path, cluster_key, partition_count, opts)
     }
 
@@ -163,10 +169,7 @@ impl Storage {
 
     fn check_pid(&self, pid: i32) -> Result<()> {
         if pid < 0 || pid >= self.partition_count {
-            return Err(Error::PartitionOutOfRange {
-                partition: pid,
-                count: self.partition_count,
-            });
+            return Err(Error::PartitionOutOfRange { partition: pid, count: self.partition_count });
         }
         Ok(())
     }
@@ -307,7 +310,8 @@ impl Storage {
     /// One partition's failure does not keep the others from being flushed; the first error is
     /// returned.
     pub fn flush(&self) -> Result<()> {
-        let mut parts: Vec<(i32, Arc<Partition>)> = lock(&self.partitions).iter().map(|(&id, p)| (id, p.clone())).collect();
+        let mut parts: Vec<(i32, Arc<Partition>)> =
+            lock(&self.partitions).iter().map(|(&id, p)| (id, p.clone())).collect();
         parts.sort_unstable_by_key(|&(id, _)| id); // in id order, so that a failure is reported the same way each time
         let mut first_error = None;
         for (_, p) in parts {
@@ -343,7 +347,7 @@ impl Storage {
             let mut next = fences.clone();
             next.insert(pid, session);
             let path = self.path.join(FENCE_FILE);
-            crate::fs::write_file_atomically(self.fs.as_ref(), &path, &encode_fences(&next)).at(&path)?;
+            crate::engine::fs::write_file_atomically(self.fs.as_ref(), &path, &encode_fences(&next)).at(&path)?;
             *fences = next;
         }
         Ok(Ok(()))
@@ -376,7 +380,7 @@ impl Storage {
         self.with_control(|_| Ok(()))?;
         self.close_partition(pid);
         let mut opts = self.opts.clone();
-        opts.recover.mode = crate::segment::RecoveryMode::TruncateAtCorruption;
+        opts.recover.mode = crate::engine::segment::RecoveryMode::TruncateAtCorruption;
         let dir = self.partition_dir(pid);
         if !self.fs.exists(&dir) {
             return Err(Error::PartitionNotFound { partition: pid });
@@ -398,11 +402,7 @@ impl Storage {
             return Err(Error::ReadOnly);
         }
         let local = self.partition(pid)?.max_txid().min(low_water_mark);
-        let info = PartitionInfo {
-            session_id,
-            low_water_mark,
-            local_low_water_mark: local,
-        };
+        let info = PartitionInfo { session_id, low_water_mark, local_low_water_mark: local };
         self.with_control(|c| c.update(pid, info))?;
         Ok(info)
     }
@@ -419,7 +419,7 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::default_options;
+    use crate::engine::partition::default_options;
 
     #[test]
     fn create_open_and_mismatches() {
@@ -432,8 +432,14 @@ mod tests {
         assert!(matches!(s.add_partition(3), Err(Error::PartitionOutOfRange { .. })));
         assert!(matches!(s.partition(0), Err(Error::PartitionNotFound { .. })));
         drop(s);
-        assert!(matches!(Storage::open(&path, Some([2; 16]), None, default_options()), Err(Error::ClusterKeyMismatch { .. })));
-        assert!(matches!(Storage::open(&path, None, Some(4), default_options()), Err(Error::PartitionCountMismatch { .. })));
+        assert!(matches!(
+            Storage::open(&path, Some([2; 16]), None, default_options()),
+            Err(Error::ClusterKeyMismatch { .. })
+        ));
+        assert!(matches!(
+            Storage::open(&path, None, Some(4), default_options()),
+            Err(Error::PartitionCountMismatch { .. })
+        ));
         let s = Storage::open(&path, Some([1; 16]), Some(3), default_options()).unwrap();
         assert_eq!(s.partition(1).unwrap().max_txid(), -1);
     }
@@ -486,7 +492,8 @@ mod tests {
         let s = Storage::create(d.path(), [1; 16], 1, default_options()).unwrap();
         s.add_partition(0).unwrap();
         s.set_low_water_mark(0, 5, -1).unwrap();
-        let rec = crate::record::NewRecord { req_id: Default::default(), header: 0, data: b"old", data_crc: None };
+        let rec =
+            crate::engine::record::NewRecord { req_id: Default::default(), header: 0, data: b"old", data_crc: None };
         s.partition(0).unwrap().append(0, &[rec]).unwrap();
         s.remove_partition(0, false).unwrap();
         assert!(d.path().join(format!("0{UNASSIGNED_SUFFIX}")).exists());
@@ -503,17 +510,24 @@ mod tests {
     fn flush_goes_on_past_a_partition_that_fails() {
         let d = tempfile::tempdir().unwrap();
         drop(Storage::create(d.path(), [1; 16], 3, default_options()).unwrap());
-        let faults = crate::fs::FaultFs::new();
+        let faults = crate::engine::fs::FaultFs::new();
         let budget = faults.write_budget.clone();
-        let fs = crate::fs::WrapFs(move |path: &Path, f: Arc<dyn crate::fs::FileHandle>| -> std::io::Result<Arc<dyn crate::fs::FileHandle>> {
-            let in_partition_0 = path.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "0");
-            Ok(if in_partition_0 && path.extension().is_some_and(|e| e == "idx") { faults.wrap(f) } else { f })
-        });
+        let fs = crate::engine::fs::WrapFs(
+            move |path: &Path,
+                  f: Arc<dyn crate::engine::fs::FileHandle>|
+                  -> std::io::Result<Arc<dyn crate::engine::fs::FileHandle>> {
+                let in_partition_0 = path.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "0");
+                Ok(if in_partition_0 && path.extension().is_some_and(|e| e == "idx") { faults.wrap(f) } else { f })
+            },
+        );
         let s = Storage::open_with(Arc::new(fs), d.path(), None, None, default_options()).unwrap();
-        let index_len = |pid: i32| std::fs::metadata(d.path().join(pid.to_string()).join(crate::segment::index_name(0))).unwrap().len();
+        let index_len = |pid: i32| {
+            std::fs::metadata(d.path().join(pid.to_string()).join(crate::engine::segment::index_name(0))).unwrap().len()
+        };
         for pid in [0, 1, 2] {
             s.add_partition(pid).unwrap();
-            let rec = crate::record::NewRecord { req_id: Default::default(), header: 0, data: b"x", data_crc: None };
+            let rec =
+                crate::engine::record::NewRecord { req_id: Default::default(), header: 0, data: b"x", data_crc: None };
             s.partition(pid).unwrap().append(0, &[rec]).unwrap(); // one record: no checkpoint window is complete
         }
         let before = [1, 2].map(index_len);

@@ -5,9 +5,9 @@
 //! written since its last sync, and checks every index write against them at that moment.
 use super::tests::{crash_copy, open_with, opts, KEY};
 use super::*;
-use crate::fs::{FileHandle, StdFs, WrapFs};
-use crate::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
-use crate::segment::HEADER_LEN;
+use crate::engine::format::HEADER_LEN;
+use crate::engine::fs::{FileHandle, ForwardingFile, StdFs, WrapFs};
+use crate::engine::record::{parse_prefix, ReqId, RECORD_OVERHEAD};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -59,9 +59,9 @@ impl OrderFile {
     }
 }
 
-impl FileHandle for OrderFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
+impl ForwardingFile for OrderFile {
+    fn inner(&self) -> &dyn FileHandle {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if self.is("idx") && offset >= HEADER_LEN {
@@ -86,15 +86,6 @@ impl FileHandle for OrderFile {
         self.inner.sync_data()?;
         self.disk.lock().unwrap().dirty.remove(&self.path);
         Ok(())
-    }
-    fn set_len(&self, l: u64) -> io::Result<()> {
-        self.inner.set_len(l)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn try_lock_exclusive(&self) -> io::Result<bool> {
-        self.inner.try_lock_exclusive()
     }
 }
 
@@ -123,10 +114,8 @@ fn append_batch(p: &Partition, n: usize) -> (i64, i64) {
     loop {
         let next = lock(&p.state).next_txid;
         let datas: Vec<Vec<u8>> = (next..next + n as i64).map(data).collect();
-        let recs: Vec<NewRecord<'_>> = datas
-            .iter()
-            .map(|d| NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None })
-            .collect();
+        let recs: Vec<NewRecord<'_>> =
+            datas.iter().map(|d| NewRecord { req_id: ReqId::default(), header: 0, data: d, data_crc: None }).collect();
         match p.append_at_opt(Some(next), &recs) {
             Ok(r) => return r,
             Err(Error::NonDenseAppend { .. }) => continue,
@@ -138,7 +127,12 @@ fn append_batch(p: &Partition, n: usize) -> (i64, i64) {
 fn assert_in_order(disk: &Mutex<Disk>) {
     let d = disk.lock().unwrap();
     assert!(d.entries_written > 0, "the run wrote no index entry: nothing was checked");
-    assert!(d.early.is_empty(), "{} index entries reached the file before their records were synced, first: {}", d.early.len(), d.early[0]);
+    assert!(
+        d.early.is_empty(),
+        "{} index entries reached the file before their records were synced, first: {}",
+        d.early.len(),
+        d.early[0]
+    );
 }
 
 fn check_reads(dir: &Path, last: i64) {
@@ -203,7 +197,7 @@ fn recovery_syncs_the_records_it_scanned_before_indexing_them() {
     crash_copy(d.path(), &crashed);
     p.close();
     // The crash left part of the index tail unwritten: recovery has windows to write back.
-    let idx = crashed.join(crate::segment::index_name(0));
+    let idx = crashed.join(crate::engine::segment::index_name(0));
     let f = std::fs::OpenOptions::new().write(true).open(&idx).unwrap();
     f.set_len(HEADER_LEN + 8 * 4).unwrap();
     drop(f);
@@ -237,7 +231,11 @@ fn a_failed_checkpoint_write_is_retried_and_loses_no_entry() {
     let last = p.max_txid();
     p.close();
     assert_in_order(&disk);
-    let idx = d.path().join(crate::segment::index_name(0));
-    assert_eq!(std::fs::metadata(&idx).unwrap().len(), HEADER_LEN + 8 * (last as u64 + 1), "a closed partition has its whole index");
+    let idx = d.path().join(crate::engine::segment::index_name(0));
+    assert_eq!(
+        std::fs::metadata(&idx).unwrap().len(),
+        HEADER_LEN + 8 * (last as u64 + 1),
+        "a closed partition has its whole index"
+    );
     check_reads(d.path(), last);
 }

@@ -3,14 +3,14 @@
 //! it finds the last index checkpoint it can prove, scans the data file from there, rebuilds the
 //! index tail and classifies whatever follows the last valid record as a torn tail (truncated)
 //! or as corruption (an error, unless the caller asked for repair).
-use crate::error::{Error, IoContext, Result};
-use crate::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
+use crate::engine::error::{Error, IoContext, Result};
+use crate::engine::format::{format_uuid, FORMAT_VERSION, HEADER_LEN};
+use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
+use crate::engine::index::{verify_window, Durable, PendingIndex};
+use crate::engine::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-pub const FORMAT_VERSION: i32 = 1;
-pub const HEADER_LEN: u64 = 128;
 const SCAN_CHUNK: usize = 4 << 20;
 /// A read-only open of a live log looks again this many times, `LIVE_TAIL_PAUSE` apart, at
 /// invalid bytes that end the last segment before it judges them (see `follow_live_tail`).
@@ -49,13 +49,6 @@ impl SegmentHeader {
     }
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 pub fn data_name(first_txid: i64) -> String {
     format!("{first_txid:019}.seg")
 }
@@ -89,15 +82,8 @@ pub struct RecoverOptions {
     pub mode: RecoveryMode,
 }
 
-/// Index entries not (yet) in the index file: those written since the last checkpoint, or, in a
-/// read-only open, those recovery rebuilt. Entries cover segment positions [base, base + len).
-#[derive(Debug, Default)]
-pub struct PendingIndex {
-    pub base: u64,
-    pub offsets: Vec<u64>,
-}
-
-/// The open files of one segment plus its in-memory index tail.
+/// The open files of one segment plus its in-memory index tail (whose methods, the index
+/// checkpointing, are in `engine::index`).
 pub struct SegmentFiles {
     pub first_txid: i64,
     pub data_path: PathBuf,
@@ -105,91 +91,6 @@ pub struct SegmentFiles {
     pub data: Arc<dyn FileHandle>,
     pub index: Option<Arc<dyn FileHandle>>,
     pub pending: RwLock<PendingIndex>,
-}
-
-impl SegmentFiles {
-    /// Byte offset in the data file of the record at position `i` of this segment.
-    pub fn offset_of(&self, i: u64) -> Result<u64> {
-        {
-            let p = self.pending.read().unwrap_or_else(|e| e.into_inner());
-            if i >= p.base && i - p.base < p.offsets.len() as u64 {
-                return Ok(p.offsets[(i - p.base) as usize]);
-            }
-        }
-        let idx = self
-            .index
-            .as_ref()
-            .ok_or_else(|| Error::corruption(&self.index_path, 0, "index entry not available"))?;
-        let mut b = [0u8; 8];
-        let pos = HEADER_LEN + 8 * i;
-        let n = idx.read_full_at(&mut b, pos).at(&self.index_path)?;
-        if n != 8 {
-            return Err(Error::corruption(&self.index_path, pos, "index entry missing"));
-        }
-        let off = be_i64(&b);
-        // Range-checked so no later offset arithmetic can overflow on a damaged entry.
-        if off < HEADER_LEN as i64 || off > (1i64 << 48) {
-            return Err(Error::corruption(&self.index_path, pos, format!("index entry {off} is out of range")));
-        }
-        Ok(off as u64)
-    }
-
-    /// Writes pending entries up to the last multiple of `interval` (all of them when `all`) to
-    /// the index file, never for positions at or past `synced`: the records there may not be on
-    /// the disk yet, and recovery checks a window's record prefixes and its last record, not
-    /// every byte between, so a window must never outlive the data it points into.
-    /// Returns whether anything was written; the caller syncs the index.
-    pub fn write_pending(&self, interval: u64, all: bool, synced: u64) -> Result<bool> {
-        let idx = match &self.index {
-            Some(i) => i,
-            None => return Ok(false),
-        };
-        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
-        let end = (p.base + p.offsets.len() as u64).min(synced);
-        let upto = if all { end } else { (end / interval) * interval };
-        if upto <= p.base {
-            return Ok(false);
-        }
-        let file_len = idx.len().at(&self.index_path)?;
-        if file_len != HEADER_LEN + 8 * p.base {
-            return Err(Error::corruption(
-                &self.index_path,
-                file_len,
-                format!("index file holds {} entries, expected {} (internal invariant)", (file_len.saturating_sub(HEADER_LEN)) / 8, p.base),
-            ));
-        }
-        let n = (upto - p.base) as usize;
-        let mut buf = Vec::with_capacity(n * 8);
-        for o in &p.offsets[..n] {
-            buf.extend_from_slice(&(*o as i64).to_be_bytes());
-        }
-        if let Err(e) = idx.write_all_at(&buf, HEADER_LEN + 8 * p.base) {
-            // Part of the window may be in the file: cut it back, so the file keeps ending at
-            // `base` and a later write can retry these entries.
-            let _ = idx.set_len(file_len);
-            return Err(e).at(&self.index_path);
-        }
-        p.offsets.drain(..n);
-        p.base = upto;
-        Ok(true)
-    }
-
-    /// Drops index entries at positions >= `keep`, in the file and in memory.
-    pub fn truncate_index(&self, keep: u64) -> Result<()> {
-        let mut p = self.pending.write().unwrap_or_else(|e| e.into_inner());
-        if keep < p.base {
-            if let Some(idx) = &self.index {
-                idx.set_len(HEADER_LEN + 8 * keep).at(&self.index_path)?;
-                idx.sync_data().at(&self.index_path)?;
-            }
-            p.base = keep;
-            p.offsets.clear();
-        } else {
-            let k = (keep - p.base) as usize;
-            p.offsets.truncate(k);
-        }
-        Ok(())
-    }
 }
 
 /// A segment as the partition tracks it: files plus how many records and bytes are valid.
@@ -239,9 +140,16 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
 pub enum Tail {
     Clean,
     /// Bytes after the last valid record that no valid record follows: an unfinished write.
-    Torn { offset: u64, bytes: u64, reason: String },
+    Torn {
+        offset: u64,
+        bytes: u64,
+        reason: String,
+    },
     /// A bad record with valid records after it, cut away because repair was asked for.
-    CorruptionCut { offset: u64, reason: String },
+    CorruptionCut {
+        offset: u64,
+        reason: String,
+    },
 }
 
 pub struct Recovered {
@@ -270,8 +178,8 @@ pub fn check_header(path: &Path, b: &[u8], ctx: &SegmentContext<'_>) -> Result<(
     if h.cluster_key != ctx.cluster_key {
         return Err(Error::ClusterKeyMismatch {
             path: path.to_path_buf(),
-            expected: crate::control::format_uuid(&ctx.cluster_key),
-            found: crate::control::format_uuid(&h.cluster_key),
+            expected: format_uuid(&ctx.cluster_key),
+            found: format_uuid(&h.cluster_key),
         });
     }
     if h.partition_id != ctx.partition_id {
@@ -300,57 +208,15 @@ pub fn ids_fit(first_txid: i64, data_len: u64) -> bool {
     first_txid >= 0 && first_txid.checked_add(room).is_some()
 }
 
+/// Recovers one segment: checks its header, opens (or rebuilds) its index, finds the last
+/// checkpoint window proven against the data, scans from there, judges what stops the scan
+/// (preallocated zeros, a torn tail, corruption) and settles the index file.
 pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
-    let fs = ctx.fs;
     let opts = ctx.opts;
-    let data_path = ctx.dir.join(data_name(ctx.first_txid));
+    let (data_path, data, mut data_len, hb) = open_data_file(ctx)?;
     let index_path = ctx.dir.join(index_name(ctx.first_txid));
-    let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
-    let mut data_len = data.len().at(&data_path)?;
-    let mut hb = [0u8; HEADER_LEN as usize];
-    if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
-        return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
-    }
-    check_header(&data_path, &hb, ctx)?;
-    if !ids_fit(ctx.first_txid, data_len) {
-        return Err(Error::corruption(&data_path, 32, format!("first transaction id {} leaves no room for the file's records", ctx.first_txid)));
-    }
-
-    // The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
-    let mut index: Option<Arc<dyn FileHandle>> = None;
-    let mut claimed = 0u64;
-    let mut file_entries = 0u64;
-    let mut index_len = HEADER_LEN;
-    if fs.exists(&index_path) {
-        let f = fs.open(&index_path, !opts.read_only).at(&index_path)?;
-        let len = f.len().at(&index_path)?;
-        let mut ib = [0u8; HEADER_LEN as usize];
-        let header_ok = len >= HEADER_LEN
-            && f.read_full_at(&mut ib, 0).at(&index_path)? == HEADER_LEN as usize
-            && ib[..40] == hb[..40];
-        if header_ok {
-            claimed = (len - HEADER_LEN) / 8;
-            file_entries = claimed;
-            index_len = len;
-        } else if !opts.read_only {
-            log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
-            f.set_len(0).at(&index_path)?;
-            f.write_all_at(&hb, 0).at(&index_path)?;
-            f.sync_data().at(&index_path)?;
-        }
-        if header_ok || !opts.read_only {
-            index = Some(f);
-        }
-    } else if !opts.read_only {
-        log::warn!("{}: index missing, rebuilding it", index_path.display());
-        write_file_atomically(fs, &index_path, &hb).at(&index_path)?;
-        index = Some(fs.open(&index_path, true).at(&index_path)?);
-    }
-    if let Some(next) = ctx.next_first {
-        claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
-    }
-    // An index never holds more entries than records fit in the data file (keeps ids in range).
-    claimed = claimed.min((data_len - HEADER_LEN) / RECORD_OVERHEAD as u64);
+    let opened = open_index_file(ctx, &index_path, &hb, data_len)?;
+    let (index, claimed, file_entries, index_len) = (opened.file, opened.claimed, opened.file_entries, opened.len);
 
     let mut files = SegmentFiles {
         first_txid: ctx.first_txid,
@@ -361,54 +227,169 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         pending: RwLock::new(PendingIndex::default()),
     };
 
-    // Sealed segments were synced whole before the next one was created: when the index agrees
-    // with the next segment and its last entry ends the file exactly, the segment is complete.
+    if let Some(end) = sealed_and_complete(ctx, &files, claimed, index_len, data_len) {
+        // The index file holds every entry: nothing is pending.
+        files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
+        return Ok(Recovered {
+            segment: Segment { files: Arc::new(files), count: claimed, end },
+            tail: Tail::Clean,
+            scanned_records: 0,
+        });
+    }
+
+    let (cp, start) = last_proven_checkpoint(ctx, &files, claimed, data_len);
+    let mut scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    let mut zero_tail = None;
+    if opts.read_only && ctx.next_first.is_none() {
+        (zero_tail, data_len) =
+            follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
+    }
+    let count = cp + scan.offsets.len() as u64;
+    let (tail, end) = judge_stop(ctx, &data, &data_path, &scan, zero_tail, data_len, count)?;
+    check_reaches_next(ctx, &data_path, &tail, count, end)?;
+    settle_index(ctx, &mut files, scan.offsets, cp, file_entries, index_len, end, data_len)?;
+    Ok(Recovered { segment: Segment { files: Arc::new(files), count, end }, tail, scanned_records: count - cp })
+}
+
+/// Opens the data file and checks its header; returns the path, the file, its length and the
+/// header bytes (the index file must carry the same).
+fn open_data_file(ctx: &SegmentContext<'_>) -> Result<(PathBuf, Arc<dyn FileHandle>, u64, [u8; HEADER_LEN as usize])> {
+    let (fs, opts) = (ctx.fs, ctx.opts);
+    let data_path = ctx.dir.join(data_name(ctx.first_txid));
+    let data = fs.open(&data_path, !opts.read_only).at(&data_path)?;
+    let data_len = data.len().at(&data_path)?;
+    let mut hb = [0u8; HEADER_LEN as usize];
+    if data.read_full_at(&mut hb, 0).at(&data_path)? < HEADER_LEN as usize {
+        return Err(Error::corruption(&data_path, 0, "file is shorter than its 128-byte header"));
+    }
+    check_header(&data_path, &hb, ctx)?;
+    if !ids_fit(ctx.first_txid, data_len) {
+        return Err(Error::corruption(
+            &data_path,
+            32,
+            format!("first transaction id {} leaves no room for the file's records", ctx.first_txid),
+        ));
+    }
+    Ok((data_path, data, data_len, hb))
+}
+
+/// An index file as recovery found it: the handle (None in a read-only open of a missing or
+/// unusable one), how many entries it claims (at most as many as fit the segment), how many it
+/// holds and its length.
+struct OpenedIndex {
+    file: Option<Arc<dyn FileHandle>>,
+    claimed: u64,
+    file_entries: u64,
+    len: u64,
+}
+
+/// The index: usable when it exists and carries the same header; otherwise rebuilt from zero.
+fn open_index_file(
+    ctx: &SegmentContext<'_>,
+    index_path: &Path,
+    hb: &[u8; HEADER_LEN as usize],
+    data_len: u64,
+) -> Result<OpenedIndex> {
+    let (fs, opts) = (ctx.fs, ctx.opts);
+    let mut index: Option<Arc<dyn FileHandle>> = None;
+    let mut claimed = 0u64;
+    let mut file_entries = 0u64;
+    let mut index_len = HEADER_LEN;
+    if fs.exists(index_path) {
+        let f = fs.open(index_path, !opts.read_only).at(index_path)?;
+        let len = f.len().at(index_path)?;
+        let mut ib = [0u8; HEADER_LEN as usize];
+        let header_ok = len >= HEADER_LEN
+            && f.read_full_at(&mut ib, 0).at(index_path)? == HEADER_LEN as usize
+            && ib[..40] == hb[..40];
+        if header_ok {
+            claimed = (len - HEADER_LEN) / 8;
+            file_entries = claimed;
+            index_len = len;
+        } else if !opts.read_only {
+            log::warn!("{}: index header unusable, rebuilding the index", index_path.display());
+            f.set_len(0).at(index_path)?;
+            f.write_all_at(hb, 0).at(index_path)?;
+            f.sync_data().at(index_path)?;
+        }
+        if header_ok || !opts.read_only {
+            index = Some(f);
+        }
+    } else if !opts.read_only {
+        log::warn!("{}: index missing, rebuilding it", index_path.display());
+        write_file_atomically(fs, index_path, hb).at(index_path)?;
+        index = Some(fs.open(index_path, true).at(index_path)?);
+    }
     if let Some(next) = ctx.next_first {
-        if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
-            if let Ok(end) = record_end(&files, claimed - 1, ctx.first_txid, opts.max_record_size, data_len) {
-                if end == data_len {
-                    // The index file holds every entry: nothing is pending.
-                    files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
-                    return Ok(Recovered {
-                        segment: Segment {
-                            files: Arc::new(files),
-                            count: claimed,
-                            end,
-                        },
-                        tail: Tail::Clean,
-                        scanned_records: 0,
-                    });
-                }
+        claimed = claimed.min((next - ctx.first_txid).max(0) as u64);
+    }
+    // An index never holds more entries than records fit in the data file (keeps ids in range).
+    claimed = claimed.min((data_len - HEADER_LEN) / RECORD_OVERHEAD as u64);
+    Ok(OpenedIndex { file: index, claimed, file_entries, len: index_len })
+}
+
+/// Sealed segments were synced whole before the next one was created: when the index agrees
+/// with the next segment and its last entry ends the file exactly, the segment is complete.
+/// Returns where its records end then.
+fn sealed_and_complete(
+    ctx: &SegmentContext<'_>,
+    files: &SegmentFiles,
+    claimed: u64,
+    index_len: u64,
+    data_len: u64,
+) -> Option<u64> {
+    let next = ctx.next_first?;
+    if claimed > 0 && index_len == HEADER_LEN + 8 * claimed && ctx.first_txid + claimed as i64 == next {
+        if let Ok(end) = record_end(files, claimed - 1, ctx.first_txid, ctx.opts.max_record_size, data_len) {
+            if end == data_len {
+                return Some(end);
             }
         }
     }
+    None
+}
 
-    // The highest checkpoint whose whole window of index entries is proven against the data.
+/// The highest checkpoint whose whole window of index entries is proven against the data, and
+/// where the records after it start.
+fn last_proven_checkpoint(ctx: &SegmentContext<'_>, files: &SegmentFiles, claimed: u64, data_len: u64) -> (u64, u64) {
+    let opts = ctx.opts;
     let n = opts.checkpoint_interval.max(1);
     let mut cp = (claimed / n) * n;
     let mut start = HEADER_LEN;
     while cp > 0 {
-        if let Some(end) = verify_window(&files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len) {
+        if let Some(end) =
+            verify_window(files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len)
+        {
             start = end;
             break;
         }
         log::warn!(
             "{}: index checkpoint at record {} does not match the data, trying the one before",
-            index_path.display(),
+            files.index_path.display(),
             cp
         );
         cp -= n;
     }
+    (cp, start)
+}
 
-    let mut scan = scan_forward(&data, &data_path, start, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
-    let mut zero_tail = None;
-    if opts.read_only && ctx.next_first.is_none() {
-        (zero_tail, data_len) = follow_live_tail(&data, &data_path, &mut scan, data_len, ctx.first_txid + cp as i64, opts.max_record_size)?;
-    }
-    let count = cp + scan.offsets.len() as u64;
+/// Judges what stopped the scan: preallocated zeros end the log; a bad record with nothing
+/// valid after it in the last segment is a torn tail; anything else is corruption, cut in a
+/// repair and an error otherwise. Returns the tail and where the valid records end.
+#[allow(clippy::too_many_arguments)]
+fn judge_stop(
+    ctx: &SegmentContext<'_>,
+    data: &Arc<dyn FileHandle>,
+    data_path: &Path,
+    scan: &ScanResult,
+    zero_tail: Option<bool>,
+    data_len: u64,
+    count: u64,
+) -> Result<(Tail, u64)> {
+    let opts = ctx.opts;
     let mut end = scan.end;
     let mut tail = Tail::Clean;
-    let mut stopped = scan.stopped;
+    let mut stopped = scan.stopped.clone();
     if let Some((bad_at, _)) = &stopped {
         // Zeros from the last valid record to the end of the file are preallocated space the
         // appender had not reached (it zero-fills ahead of its writes): the end of the log, not
@@ -416,17 +397,22 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         // zeros followed by anything else still go through the checks below.
         let zeros = match zero_tail {
             Some(known) => known,
-            None => is_zero_range(&data, &data_path, *bad_at, data_len)?,
+            None => is_zero_range(data, data_path, *bad_at, data_len)?,
         };
         if zeros {
-            log::debug!("{}: {} bytes of preallocated space after offset {}", data_path.display(), data_len - bad_at, bad_at);
+            log::debug!(
+                "{}: {} bytes of preallocated space after offset {}",
+                data_path.display(),
+                data_len - bad_at,
+                bad_at
+            );
             end = *bad_at;
             stopped = None;
         }
     }
     if let Some((bad_at, why)) = stopped {
         let expected = ctx.first_txid + count as i64;
-        let later = find_valid_record_after(&data, &data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
+        let later = find_valid_record_after(data, data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
         match later {
             None if is_last => {
@@ -437,11 +423,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
                     bad_at,
                     why
                 );
-                tail = Tail::Torn {
-                    offset: bad_at,
-                    bytes: data_len - bad_at,
-                    reason: why.to_string(),
-                };
+                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string() };
             }
             _ if opts.mode == RecoveryMode::TruncateAtCorruption => {
                 log::warn!(
@@ -450,14 +432,11 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
                     bad_at,
                     why
                 );
-                tail = Tail::CorruptionCut {
-                    offset: bad_at,
-                    reason: why.to_string(),
-                };
+                tail = Tail::CorruptionCut { offset: bad_at, reason: why.to_string() };
             }
             Some(valid_at) => {
                 return Err(Error::corruption(
-                    &data_path,
+                    data_path,
                     bad_at,
                     format!(
                         "{why} (transaction {expected}), with a valid record after it at offset {valid_at}; \
@@ -467,7 +446,7 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             }
             None => {
                 return Err(Error::corruption(
-                    &data_path,
+                    data_path,
                     bad_at,
                     format!("{why} (transaction {expected}) in a sealed segment that has later segments"),
                 ));
@@ -475,10 +454,15 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         }
         end = bad_at;
     }
+    Ok((tail, end))
+}
+
+/// A sealed segment must end where the next one starts.
+fn check_reaches_next(ctx: &SegmentContext<'_>, data_path: &Path, tail: &Tail, count: u64, end: u64) -> Result<()> {
     if let Some(next) = ctx.next_first {
-        if tail == Tail::Clean && ctx.first_txid + count as i64 != next {
+        if *tail == Tail::Clean && ctx.first_txid + count as i64 != next {
             return Err(Error::corruption(
-                &data_path,
+                data_path,
                 end,
                 format!(
                     "segment holds transactions up to {} but the next segment starts at {}",
@@ -488,12 +472,29 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
             ));
         }
     }
+    Ok(())
+}
 
-    // Index entries past the checkpoint that agree with the scan stay in the file (a cleanly
-    // closed log is reopened without changing a byte); the file is cut where they disagree.
-    // The rest of the rebuilt entries stay in memory as the index tail, and complete checkpoint
-    // windows among them are written back so the next open does not rescan them.
-    let mut offsets = scan.offsets;
+/// Index entries past the checkpoint that agree with the scan stay in the file (a cleanly
+/// closed log is reopened without changing a byte); the file is cut where they disagree.
+/// The rest of the rebuilt entries stay in memory as the index tail, and complete checkpoint
+/// windows among them are written back so the next open does not rescan them. A writable
+/// open also cuts the data file at `end`.
+#[allow(clippy::too_many_arguments)]
+fn settle_index(
+    ctx: &SegmentContext<'_>,
+    files: &mut SegmentFiles,
+    mut offsets: Vec<u64>,
+    cp: u64,
+    file_entries: u64,
+    index_len: u64,
+    end: u64,
+    data_len: u64,
+) -> Result<()> {
+    let opts = ctx.opts;
+    let n = opts.checkpoint_interval.max(1);
+    let (data, data_path, index, index_path) =
+        (files.data.clone(), files.data_path.clone(), files.index.clone(), files.index_path.clone());
     let mut kept = 0usize;
     if file_entries > cp && !offsets.is_empty() {
         let n_cmp = ((file_entries - cp) as usize).min(offsets.len());
@@ -517,26 +518,21 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
         let mut changed = index_len != HEADER_LEN + 8 * base;
         // What the scan read may be page cache a crashed process left unsynced: it is made
         // durable (with the cut) before any index entry that points into it is written.
-        if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
-            data.sync_data().at(&data_path)?;
-        }
+        // (With nothing synced, nothing is pending past `base` either.)
+        let durable = if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
+            Durable::sync_data(files)?
+        } else {
+            Durable::first(base)
+        };
         if changed {
             idx.set_len(HEADER_LEN + 8 * base).at(&index_path)?;
         }
-        changed |= files.write_pending(n, ctx.next_first.is_some(), u64::MAX)?;
+        changed |= files.write_pending(n, ctx.next_first.is_some(), durable)?;
         if changed {
             idx.sync_data().at(&index_path)?;
         }
     }
-    Ok(Recovered {
-        segment: Segment {
-            files: Arc::new(files),
-            count,
-            end,
-        },
-        tail,
-        scanned_records: count - cp,
-    })
+    Ok(())
 }
 
 /// A read-only open takes no lock, so a running node may be appending to the last segment as
@@ -604,39 +600,6 @@ pub fn read_record_at(
     data.read_full_at(&mut buf, off).at(path)?;
     check_record(&buf, Some(txid), max).map_err(|e| Error::corruption(path, off, e.to_string()))?;
     Ok(total)
-}
-
-/// Checks index entries [lo, hi): each points at a record with the right id, each record starts
-/// where the previous one ends, and the last is whole and valid. Returns the end of the last.
-fn verify_window(files: &SegmentFiles, lo: u64, hi: u64, first: i64, max: usize, data_len: u64) -> Option<u64> {
-    let idx = files.index.as_ref()?;
-    let mut raw = vec![0u8; ((hi - lo) * 8) as usize];
-    if idx.read_full_at(&mut raw, HEADER_LEN + 8 * lo).ok()? != raw.len() {
-        return None;
-    }
-    let mut prev_end: Option<u64> = None;
-    for (j, chunk) in raw.chunks_exact(8).enumerate() {
-        let off = be_i64(chunk);
-        if off < HEADER_LEN as i64 || off as u64 + RECORD_OVERHEAD as u64 > data_len {
-            return None;
-        }
-        let off = off as u64;
-        if let Some(p) = prev_end {
-            if p != off {
-                return None;
-            }
-        }
-        let mut prefix = [0u8; 36];
-        files.data.read_full_at(&mut prefix, off).ok()?;
-        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
-        if h.txid != first + (lo + j as u64) as i64 {
-            return None;
-        }
-        prev_end = Some(off + (RECORD_OVERHEAD + len) as u64);
-    }
-    let last_off = files.offset_of(hi - 1).ok()?;
-    let total = read_record_at(&files.data, &files.data_path, last_off, first + (hi - 1) as i64, max, data_len).ok()?;
-    Some(last_off + total as u64)
 }
 
 struct ScanResult {
@@ -788,8 +751,8 @@ pub(crate) fn find_valid_record_after(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fs::StdFs;
-    use crate::record::{encode_record, NewRecord, ReqId};
+    use crate::engine::fs::StdFs;
+    use crate::engine::record::{encode_record, NewRecord, ReqId};
     use std::os::unix::fs::FileExt;
 
     const KEY: [u8; 16] = [9; 16];
@@ -819,7 +782,15 @@ mod tests {
     }
 
     fn ctx<'a>(dir: &'a Path, first: i64, next: Option<i64>, o: &'a RecoverOptions) -> SegmentContext<'a> {
-        SegmentContext { fs: &StdFs, dir, cluster_key: KEY, partition_id: 2, first_txid: first, next_first: next, opts: o }
+        SegmentContext {
+            fs: &StdFs,
+            dir,
+            cluster_key: KEY,
+            partition_id: 2,
+            first_txid: first,
+            next_first: next,
+            opts: o,
+        }
     }
 
     #[test]
@@ -913,7 +884,7 @@ mod tests {
             } else {
                 assert!(matches!(r, Err(Error::Corruption { offset: 32, .. })));
             }
-            let report = crate::inspect::inspect_segment(&StdFs, &d.path().join(data_name(top)), 10, 1 << 20);
+            let report = crate::engine::inspect::inspect_segment(&StdFs, &d.path().join(data_name(top)), 10, 1 << 20);
             assert_eq!(report.is_ok(), recovers);
         }
     }

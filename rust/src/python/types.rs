@@ -1,0 +1,278 @@
+//! The value types crossing the boundary: ReqId, RecordHeader, Record, RecordBatch,
+//! PartitionInfo, and the argument parsers for cluster keys and ReqIds.
+use super::errors::InvalidArgumentError;
+use crate::engine::control::PartitionInfo;
+use crate::engine::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+pub(crate) fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
+    if let Ok(b) = obj.getattr("bytes") {
+        if let Ok(v) = b.extract::<Vec<u8>>() {
+            if let Ok(k) = <[u8; 16]>::try_from(v.as_slice()) {
+                return Ok(k);
+            }
+        }
+    }
+    if let Ok(s) = obj.extract::<String>() {
+        let hex: String = s.chars().filter(|c| *c != '-').collect();
+        if hex.len() == 32 {
+            let mut k = [0u8; 16];
+            let mut ok = true;
+            for i in 0..16 {
+                match u8::from_str_radix(&hex[2 * i..2 * i + 2], 16) {
+                    Ok(v) => k[i] = v,
+                    Err(_) => ok = false,
+                }
+            }
+            if ok {
+                return Ok(k);
+            }
+        }
+        return Err(InvalidArgumentError::new_err(format!("not a UUID: {s:?}")));
+    }
+    if let Ok(v) = obj.extract::<Vec<u8>>() {
+        if let Ok(k) = <[u8; 16]>::try_from(v.as_slice()) {
+            return Ok(k);
+        }
+    }
+    Err(InvalidArgumentError::new_err("cluster key must be a uuid.UUID, a UUID string or 16 bytes"))
+}
+
+pub(crate) fn parse_req_id(obj: &Bound<'_, PyAny>) -> PyResult<ReqId> {
+    if let Ok(r) = obj.cast::<PyReqId>() {
+        return Ok(r.borrow().0);
+    }
+    let (client_id, generation, partition_id, sequence): (i32, i32, i32, i32) = obj.extract().map_err(|_| {
+        InvalidArgumentError::new_err(
+            "req_id must be a ReqId or a tuple (client_id, generation, partition_id, sequence)",
+        )
+    })?;
+    Ok(ReqId { client_id, generation, partition_id, sequence })
+}
+
+/// Identifies a client request: client id, generation, partition id and sequence number.
+#[pyclass(name = "ReqId", module = "waltz._native", frozen, eq, hash, skip_from_py_object)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyReqId(pub(crate) ReqId);
+
+#[pymethods]
+impl PyReqId {
+    #[new]
+    fn new(client_id: i32, generation: i32, partition_id: i32, sequence: i32) -> Self {
+        PyReqId(ReqId { client_id, generation, partition_id, sequence })
+    }
+    #[getter]
+    fn client_id(&self) -> i32 {
+        self.0.client_id
+    }
+    #[getter]
+    fn generation(&self) -> i32 {
+        self.0.generation
+    }
+    #[getter]
+    fn partition_id(&self) -> i32 {
+        self.0.partition_id
+    }
+    #[getter]
+    fn sequence(&self) -> i32 {
+        self.0.sequence
+    }
+    fn as_tuple(&self) -> (i32, i32, i32, i32) {
+        (self.0.client_id, self.0.generation, self.0.partition_id, self.0.sequence)
+    }
+    pub(crate) fn __repr__(&self) -> String {
+        format!(
+            "ReqId(client_id={}, generation={}, partition_id={}, sequence={})",
+            self.0.client_id, self.0.generation, self.0.partition_id, self.0.sequence
+        )
+    }
+}
+
+/// A transaction's metadata: id, ReqId and the application's header.
+#[pyclass(name = "RecordHeader", module = "waltz._native", frozen, eq, skip_from_py_object)]
+#[derive(Clone, PartialEq)]
+pub struct PyRecordHeader {
+    #[pyo3(get)]
+    pub(crate) txid: i64,
+    #[pyo3(get)]
+    pub(crate) req_id: PyReqId,
+    #[pyo3(get)]
+    pub(crate) header: i32,
+}
+
+impl From<RecordHeader> for PyRecordHeader {
+    fn from(h: RecordHeader) -> Self {
+        PyRecordHeader { txid: h.txid, req_id: PyReqId(h.req_id), header: h.header }
+    }
+}
+
+#[pymethods]
+impl PyRecordHeader {
+    fn __repr__(&self) -> String {
+        format!("RecordHeader(txid={}, req_id={}, header={})", self.txid, self.req_id.__repr__(), self.header)
+    }
+}
+
+/// A stored transaction: id, ReqId, header and data.
+#[pyclass(name = "Record", module = "waltz._native", frozen)]
+pub struct PyRecord {
+    #[pyo3(get)]
+    pub(crate) txid: i64,
+    #[pyo3(get)]
+    pub(crate) req_id: PyReqId,
+    #[pyo3(get)]
+    pub(crate) header: i32,
+    #[pyo3(get)]
+    pub(crate) data: Py<PyBytes>,
+}
+
+impl PyRecord {
+    pub(crate) fn new(py: Python<'_>, r: Record) -> Self {
+        PyRecord { txid: r.txid, req_id: PyReqId(r.req_id), header: r.header, data: PyBytes::new(py, &r.data).unbind() }
+    }
+}
+
+#[pymethods]
+impl PyRecord {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Record(txid={}, req_id={}, header={}, data=<{} bytes>)",
+            self.txid,
+            self.req_id.__repr__(),
+            self.header,
+            self.data.bind(py).as_bytes().len()
+        )
+    }
+    fn __eq__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> bool {
+        match other.cast::<PyRecord>() {
+            Ok(o) => {
+                let o = o.get();
+                o.txid == self.txid
+                    && o.req_id == self.req_id
+                    && o.header == self.header
+                    && o.data.bind(py).as_bytes() == self.data.bind(py).as_bytes()
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Records packed once (data contiguous, checksums computed) so they can be appended at any
+/// transaction id, any number of times, without touching Python objects per record.
+#[pyclass(name = "RecordBatch", module = "waltz._native")]
+#[derive(Default)]
+pub struct PyRecordBatch {
+    data: Vec<u8>,
+    spans: Vec<(ReqId, i32, usize, usize, u32)>,
+}
+
+impl PyRecordBatch {
+    pub(crate) fn records(&self) -> Vec<NewRecord<'_>> {
+        self.spans
+            .iter()
+            .map(|&(req_id, header, start, len, crc)| NewRecord {
+                req_id,
+                header,
+                data: &self.data[start..start + len],
+                data_crc: Some(crc),
+            })
+            .collect()
+    }
+    fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
+        let start = self.data.len();
+        self.data.extend_from_slice(data);
+        self.spans.push((req_id, header, start, data.len(), crc32(data)));
+    }
+}
+
+#[pymethods]
+impl PyRecordBatch {
+    #[new]
+    #[pyo3(signature = (records=None))]
+    fn new(records: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let mut b = PyRecordBatch::default();
+        if let Some(rs) = records {
+            for item in rs.try_iter()? {
+                let item = item?;
+                let (r, h, d) = unpack_record(&item)?;
+                b.push(r, h, &d);
+            }
+        }
+        Ok(b)
+    }
+    /// Adds one record: its ReqId, header and data.
+    fn add(&mut self, req_id: &Bound<'_, PyAny>, header: i32, data: &[u8]) -> PyResult<()> {
+        let r = parse_req_id(req_id)?;
+        self.push(r, header, data);
+        Ok(())
+    }
+    fn __len__(&self) -> usize {
+        self.spans.len()
+    }
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn unpack_record(item: &Bound<'_, PyAny>) -> PyResult<(ReqId, i32, Vec<u8>)> {
+    // A Record read from a node goes in as it is (catch-up and recovery copies).
+    if let Ok(r) = item.cast::<PyRecord>() {
+        let r = r.get();
+        return Ok((r.req_id.0, r.header, r.data.bind(item.py()).as_bytes().to_vec()));
+    }
+    let t = item
+        .cast::<PyTuple>()
+        .map_err(|_| InvalidArgumentError::new_err("each record must be a Record or a tuple (req_id, header, data)"))?;
+    if t.len() != 3 {
+        return Err(InvalidArgumentError::new_err("each record must be a tuple (req_id, header, data)"));
+    }
+    let r = parse_req_id(&t.get_item(0)?)?;
+    let h: i32 = t.get_item(1)?.extract()?;
+    let d: Vec<u8> = t.get_item(2)?.extract()?;
+    Ok((r, h, d))
+}
+
+/// A scanned range as columns: little-endian arrays plus packed data and i32 offsets, the
+
+/// Session information a partition keeps in the control file.
+#[pyclass(name = "PartitionInfo", module = "waltz._native", frozen, eq, skip_from_py_object)]
+#[derive(Clone, PartialEq)]
+pub struct PyPartitionInfo {
+    #[pyo3(get)]
+    session_id: i64,
+    #[pyo3(get)]
+    low_water_mark: i64,
+    #[pyo3(get)]
+    local_low_water_mark: i64,
+}
+
+impl From<PartitionInfo> for PyPartitionInfo {
+    fn from(i: PartitionInfo) -> Self {
+        PyPartitionInfo {
+            session_id: i.session_id,
+            low_water_mark: i.low_water_mark,
+            local_low_water_mark: i.local_low_water_mark,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPartitionInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "PartitionInfo(session_id={}, low_water_mark={}, local_low_water_mark={})",
+            self.session_id, self.low_water_mark, self.local_low_water_mark
+        )
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyReqId>()?;
+    m.add_class::<PyRecord>()?;
+    m.add_class::<PyRecordHeader>()?;
+    m.add_class::<PyRecordBatch>()?;
+    m.add_class::<PyPartitionInfo>()?;
+    Ok(())
+}
