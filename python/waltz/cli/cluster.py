@@ -7,6 +7,11 @@ import ssl
 from typing import Any
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.text import Text
 
 from waltz import errors

@@ -12,6 +12,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from waltz._extras import require
+
+require("pyspark", "spark", "The Spark data source")
+require("pyarrow", "spark", "The Spark data source")
+
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
