@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs every test: the Rust unit tests and the pytest suite.
-# Slow variants (long crash loops, big benchmarks) are marked `slow` and skipped unless
-# WALTZ_SLOW=1.
+# Sets everything up, then runs every test: the Rust unit tests, the pytest suite, and the
+# wheel check (scripts/check_wheel.sh: the distributable wheel installed and run without a Rust
+# toolchain; WALTZ_WHEEL_CHECK=0 skips it). Slow variants (long crash loops, big benchmarks) are
+# marked `slow` and skipped unless WALTZ_SLOW=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,6 +20,12 @@ rc=$?
 set -e
 if [ "$rc" = 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
-  exit 1
+  rc=1
+fi
+
+if [ "${WALTZ_WHEEL_CHECK:-1}" != 0 ]; then
+  echo "== wheel check"
+  # Run even after a pytest failure: one CI run reports both.
+  bash scripts/check_wheel.sh || { [ "$rc" != 0 ] || rc=1; }
 fi
 exit "$rc"
