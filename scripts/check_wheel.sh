@@ -2,8 +2,10 @@
 # What a user without a Rust toolchain gets: builds the wheel (scripts/wheel.sh), installs it
 # into a fresh venv in a temporary directory with no cargo or rustc on PATH, and runs it:
 #  1. the core install alone (what an application's client needs): no optional dependency comes
-#     with it, the engine appends and reads back, the client imports, `waltz-node --version`
-#     prints Cargo.toml's version, and `waltz` without the `cli` extra is one line and exit 2;
+#     with it, the engine appends and reads back, a client commits and applies transactions
+#     through a local cluster of `waltz-node` processes (scripts/check_wheel_client.py),
+#     `waltz-node --version` prints Cargo.toml's version, and `waltz` without the `cli` extra
+#     is one line and exit 2;
 #  2. with the `demo` extra: `waltz --version`, then `waltz demo --short` (a local cluster of
 #     real processes, client processes, kills, the verification table).
 # Called by scripts/test.sh after pytest, so CI runs it. Prints how long each part took.
@@ -32,32 +34,7 @@ in_venv python -m pip install -q --upgrade pip
 
 echo "check_wheel: the core install (no extras)"
 in_venv python -m pip install -q --only-binary waltz-log "$wheel"
-in_venv python - "$tmp/venv" "$expected" <<'PY'
-import importlib.util, pathlib, sys, tempfile, uuid
-
-venv, expected = sys.argv[1:]
-import waltz
-import waltz.client  # noqa: F401  (an application's client needs nothing more)
-from waltz.storage import ReqId, Storage
-
-where = pathlib.Path(waltz.__file__).parent
-assert where.is_relative_to(venv), f"waltz imported from {where}, not from the venv"
-assert waltz.__version__ == expected, f"waltz.__version__ {waltz.__version__}, Cargo.toml {expected}"
-extras = [m for m in ("kazoo", "sqlalchemy", "cryptography", "rich", "pyarrow", "pyspark") if importlib.util.find_spec(m)]
-assert not extras, f"the core install pulled in {extras}"
-
-with tempfile.TemporaryDirectory() as d:
-    storage = Storage.create(d, uuid.uuid4(), partition_count=1)
-    storage.add_partition(0)
-    log = storage.partition(0)
-    log.append(0, [(ReqId(client_id=1, generation=1, partition_id=0, sequence=1), 0, b"debit 10")])
-    log.append(1, [(ReqId(client_id=1, generation=1, partition_id=0, sequence=2), 0, b"credit 10")])
-    storage.close()
-    with Storage.open(d) as storage:
-        data = [r.data for r in storage.partition(0).read_records(0, max_count=10)]
-    assert data == [b"debit 10", b"credit 10"], data
-print(f"check_wheel: waltz {waltz.__version__} from {where}: appended, reopened and read back; the client imports; no extra installed")
-PY
+in_venv python "$repo/scripts/check_wheel_client.py" "$tmp/venv" "$expected"
 version=$(in_venv waltz-node --version)
 [ "$version" = "waltz-node $expected" ] || { echo "check_wheel: waltz-node --version printed '$version'" >&2; exit 1; }
 echo "check_wheel: $version"
