@@ -7,7 +7,8 @@
 #
 #   bash scripts/wheel.sh
 #
-# WALTZ_WHEEL_COMPAT overrides the platform policy (default manylinux_2_28). The build tools
+# WALTZ_WHEEL_COMPAT overrides the platform policy (default manylinux_2_28; manylinux2014 also
+# builds and passes auditwheel, for glibc >= 2.17: Amazon Linux 2 has 2.26). The build tools
 # (maturin, ziglang, auditwheel) live in their own venv, target/wheel-tools. Prints the wheel's
 # file, size and tag, and `auditwheel show`'s verdict; exits 1 if the wheel needs a newer glibc
 # than its tag promises.
