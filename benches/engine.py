@@ -849,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, plot_path)
         log(f"wrote {plot_path}")
     except ImportError:
-        log("matplotlib not installed: no plot (pip install -e '.[bench]')")
+        log("matplotlib not installed: no plot (pip install --group bench, or scripts/setup.sh)")
     log(f"total {results['meta']['wall_seconds']:.1f} s")
     return 0
 

@@ -126,7 +126,7 @@ class EtcdSession:
         try:
             import aetcd
         except ImportError:
-            raise PeerUnavailable("the etcd client is missing: pip install -e '.[bench]' (aetcd)") from None
+            raise PeerUnavailable("the etcd client is missing: pip install --group bench (aetcd; scripts/setup.sh installs it)") from None
         client = aetcd.Client(host="127.0.0.1", port=port, timeout=30)
         await client.connect()
         return cls(client, cid)

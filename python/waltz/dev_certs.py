@@ -8,6 +8,10 @@ import datetime
 import ipaddress
 import secrets
 
+from waltz._extras import require
+
+require("cryptography", "tls", "Generating TLS certificates")
+
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec

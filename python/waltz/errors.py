@@ -117,6 +117,11 @@ class StaleGenerationError(WaltzError):
     """The partition has moved on to a newer generation: this server no longer owns it."""
 
 
+class MissingExtraError(WaltzError, ImportError):
+    """A feature was used whose optional dependencies are not installed; the message names the
+    extra that installs them (`waltz._extras.require`)."""
+
+
 class ClusterError(WaltzError):
     """A cluster administration request cannot be done as asked (the message says why)."""
 
@@ -196,6 +201,7 @@ __all__ = [
     "MetadataNotEmptyError",
     "MetadataNotFoundError",
     "MetadataSessionLostError",
+    "MissingExtraError",
     "MetadataTransactionError",
     "MetadataUnavailableError",
     "MetadataVersionError",

@@ -1,1 +1,25 @@
-"""Command-line entry points."""
+"""Command-line entry points: `waltz` (administration, the demo; needs the `cli` extra) and
+`waltz-node` (the daemons; the core install)."""
+
+from __future__ import annotations
+
+import sys
+
+from waltz.errors import MissingExtraError
+
+MISSING_EXTRA_EXIT = 2
+"""Exit code when a command needs an extra that is not installed (as click's usage errors: the
+command cannot run as installed, nothing was attempted)."""
+
+
+def waltz() -> None:
+    """The `waltz` console script. Without the `cli` extra, one line naming it, never a traceback."""
+    try:
+        from waltz.cli.main import main
+    except MissingExtraError as e:
+        print(f"waltz: {e}", file=sys.stderr)
+        sys.exit(MISSING_EXTRA_EXIT)
+    main()
+
+
+__all__ = ["MISSING_EXTRA_EXIT", "waltz"]

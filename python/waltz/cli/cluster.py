@@ -8,6 +8,11 @@ import uuid
 from typing import Any
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.text import Text
 
 from waltz import errors

@@ -7,6 +7,11 @@ import pathlib
 import sys
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.console import Console
 
 from waltz.cli.output import Failed, user_errors

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from waltz import __version__
 from waltz.cli.cluster import cluster
 from waltz.cli.demo import demo
 from waltz.cli.dev import dev
@@ -19,6 +20,7 @@ from waltz.cli.torture import torture
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="waltz", message="%(prog)s %(version)s")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option(
     "--metadata",

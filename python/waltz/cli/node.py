@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from waltz import errors
+from waltz import __version__, errors
+from waltz.cli import MISSING_EXTRA_EXIT
 
 
 class _JsonFormatter(logging.Formatter):
@@ -24,13 +25,15 @@ def _setup_logging(level: str, as_json: bool) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="waltz-node", message="%(prog)s %(version)s")
 def main() -> None:
     """Waltz daemons."""
 
 
 def _run_daemon(name: str, config_path: str) -> None:
-    """Loads the configuration, sets up logging and runs; a user's mistake is one line, exit 1."""
+    """Loads the configuration, sets up logging and runs; a user's mistake is one line, exit 1
+    (2 when the configuration needs an extra that is not installed, e.g. ZooKeeper metadata)."""
     from waltz.config import load_server_config, load_storage_node_config
     from waltz.malloc import release_large_blocks
 
@@ -51,7 +54,7 @@ def _run_daemon(name: str, config_path: str) -> None:
             run_server(server_config)
     except (errors.WaltzError, OSError) as e:
         click.echo(f"waltz-node {name}: {e}", err=True)
-        sys.exit(1)
+        sys.exit(MISSING_EXTRA_EXIT if isinstance(e, errors.MissingExtraError) else 1)
 
 
 CONFIG = click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")

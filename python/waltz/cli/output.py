@@ -1,7 +1,7 @@
 """How `waltz` commands print: a rich table for people, one JSON document with `--json`.
 
-A user's mistake (`UsageError`, any `WaltzError`) prints one line on stderr and exits 1; only a
-bug prints a traceback.
+A user's mistake (`UsageError`, any `WaltzError`) prints one line on stderr and exits 1 (2 for a
+missing extra); only a bug prints a traceback.
 """
 
 from __future__ import annotations
@@ -13,11 +13,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from waltz import errors
+from waltz.cli import MISSING_EXTRA_EXIT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,6 +95,12 @@ class Failed(click.ClickException):
         click.echo(f"waltz: {self.format_message()}", err=True)
 
 
+class MissingExtra(Failed):
+    """The command needs an extra that is not installed (`waltz demo` without `demo`)."""
+
+    exit_code = MISSING_EXTRA_EXIT
+
+
 def user_errors(f: F) -> F:
     """Turns a Waltz error or an OS error into one line on stderr and exit code 1."""
 
@@ -96,6 +108,8 @@ def user_errors(f: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
+        except errors.MissingExtraError as e:
+            raise MissingExtra(str(e)) from e
         except (errors.WaltzError, OSError) as e:
             raise Failed(str(e)) from e
 

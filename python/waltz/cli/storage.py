@@ -7,6 +7,11 @@ import asyncio
 from typing import Any
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -9,6 +9,11 @@ import sys
 import tempfile
 
 import click
+
+from waltz._extras import require
+
+require("rich", "cli", "The waltz command")
+
 from rich.console import Console
 
 from waltz.cli.output import Failed, user_errors

@@ -15,12 +15,16 @@ row until it commits, then match nothing and skip it.
     callbacks = SqlCallbacks(engine, apply, stream="ledger")
     with WaltzClient(callbacks, config) as client: ...
 
-Install with `pip install waltz[sql]` (plus a driver such as psycopg for PostgreSQL)."""
+Install with `pip install 'waltz-log[sql]'` (plus a driver such as psycopg for PostgreSQL)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+
+from waltz._extras import require
+
+require("sqlalchemy", "sql", "waltz.client.sql")
 
 import sqlalchemy as sa
 

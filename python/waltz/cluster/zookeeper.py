@@ -24,6 +24,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from waltz._extras import require
+
+require("kazoo", "zookeeper", "ZooKeeper metadata")
+
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,

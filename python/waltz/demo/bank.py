@@ -12,6 +12,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from waltz._extras import require
+
+require("sqlalchemy", "demo", "The demo")
+
 import sqlalchemy as sa
 
 from waltz.client import JSON, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext

@@ -15,6 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from waltz._extras import require
+
+require("rich", "demo", "The demo")
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table

@@ -1,4 +1,4 @@
-"""PySpark integration (`pip install waltz[spark]`): the `waltz` data source.
+"""PySpark integration (`pip install 'waltz-log[spark]'`): the `waltz` data source.
 
     from waltz.spark import register
     register(spark)

@@ -20,6 +20,10 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from waltz._extras import require
+
+require("pyspark", "spark", "The Spark data source")
+
 from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StructType

@@ -12,6 +12,11 @@ import asyncio
 import logging
 from collections.abc import Iterator, Sequence
 
+from waltz._extras import require
+
+require("pyspark", "spark", "The Spark data source")
+require("pyarrow", "spark", "The Spark data source")
+
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow

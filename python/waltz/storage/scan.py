@@ -10,6 +10,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from waltz._extras import require
 from waltz._native import Partition, Record, ScanChunk
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def iter_scan(
 
 def scan_to_arrow(chunk: ScanChunk, partition_id: int | None = None) -> pa.RecordBatch:
     """The chunk as an Arrow record batch whose `data` column shares the scanned buffer."""
+    require("pyarrow", "arrow", "Arrow record batches")
     import pyarrow as pa
 
     n = len(chunk)
@@ -75,6 +77,7 @@ def scan_rows(chunk: ScanChunk, partition_id: int) -> Iterator[tuple[int, int, i
 
 def records_to_arrow(records: Sequence[Record], partition_id: int) -> pa.RecordBatch:
     """Records read over the network as the same record batch `scan_to_arrow` makes of files."""
+    require("pyarrow", "arrow", "Arrow record batches")
     import pyarrow as pa
 
     ids = [r.req_id for r in records]

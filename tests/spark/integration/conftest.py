@@ -16,7 +16,7 @@ import pytest
 
 if importlib.util.find_spec("pyspark") is None:
     if os.environ.get("WALTZ_REQUIRE_SPARK"):
-        raise pytest.UsageError("PySpark is not installed but WALTZ_REQUIRE_SPARK is set: pip install -e '.[spark]'")
+        raise pytest.UsageError("PySpark is not installed but WALTZ_REQUIRE_SPARK is set: pip install -e '.[spark]' (scripts/setup.sh installs every extra)")
     collect_ignore_glob = ["test_*.py"]
 
 
