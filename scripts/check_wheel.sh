@@ -38,6 +38,9 @@ in_venv python "$repo/scripts/check_wheel_client.py" "$tmp/venv" "$expected"
 version=$(in_venv waltz-node --version)
 [ "$version" = "waltz-node $expected" ] || { echo "check_wheel: waltz-node --version printed '$version'" >&2; exit 1; }
 echo "check_wheel: $version"
+version=$(in_venv waltz --version)
+[ "$version" = "waltz $expected" ] || { echo "check_wheel: waltz --version without rich printed '$version'" >&2; exit 1; }
+echo "check_wheel: without the cli extra, $version"
 set +e
 missing=$(in_venv waltz --help 2>&1)
 rc=$?

@@ -17,6 +17,12 @@ def waltz() -> None:
     try:
         from waltz.cli.main import main
     except MissingExtraError as e:
+        if sys.argv[1:] == ["--version"]:
+            # Which version is installed is worth knowing before any extra is added.
+            from waltz import __version__
+
+            print(f"waltz {__version__}")
+            return
         print(f"waltz: {e}", file=sys.stderr)
         sys.exit(MISSING_EXTRA_EXIT)
     main()

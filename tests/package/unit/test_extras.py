@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+import waltz
+
 from waltz import errors
 from waltz._extras import require
 
@@ -96,6 +98,12 @@ def test_a_missing_extra_is_one_line_naming_it(hidden: str, code: str, message: 
 def test_the_waltz_command_without_rich_prints_one_line_and_exits_2(tmp_path: pathlib.Path) -> None:
     proc = run_without(("rich",), "import sys; sys.argv = ['waltz', 'cluster', 'show']; from waltz.cli import waltz; waltz()", tmp_path)
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"waltz: {hint('The waltz command', 'cli')}\n")
+
+
+def test_the_waltz_version_needs_no_extra(tmp_path: pathlib.Path) -> None:
+    """A core install can tell which version it has before any extra is added."""
+    proc = run_without(("rich",), "import sys; sys.argv = ['waltz', '--version']; from waltz.cli import waltz; waltz()", tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"waltz {waltz.__version__}\n", "")
 
 
 def test_waltz_demo_without_its_extra_prints_one_line_and_exits_2(tmp_path: pathlib.Path) -> None:
