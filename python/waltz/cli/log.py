@@ -16,7 +16,7 @@ import click
 
 from waltz import errors
 from waltz.cli.context import cluster_name, tls_context
-from waltz.cli.output import Output, pass_output, user_errors
+from waltz.cli.output import Failed, Output, pass_output, user_errors
 
 POLL = 0.2
 """Seconds between two looks at the high-water mark while following."""
@@ -56,7 +56,10 @@ def append(out: Output, partition: int, data: str | None, path: BinaryIO | None,
     if len(given) != 1:
         raise click.UsageError("give the data in exactly one way: --data TEXT, --file F, or - (standard input)")
     payload = data.encode() if data is not None else path.read() if path is not None else sys.stdin.buffer.read()
-    txid = _append(_metadata(), cluster_name(), partition, payload, header)
+    try:
+        txid = _append(_metadata(), cluster_name(), partition, payload, header)
+    except ValueError as e:  # a partition the cluster does not have
+        raise Failed(str(e)) from e
     out.emit({"partition": partition, "transaction_id": txid, "bytes": len(payload)},
              lambda: out.line(f"partition {partition}: committed transaction {txid} ({len(payload)} bytes)"))
 
@@ -119,6 +122,8 @@ def _read(out: Output, partition: int, start: str, end: int | None, follow: bool
         asyncio.run(_print_range(out, _metadata(), cluster_name(), partition, start, end, follow))
     except KeyboardInterrupt:  # Ctrl-C ends --follow: not an error
         pass
+    except ValueError as e:  # a partition the cluster does not have
+        raise Failed(str(e)) from e
 
 
 async def _print_range(out: Output, metadata: str, cluster: str, partition: int, start: str, end: int | None, follow: bool) -> None:
