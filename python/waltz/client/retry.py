@@ -1,6 +1,7 @@
 """`Backoff`: the one retry delay of the client's loops (mounting a partition again after a
 failover or a lost connection, requests to a partition's server, taking a new client id,
-applying a transaction the application failed to apply), with full jitter.
+applying a transaction the application failed to apply, the log reader's requests to servers
+and replicas), with full jitter.
 
 Full jitter (AWS, "Exponential Backoff And Jitter"): the n-th wait is uniform in
 [0, min(cap, base * 2**n)]. Without it, every client of a server that fails over retries at the
