@@ -213,3 +213,42 @@ def test_async_mock_client() -> None:
 def test_client_ahead_of_the_mock_cluster_is_refused() -> None:
     with pytest.raises(errors.ClientAheadError):
         MockWaltzClient(MemoryApp(start={0: 5}), MockCluster())
+
+
+class Hooked(TransactionContext):
+    def __init__(self, *, fail: bool = False, slow: float = 0.0, timeout: float | None = None) -> None:
+        super().__init__()
+        self.fail, self.slow, self.timeout = fail, slow, timeout
+        self.events: list[str] = []
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        self.events.append("execute")
+        if self.fail:
+            raise KeyError("the application's own error")
+        threading.Event().wait(self.slow)
+        return True
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.events.append(f"exception:{type(exc).__name__}")
+
+    def on_lock_failure(self, transaction_id: int) -> None:
+        self.events.append(f"lock_failure:{transaction_id}")
+
+    def on_expiration(self) -> None:
+        self.events.append("expiration")
+
+
+def test_exception_and_expiration_hooks() -> None:
+    cluster = MockCluster()
+    with MockWaltzClient(MemoryApp(), cluster) as client:
+        raising = Hooked(fail=True)
+        with pytest.raises(KeyError):
+            client.submit(raising).result(10)
+        assert raising.events == ["execute", "exception:KeyError"]
+        # Its first execution outlives its timeout and then loses a (forced) lock race: it expires.
+        client.force_next_lock_fail()
+        late = Hooked(slow=0.3, timeout=0.1)
+        with pytest.raises(errors.TransactionExpiredError, match="expired after 1 execution"):
+            client.submit(late).result(10)
+        assert late.events == ["execute", "lock_failure:-1", "expiration"]
+        assert cluster.high_water_mark(0) == -1  # nothing committed
