@@ -154,7 +154,7 @@ def test_forced_failures_retry_and_commit_once() -> None:
 
 
 def test_force_next_lock_fail() -> None:
-    cluster, app = MockCluster(), MemoryApp()
+    cluster, app = MockCluster(), MemoryApp(fetch_data=False)
     with MockWaltzClient(app, cluster) as client:
         client.append(0, b"first")
         client.force_next_lock_fail()
@@ -162,6 +162,8 @@ def test_force_next_lock_fail() -> None:
         assert client.submit(ctx).result(10) is True
         assert ctx.events[:2] == ["lock_failure:0", "completion:True"] and ctx.executions == 2
         assert client.stats.lock_failures == 1
+        client.flush()
+        assert [t for t, _ in app.applied[0]] == [0, 1] and not app.errors
 
 
 def test_append_and_partition_subsets() -> None:
