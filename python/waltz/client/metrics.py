@@ -9,13 +9,13 @@ Each scrape reads the client as it is then (nothing is kept between scrapes):
 - `waltz_client_applied_high_water_mark{partition}`: the newest transaction the application applied;
 - `waltz_client_feed_lag{partition}`: the partition's high-water mark on its server minus the
   applied one (how far the application is behind the cluster); asked of the server at scrape
-  time, within `lag_timeout`; a partition whose server does not answer has no sample;
+  time, within `lag_timeout`;
 - `waltz_client_commits_total`, `waltz_client_retries_total` (executions again after a failed
   attempt), `waltz_client_lock_failures_total`.
 
-A scrape from the client's own event loop (an `AsyncWaltzClient` application serving metrics on
-that loop) cannot wait for the servers' answers: there the lag is measured against the newest
-transaction the feed delivered instead."""
+When a server does not answer in time, and for a scrape from the client's own event loop (an
+`AsyncWaltzClient` application serving metrics on that loop, which cannot wait for answers),
+the lag is measured against the newest transaction the feed delivered instead: a lower bound."""
 
 from __future__ import annotations
 
