@@ -176,6 +176,11 @@ class RequestTimeoutError(RequestFailedError, TimeoutError):
         super().__init__(message, "timeout")
 
 
+class PartitionNotMountedError(ClientError, ValueError):
+    """An append or request for a partition outside the client's `ClientConfig.partitions`:
+    another instance of the service mounts it. Nothing was sent."""
+
+
 class ApplicationStateError(ClientError):
     """The application's stored high-water mark does not fit the feed (a gap: the database was
     restored, or another cluster's feed was applied to it)."""
@@ -184,6 +189,7 @@ class ApplicationStateError(ClientError):
 __all__ = [
     "ApplicationStateError",
     "ConfigError",
+    "PartitionNotMountedError",
     "TlsError",
     "ClientAheadError",
     "ClientClosedError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shlex
 import shutil
 from typing import TYPE_CHECKING
 
@@ -94,9 +95,18 @@ def status(out: Output, directory: pathlib.Path) -> None:
 
 def _print_status(out: Output, cluster: LocalCluster, footer: bool) -> list[MemberStatus]:
     statuses = cluster.status()
+    where = "" if cluster.directory == DEFAULT_DIRECTORY else f" --directory {shlex.quote(str(cluster.directory))}"
+    commands = {
+        "status": f"waltz dev status{where}",
+        "stop": f"waltz dev down{where}",
+        "append": "waltz log append -p 0 --data hello",
+        "read": "waltz log read -p 0",
+        "tail": "waltz log tail -p 0",
+    }
     document = {
         "directory": str(cluster.directory),
         "environment": cluster.environment(),
+        "commands": commands,
         "members": [s.to_json() for s in statuses],
     }
 
@@ -104,10 +114,13 @@ def _print_status(out: Output, cluster: LocalCluster, footer: bool) -> list[Memb
         out.table(f"local cluster in {cluster.directory}", ["member", "pid", "address", "http", "health"],
                   [(s.name, s.pid or "-", s.address, s.http, s.health) for s in statuses])
         if footer:
-            out.line("administer it with:")
+            out.line("use it (the waltz commands and the README's client example read these):")
             for k, v in cluster.environment().items():
-                out.line(f"  export {k}={v}")
-            out.line(f"logs: {cluster.directory / 'logs'}   stop: waltz dev down")
+                out.line(f"  export {k}={shlex.quote(v)}")
+            out.line("then:")
+            for name in ("append", "read", "tail", "status", "stop"):
+                out.line(f"  {commands[name]}")
+            out.line(f"logs: {cluster.directory / 'logs'}")
 
     out.emit(document, human)
     return statuses

@@ -1,6 +1,6 @@
 """`waltz`: administration of a cluster, its storage nodes and offline files.
 
-Commands are grouped by what they act on (`cluster`, `storage`, `server`, `disk`); each group
+Commands are grouped by what they act on (`cluster`, `storage`, `server`, `disk`, `log`); each group
 lives in its own module. `--json` prints one JSON document instead of tables.
 """
 
@@ -13,6 +13,7 @@ from waltz.cli.cluster import cluster
 from waltz.cli.demo import demo
 from waltz.cli.dev import dev
 from waltz.cli.disk import disk
+from waltz.cli.log import log
 from waltz.cli.server import server
 from waltz.cli.storage import storage
 from waltz.cli.tls import tls
@@ -44,6 +45,7 @@ main.add_command(cluster)
 main.add_command(storage)
 main.add_command(server)
 main.add_command(disk)
+main.add_command(log)
 main.add_command(tls)
 main.add_command(demo)
 main.add_command(dev)

@@ -21,18 +21,22 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
+import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import client_protocol as cp
 from waltz import errors
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
-from waltz.client.context import TransactionContext
+from waltz.client.context import Append, PartitionLocalLock, TransactionContext
 from waltz.client.network import Link
+from waltz.client.serializers import BYTES, Serializer
 from waltz.client.partition import ClientPartition, Unavailable
+from waltz.client.retry import Backoff
+from waltz.client.stats import ClientStats
 from waltz.client.submission import Executed, TransactionLife
 from waltz.client.transaction import Transaction
 from waltz.client.work import Work
@@ -89,6 +93,8 @@ class AsyncWaltzClient:
         self._started = False
         self._closed = False
         self._ssl = config.tls.client_context() if config.tls.enabled else None
+        self._rng = random.Random(config.retry_seed)
+        self.stats = ClientStats()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> AsyncWaltzClient:
@@ -109,27 +115,37 @@ class AsyncWaltzClient:
             self.config.callback_threads, thread_name_prefix="waltz-callback", initializer=_mark_callback_thread
         )
         try:
-            self._store = open_store(self.config.metadata, session_timeout=self.config.metadata_session_timeout)
-            await asyncio.to_thread(self._store.start, self.config.mount_timeout)
-            self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
-            info = await asyncio.to_thread(metadata.info)
-            self.num_partitions = info.partitions
-            self.client_id = self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
-            self._parts.update((p, ClientPartition(self, self._life, p, self.client_id)) for p in range(info.partitions))
-            loop = self.loop
-
-            def on_assignment(a: Assignment) -> None:  # a store thread
-                loop.call_soon_threadsafe(self._on_assignment, a)
-
-            self._watch = await asyncio.to_thread(metadata.watch_assignment, on_assignment)
+            self.num_partitions, self.client_id = await self._join_cluster()
+            wanted = self.config.partitions if self.config.partitions is not None else range(self.num_partitions)
+            beyond = [p for p in wanted if p >= self.num_partitions]
+            if beyond:
+                raise errors.ConfigError(f"client config: partitions {beyond} do not exist: cluster {self.config.cluster} "
+                                         f"has {self.num_partitions} (0 to {self.num_partitions - 1})")
+            self._parts.update((p, ClientPartition(self, self._life, p, self.client_id)) for p in wanted)
             for part in self._parts.values():
                 part.start()
             self.spawn(self._settle_loop())
             await self._first_mounts()
-            log.info("client %d: mounted %d partition(s) of cluster %s", self.client_id, info.partitions, self.config.cluster)
+            log.info("client %d: mounted %d partition(s) of cluster %s", self.client_id, len(self._parts), self.config.cluster)
         except BaseException:
             await self.close()
             raise
+
+    async def _join_cluster(self) -> tuple[int, int]:
+        """Opens the metadata store and watches the assignment; (the cluster's number of
+        partitions, this client's id). `waltz.client.mock` joins an in-memory cluster instead."""
+        self._store = open_store(self.config.metadata, session_timeout=self.config.metadata_session_timeout)
+        await asyncio.to_thread(self._store.start, self.config.mount_timeout)
+        self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
+        info = await asyncio.to_thread(metadata.info)
+        client_id = self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
+        loop = self.loop
+
+        def on_assignment(a: Assignment) -> None:  # a store thread
+            loop.call_soon_threadsafe(self._on_assignment, a)
+
+        self._watch = await asyncio.to_thread(metadata.watch_assignment, on_assignment)
+        return info.partitions, client_id
 
     async def _first_mounts(self) -> None:
         while True:
@@ -175,6 +191,11 @@ class AsyncWaltzClient:
         """The cluster's number of partitions."""
         return self.num_partitions
 
+    @property
+    def mounted_partitions(self) -> tuple[int, ...]:
+        """The partitions this client mounts (`ClientConfig.partitions`, else all)."""
+        return tuple(self._parts)
+
     async def submit(self, context: TransactionContext) -> asyncio.Future[bool]:
         """Waits for room among the partition's pending transactions (`max_pending`), executes
         the context once and queues its append; returns the future of its completion: True
@@ -189,6 +210,18 @@ class AsyncWaltzClient:
         await self._life.submit(Work(part.pid, context, future, self.deadline_of(context), part.slots.release))
         return future
 
+    async def append(self, partition: int, data: Any, *, locks: Iterable[PartitionLocalLock] = (),
+                     read_locks: Iterable[PartitionLocalLock] = (), append_locks: Iterable[PartitionLocalLock] = (),
+                     header: int = 0, serializer: Serializer[Any] = BYTES, timeout: float | None = None) -> int:
+        """Appends `data` (bytes, or what `serializer` takes) to the partition with these write,
+        read and append locks, without a context of your own; returns the committed
+        transaction's id once it committed, raises what `submit`'s future raises otherwise.
+        See `waltz.client.context.Append`."""
+        context = Append(partition, data, serializer=serializer, header=header, locks=locks, read_locks=read_locks,
+                         append_locks=append_locks, timeout=timeout)
+        await (await self.submit(context))
+        return context.committed_transaction_id
+
     def route(self, context: TransactionContext) -> ClientPartition:
         """The context's partition; raises what `submit` raises before it waits for room. Reads
         only, so `WaltzClient` calls it from the submitting thread."""
@@ -198,7 +231,10 @@ class AsyncWaltzClient:
         pid = context.partition_id(self.num_partitions)
         if not isinstance(pid, int) or not 0 <= pid < self.num_partitions:
             raise ValueError(f"{type(context).__name__}.partition_id({self.num_partitions}) returned {pid!r}, not a partition id")
-        part = self._parts[pid]
+        part = self._parts.get(pid)
+        if part is None:
+            raise errors.PartitionNotMountedError(
+                f"partition {pid} is not mounted by this client (it mounts partitions {list(self._parts)}: ClientConfig.partitions)")
         refused = part.error or part.unavailable
         if refused is not None:
             raise refused
@@ -239,7 +275,7 @@ class AsyncWaltzClient:
 
     def _check_partition(self, partition: int) -> None:
         self._check_open()
-        if partition not in self._parts:
+        if not isinstance(partition, int) or not 0 <= partition < self.num_partitions:
             raise ValueError(f"no partition {partition}: the cluster has {self.num_partitions}")
 
     # -- executing contexts ----------------------------------------------------------------
@@ -279,6 +315,10 @@ class AsyncWaltzClient:
         if not task.cancelled() and task.exception() is not None:
             log.error("client task failed", exc_info=task.exception())
 
+    def backoff(self) -> Backoff:
+        """A new retry delay; all of this client's draw from its one generator (`retry_seed`)."""
+        return Backoff(self.config.reconnect_backoff, self.config.reconnect_backoff_max, rng=self._rng)
+
     # -- servers and links -----------------------------------------------------------------
     async def next_client_id(self) -> int:
         metadata = self.metadata
@@ -308,14 +348,17 @@ class AsyncWaltzClient:
             if self._closed:
                 raise errors.ClientClosedError("the client is closed")
             self._connection_seq += 1
-            link = Link(endpoint, kind, self._on_push, self._on_closed, connection_seq=self._connection_seq,
-                        max_frame=self.config.max_frame, ssl=self._ssl)
+            link = self._new_link(endpoint, kind, self._connection_seq)
             await link.open(self.config.request_timeout)
             if self._closed:  # closed during the (TLS) handshake: close() has not seen this link
                 link.close()
                 raise errors.ClientClosedError("the client is closed")
             self._links[key] = link
             return link
+
+    def _new_link(self, endpoint: str, kind: str, connection_seq: int) -> Link:
+        return Link(endpoint, kind, self._on_push, self._on_closed, connection_seq=connection_seq,
+                    max_frame=self.config.max_frame, ssl=self._ssl)
 
     def _on_push(self, link: Link, msg: cp.Message) -> None:
         if isinstance(msg, cp.FeedData):
@@ -359,14 +402,15 @@ class AsyncWaltzClient:
         """A request to the partition's server, retried on other links and servers until
         `request_timeout`."""
         deadline = time.monotonic() + self.config.request_timeout
-        delay, last = self.config.reconnect_backoff, "no attempt"
-        part = self._parts[partition]
+        backoff, last = self.backoff(), "no attempt"
+        part = self._parts.get(partition)  # None: not mounted here, its server is looked up each time
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.RequestTimeoutError(f"partition {partition}: no answer within {self.config.request_timeout} s ({last})")
             try:
-                endpoint = part.link.endpoint if part.link is not None and part.mounted.is_set() else (await self.locate(partition))[0]
+                current = part.link if part is not None and part.mounted.is_set() else None
+                endpoint = current.endpoint if current is not None else (await self.locate(partition))[0]
                 link = await self.link(endpoint, "rpc")
                 return await link.request(make, remaining)
             except errors.RequestFailedError as e:
@@ -375,5 +419,4 @@ class AsyncWaltzClient:
                 last = str(e)
             except (Unavailable, errors.MetadataError, ConnectionError, OSError, asyncio.TimeoutError) as e:
                 last = str(e) or type(e).__name__
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, self.config.reconnect_backoff_max)
+            await backoff.sleep(deadline - time.monotonic())

@@ -35,7 +35,15 @@ class ClientConfig:
     """An append neither committed nor refused after this long is settled with a Flush (the
     server may have dropped it: a stale generation)."""
     reconnect_backoff: float = 0.05
+    """The first retry's upper bound (remount, reconnect, request, apply): waits are drawn
+    with full jitter, uniform in [0, min(reconnect_backoff_max, reconnect_backoff * 2**n)]."""
     reconnect_backoff_max: float = 2.0
+    retry_seed: int | None = None
+    """Seeds the retry delays' random numbers (tests); None: from the OS, so that clients do
+    not retry in lockstep."""
+    partitions: tuple[int, ...] | None = None
+    """Mount only these partitions (the Java client's `setPartitions`): instances of one service
+    split the partitions between them. None: every partition of the cluster."""
     callback_threads: int = 4
     """Threads running the application's plain (non-async) callbacks and contexts."""
     event_loop: str = "uvloop"
@@ -62,6 +70,15 @@ class ClientConfig:
                      "reconnect_backoff_max", "metadata_session_timeout"):
             need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
         need(self.event_loop in EVENT_LOOPS, f"event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
+        need(self.reconnect_backoff <= self.reconnect_backoff_max, "reconnect_backoff must not exceed reconnect_backoff_max")
+        if self.partitions is not None:
+            if not isinstance(self.partitions, (list, tuple, set, frozenset)):
+                need(False, "partitions must be a list of partition ids (or absent: every partition)")
+            parts = tuple(sorted(set(self.partitions)))
+            need(bool(parts), "partitions must name at least one partition (or be absent: every partition)")
+            need(all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts),
+                 "partitions must be non-negative partition ids")
+            object.__setattr__(self, "partitions", parts)
         for name in ("tls_ca", "tls_cert", "tls_key"):
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, pathlib.Path(getattr(self, name)))

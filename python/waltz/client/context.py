@@ -85,6 +85,9 @@ class TransactionContext:
     timeout: float | None = None
     """Seconds from submit after which the context expires; None: the client's
     `transaction_timeout`."""
+    committed_transaction_id: int = -1
+    """The id of the transaction it committed, set by the client before `on_completion(True)`
+    (-1 until then, and for a context that declined or failed)."""
 
     def __init__(self) -> None:
         self.creation_time = time.time()
@@ -113,3 +116,36 @@ class TransactionContext:
 
     def on_expiration(self) -> None | Awaitable[None]:
         """The context expired before it could complete: no retry."""
+
+
+class Append(TransactionContext):
+    """A plain append of fixed data (`client.append(partition, data, locks=...)`): the same
+    transaction on every execution. Its locks are checked against the application's
+    high-water mark when it runs, as any context's are; a lost lock race executes it again with
+    the newer mark, so a write lock here orders the append after the lock's last writer without
+    reading anything (a context that reads state to decide must be a `TransactionContext` of
+    its own)."""
+
+    def __init__(self, partition: int, data: Any, *, serializer: Serializer[Any] = BYTES, header: int = 0,
+                 locks: Iterable[PartitionLocalLock] = (), read_locks: Iterable[PartitionLocalLock] = (),
+                 append_locks: Iterable[PartitionLocalLock] = (), timeout: float | None = None) -> None:
+        super().__init__()
+        if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+            raise ValueError(f"partition must be a partition id, not {partition!r}")
+        self.partition, self.header = partition, header
+        self.data = serializer.serialize(data)
+        self.locks, self.read_locks, self.append_locks = _checked(locks), _checked(read_locks), _checked(append_locks)
+        self.timeout = timeout
+
+    def partition_id(self, num_partitions: int) -> int:
+        if self.partition >= num_partitions:
+            raise ValueError(f"no partition {self.partition}: the cluster has {num_partitions}")
+        return self.partition
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        builder.set_header(self.header)
+        builder.data = self.data
+        builder.add_write_locks(*self.locks)
+        builder.add_read_locks(*self.read_locks)
+        builder.add_append_locks(*self.append_locks)
+        return True

@@ -11,6 +11,8 @@ from typing import Any, Protocol, TypeVar
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.network import Link
+from waltz.client.retry import Backoff
+from waltz.client.stats import ClientStats
 from waltz.client.transaction import Transaction
 from waltz.client.work import Work
 
@@ -23,6 +25,7 @@ class ClientHost(Protocol):
     config: ClientConfig
     callbacks: WaltzClientCallbacks
     loop: asyncio.AbstractEventLoop
+    stats: ClientStats
 
     async def call(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
         """Runs application code (on the loop or in a callback thread)."""
@@ -42,6 +45,10 @@ class ClientHost(Protocol):
         ...
 
     async def link(self, endpoint: str, kind: str) -> Link: ...
+
+    def backoff(self) -> Backoff:
+        """A new retry delay (full jitter between `reconnect_backoff` and `reconnect_backoff_max`)."""
+        ...
 
     async def next_client_id(self) -> int:
         """A new client id from the cluster's counter."""

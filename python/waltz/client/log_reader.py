@@ -25,12 +25,17 @@ from waltz import client_protocol as cp
 from waltz import errors
 from waltz._native import Record
 from waltz.client.network import Link
+from waltz.client.retry import Backoff
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import UNRESOLVED, ClusterInfo, ClusterMetadata, ReplicaState
 from waltz.storage.client import StorageAdminClient
 
 log = logging.getLogger("waltz.client.log_reader")
+
+RETRY_BASE, RETRY_CAP = 0.05, 0.5
+"""Bounds of the waits between attempts (full jitter, `waltz.client.retry`): short, since a
+reader waits for a replica or a server that is usually back within a second."""
 
 
 class LogReader:
@@ -96,6 +101,7 @@ class LogReader:
     async def high_water_mark(self, partition: int) -> int:
         self._check(partition)
         deadline, last = time.monotonic() + self.timeout, "no attempt"
+        backoff = Backoff(RETRY_BASE, RETRY_CAP)
         while time.monotonic() < deadline:
             try:
                 link = await self._server_link(partition)
@@ -104,7 +110,7 @@ class LogReader:
                 return resp.high_water_mark
             except (OSError, errors.RequestFailedError, errors.ClusterError, errors.ProtocolError, TimeoutError) as e:
                 last = str(e)
-                await asyncio.sleep(0.1)
+                await backoff.sleep(deadline - time.monotonic())
         raise errors.RequestTimeoutError(f"partition {partition}: no high-water mark within {self.timeout} s ({last})")
 
     async def _server_link(self, partition: int) -> Link:
@@ -125,6 +131,7 @@ class LogReader:
         dropped the next id (retention, or a directory replaced by a pruned copy)."""
         self._check(partition)
         nxt, deadline, last = start, time.monotonic() + self.timeout, "no replica tried"
+        backoff = Backoff(RETRY_BASE, RETRY_CAP)
         while nxt <= end:
             progressed, gone = False, []
             replicas = await asyncio.to_thread(self._readable_replicas, partition)
@@ -159,8 +166,10 @@ class LogReader:
                 raise errors.BelowLogStartError(f"partition {partition}: transaction {nxt} is held by no replica any more ({'; '.join(gone)})")
             if time.monotonic() > deadline:
                 raise errors.RequestTimeoutError(f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})")
-            if not progressed:
-                await asyncio.sleep(0.1)
+            if progressed:
+                backoff.reset()
+            else:
+                await backoff.sleep()
 
     async def first_transaction_id(self, partition: int) -> int:
         """The lowest id any of the partition's readable replicas still holds (retention moves
@@ -178,6 +187,7 @@ class LogReader:
         for p in wanted:
             self._check(p)
         deadline, last = time.monotonic() + self.timeout, "no readable replica"
+        backoff = Backoff(RETRY_BASE, RETRY_CAP)
         while True:
             readable = await asyncio.to_thread(lambda: {p: self._readable_replicas(p) for p in wanted})
             addresses = sorted({a for replicas in readable.values() for a in replicas})
@@ -203,7 +213,7 @@ class LogReader:
             if time.monotonic() > deadline:
                 missing = sorted(set(wanted) - set(firsts))
                 raise errors.RequestTimeoutError(f"partition {missing[0]}: no replica answered within {self.timeout} s ({last})")
-            await asyncio.sleep(0.1)
+            await backoff.sleep()
 
     async def _status(self, address: str) -> dict[int, dict[str, Any]]:
         admin = await self._admin(address)

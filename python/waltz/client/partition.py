@@ -114,7 +114,7 @@ class ClientPartition:
             log.debug("partition %d: mounting (%s)", self.pid, why)
             started = progress_at = time.monotonic()
             progress = self.received
-            delay = cfg.reconnect_backoff
+            backoff = self.client.backoff()
             while True:
                 self._remount.clear()
                 now = time.monotonic()
@@ -138,8 +138,7 @@ class ClientPartition:
                         log.warning("partition %d: %s (retrying)", self.pid, e)
                     self.last_error = str(e) or type(e).__name__
                     log.debug("partition %d: mount failed (retrying): %s", self.pid, self.last_error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, cfg.reconnect_backoff_max)
+                await backoff.sleep()
             self.unavailable = None
             self.last_error = ""
             self.mounted.set()
@@ -258,7 +257,7 @@ class ClientPartition:
         self.client.spawn(self._take_new_client_id())
 
     async def _take_new_client_id(self) -> None:
-        delay = self.client.config.reconnect_backoff
+        backoff = self.client.backoff()
         try:
             new = self.client.config.client_id
             while new < 0:
@@ -266,8 +265,7 @@ class ClientPartition:
                     new = await self.client.next_client_id()
                 except Exception as e:  # the metadata store away for a while: keep trying, the outbox waits
                     log.warning("partition %d: a new client id could not be taken (retrying): %s", self.pid, e)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.client.config.reconnect_backoff_max)
+                    await backoff.sleep()
             assert not len(self.monitor), "appends were sent while the client id was being renewed"
             log.info("partition %d: every sequence number of client id %d was used; appending as client id %d from 1",
                      self.pid, self.client_id, new)
@@ -397,7 +395,7 @@ class ClientPartition:
 
     # -- applying --------------------------------------------------------------------------
     async def _apply_loop(self) -> None:
-        delay = self.client.config.reconnect_backoff
+        backoff = self.client.backoff()
         while True:
             await self._apply_wakeup.wait()
             self._apply_wakeup.clear()
@@ -415,15 +413,14 @@ class ClientPartition:
                                                   if (w := self._to_apply.pop(t.transaction_id, None)) is not None])
                         self._applied_through(txns[i + done - 1].transaction_id)
                         i += done
-                        delay = self.client.config.reconnect_backoff
+                        backoff.reset()
                     if exc is not None:
                         try:
                             await self.client.call(self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc)
                         except Exception:  # the handler's own failure must not end applying for good
                             log.exception("partition %d: uncaught_exception raised for transaction %d (applying it again)",
                                           self.pid, txns[i].transaction_id)
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, self.client.config.reconnect_backoff_max)
+                        await backoff.sleep()
 
     def _applied_through(self, txid: int) -> None:
         self.applied = txid
@@ -471,4 +468,4 @@ class ClientPartition:
 
     def describe(self) -> dict[str, Any]:
         return {"partition": self.pid, "mounted": self.mounted.is_set() and self.error is None, "received": self.received,
-                "applied": self.applied, "pending": len(self.monitor), "queued": len(self.outbox), "error": self.last_error}
+                "applied": self.applied, "in_flight": len(self.works), "pending": len(self.monitor), "queued": len(self.outbox), "error": self.last_error}

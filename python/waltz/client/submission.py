@@ -115,15 +115,20 @@ class TransactionLife:
 
     # -- outcomes (the partition reports them: `TransactionOwner`) -------------------------
     def retry(self, work: Work) -> None:
+        self.host.stats.retries += 1
         self.host.spawn(self.execute(work))
 
     def committed(self, work: Work) -> None:
+        self.host.stats.commits += 1
+        work.context.committed_transaction_id = work.transaction_id
         if has_hook(work.context, "on_completion"):
             work.completing = self.host.spawn(self._completed(work))
         else:
             self.parts[work.pid].finish(work, True)
 
     def lost_lock_race(self, work: Work, transaction_id: int) -> None:
+        self.host.stats.lock_failures += 1
+        self.host.stats.retries += 1
         self.host.spawn(self._after_lock_failure(work, transaction_id))
 
     async def applied(self, works: list[Work]) -> None:

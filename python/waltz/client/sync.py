@@ -18,14 +18,16 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import errors
 from waltz.client.aio import AsyncWaltzClient, in_callback_thread
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
-from waltz.client.context import TransactionContext
+from waltz.client.context import Append, PartitionLocalLock, TransactionContext
+from waltz.client.serializers import BYTES, Serializer
+from waltz.client.stats import ClientStats
 from waltz.client.submission import execute_here
 from waltz.client.work import Work
 from waltz.event_loop import loop_factory
@@ -35,7 +37,7 @@ T = TypeVar("T")
 
 class WaltzClient:
     def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
-        self._core = AsyncWaltzClient(callbacks, config)
+        self._core = self._make_core(callbacks, config)
         self._loop = loop_factory(config.event_loop, "the client's event_loop")()
         self._thread = threading.Thread(target=self._loop.run_forever, name="waltz-client", daemon=True)
         self._thread.start()
@@ -48,7 +50,11 @@ class WaltzClient:
         except BaseException:
             self._stop_loop()
             raise
-        self._slots = [threading.Semaphore(config.max_pending) for _ in range(self._core.partitions)]
+        self._slots = {p: threading.Semaphore(config.max_pending) for p in self._core.mounted_partitions}
+
+    def _make_core(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> AsyncWaltzClient:
+        """The asyncio client this one runs (`waltz.client.mock` gives an in-memory one)."""
+        return AsyncWaltzClient(callbacks, config)
 
     def __enter__(self) -> WaltzClient:
         return self
@@ -106,6 +112,24 @@ class WaltzClient:
             if not handed_over:  # the loop never saw it (closed, or a KeyboardInterrupt in execute)
                 slots.release()
 
+    @property
+    def mounted_partitions(self) -> tuple[int, ...]:
+        return self._core.mounted_partitions
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._core.stats
+
+    def append(self, partition: int, data: Any, *, locks: Iterable[PartitionLocalLock] = (),
+               read_locks: Iterable[PartitionLocalLock] = (), append_locks: Iterable[PartitionLocalLock] = (),
+               header: int = 0, serializer: Serializer[Any] = BYTES, timeout: float | None = None) -> int:
+        """Appends `data` to the partition with these locks and blocks until it committed;
+        returns the transaction's id (see `AsyncWaltzClient.append`)."""
+        context = Append(partition, data, serializer=serializer, header=header, locks=locks, read_locks=read_locks,
+                         append_locks=append_locks, timeout=timeout)
+        self.submit(context).result()
+        return context.committed_transaction_id
+
     def flush(self) -> None:
         """Blocks until every context submitted so far has completed and this client has applied
         its own committed transactions. Not from `apply_transaction` (it would wait for itself)."""
@@ -142,7 +166,7 @@ class WaltzClient:
             self._thread.join()
         else:
             self._stopping = True
-        for slots in getattr(self, "_slots", ()):
+        for slots in getattr(self, "_slots", {}).values():
             slots.release()  # a thread still waiting for room wakes, finds the client closed
         self._loop.close()
 

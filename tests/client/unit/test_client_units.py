@@ -76,6 +76,19 @@ def test_config_file(tmp_path: pathlib.Path) -> None:
         ClientConfig(metadata="embedded:/tmp/m.db", client_id=-5)
 
 
+def test_config_partitions_and_retry_seed(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "client.toml"
+    path.write_text('[client]\nmetadata = "embedded:/tmp/m.db"\npartitions = [3, 1, 3]\nretry_seed = 9\n')
+    c = ClientConfig.from_file(path)
+    assert c.partitions == (1, 3) and c.retry_seed == 9  # sorted, once each
+    assert ClientConfig(metadata="embedded:/tmp/m.db").partitions is None  # every partition
+    for bad, why in (([], "at least one partition"), ([-1], "non-negative"), ("0", "a list of partition ids"), ([True], "non-negative")):
+        with pytest.raises(ConfigError, match=why):
+            ClientConfig(metadata="embedded:/tmp/m.db", partitions=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must not exceed reconnect_backoff_max"):
+        ClientConfig(metadata="embedded:/tmp/m.db", reconnect_backoff=3.0, reconnect_backoff_max=2.0)
+
+
 def test_a_data_fetch_that_times_out_raises_instead_of_spinning() -> None:
     """Found by `waltz torture`: `Transaction.data()` took the fetch's own RequestTimeoutError (a
     TimeoutError) for its 0.5 s wait running out, and re-raised it in a loop whose traceback
