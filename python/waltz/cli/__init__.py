@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from waltz.cli.exit_codes import MISSING_EXTRA_EXIT
 from waltz.errors import MissingExtraError
 
-MISSING_EXTRA_EXIT = 2
-"""Exit code when a command needs an extra that is not installed (as click's usage errors: the
-command cannot run as installed, nothing was attempted)."""
 
 
 def waltz() -> None:

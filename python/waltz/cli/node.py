@@ -9,7 +9,7 @@ import sys
 import click
 
 from waltz import __version__, errors
-from waltz.cli import MISSING_EXTRA_EXIT
+from waltz.cli.exit_codes import MISSING_EXTRA_EXIT
 
 
 class _JsonFormatter(logging.Formatter):

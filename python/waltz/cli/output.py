@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from waltz import errors
-from waltz.cli import MISSING_EXTRA_EXIT
+from waltz.cli.exit_codes import MISSING_EXTRA_EXIT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
