@@ -344,7 +344,7 @@ mod tests {
         }
         seg.files.data.write_all_at(&buf, HEADER_LEN).unwrap();
         let idx: Vec<u8> = offs[..indexed].iter().flat_map(|o| (*o as i64).to_be_bytes()).collect();
-        seg.files.index.as_ref().unwrap().write_all_at(&idx, HEADER_LEN).unwrap();
+        seg.files.index.file.as_ref().unwrap().write_all_at(&idx, HEADER_LEN).unwrap();
         (dir.join(data_name(first)), offs)
     }
 

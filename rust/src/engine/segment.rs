@@ -6,8 +6,10 @@
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::format::{format_uuid, FORMAT_VERSION, HEADER_LEN};
 use crate::engine::fs::{write_file_atomically, FileHandle, FileSystem};
-use crate::engine::index::{verify_window, Durable, PendingIndex};
-use crate::engine::record::{be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD};
+use crate::engine::index::{verify_window, Durable, PendingIndex, SegmentIndex};
+use crate::engine::record::{
+    be_i32, be_i64, check_record, parse_prefix, Invalid, RecordView, RECORD_OVERHEAD, RECORD_PREFIX,
+};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -82,15 +84,19 @@ pub struct RecoverOptions {
     pub mode: RecoveryMode,
 }
 
-/// The open files of one segment plus its in-memory index tail (whose methods, the index
-/// checkpointing, are in `engine::index`).
+/// The open files of one segment: its data file and its index (the `.idx` file plus the
+/// in-memory index tail, whose methods, the index checkpointing, are in `engine::index`).
 pub struct SegmentFiles {
     pub first_txid: i64,
     pub data_path: PathBuf,
-    pub index_path: PathBuf,
     pub data: Arc<dyn FileHandle>,
-    pub index: Option<Arc<dyn FileHandle>>,
-    pub pending: RwLock<PendingIndex>,
+    pub index: SegmentIndex,
+}
+
+impl AsRef<SegmentIndex> for SegmentFiles {
+    fn as_ref(&self) -> &SegmentIndex {
+        &self.index
+    }
 }
 
 /// A segment as the partition tracks it: files plus how many records and bytes are valid.
@@ -125,10 +131,8 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
         files: Arc::new(SegmentFiles {
             first_txid: header.first_txid,
             data_path,
-            index_path,
             data,
-            index: Some(index),
-            pending: RwLock::new(PendingIndex::default()),
+            index: SegmentIndex { path: index_path, file: Some(index), pending: RwLock::new(PendingIndex::default()) },
         }),
         count: 0,
         end: HEADER_LEN,
@@ -221,15 +225,17 @@ pub fn recover_segment(ctx: &SegmentContext<'_>) -> Result<Recovered> {
     let mut files = SegmentFiles {
         first_txid: ctx.first_txid,
         data_path: data_path.clone(),
-        index_path: index_path.clone(),
         data: data.clone(),
-        index: index.clone(),
-        pending: RwLock::new(PendingIndex::default()),
+        index: SegmentIndex {
+            path: index_path.clone(),
+            file: index.clone(),
+            pending: RwLock::new(PendingIndex::default()),
+        },
     };
 
     if let Some(end) = sealed_and_complete(ctx, &files, claimed, index_len, data_len) {
         // The index file holds every entry: nothing is pending.
-        files.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
+        files.index.pending = RwLock::new(PendingIndex { base: claimed, offsets: Vec::new() });
         return Ok(Recovered {
             segment: Segment { files: Arc::new(files), count: claimed, end },
             tail: Tail::Clean,
@@ -357,15 +363,16 @@ fn last_proven_checkpoint(ctx: &SegmentContext<'_>, files: &SegmentFiles, claime
     let mut cp = (claimed / n) * n;
     let mut start = HEADER_LEN;
     while cp > 0 {
-        if let Some(end) =
-            verify_window(files, cp.saturating_sub(n), cp, ctx.first_txid, opts.max_record_size, data_len)
+        let (lo, max) = (cp.saturating_sub(n), opts.max_record_size);
+        let read_record = |off, txid| read_record_at(&files.data, &files.data_path, off, txid, max, data_len);
+        if let Some(end) = verify_window(&files.index, &files.data, lo, cp, ctx.first_txid, max, data_len, read_record)
         {
             start = end;
             break;
         }
         log::warn!(
             "{}: index checkpoint at record {} does not match the data, trying the one before",
-            files.index_path.display(),
+            files.index.path.display(),
             cp
         );
         cp -= n;
@@ -494,7 +501,7 @@ fn settle_index(
     let opts = ctx.opts;
     let n = opts.checkpoint_interval.max(1);
     let (data, data_path, index, index_path) =
-        (files.data.clone(), files.data_path.clone(), files.index.clone(), files.index_path.clone());
+        (files.data.clone(), files.data_path.clone(), files.index.file.clone(), files.index.path.clone());
     let mut kept = 0usize;
     if file_entries > cp && !offsets.is_empty() {
         let n_cmp = ((file_entries - cp) as usize).min(offsets.len());
@@ -509,7 +516,7 @@ fn settle_index(
     }
     let base = cp + kept as u64;
     offsets.drain(..kept);
-    files.pending = RwLock::new(PendingIndex { base, offsets });
+    files.index.pending = RwLock::new(PendingIndex { base, offsets });
     if !opts.read_only {
         if end < data_len {
             data.set_len(end).at(&data_path)?;
@@ -519,15 +526,16 @@ fn settle_index(
         // What the scan read may be page cache a crashed process left unsynced: it is made
         // durable (with the cut) before any index entry that points into it is written.
         // (With nothing synced, nothing is pending past `base` either.)
-        let durable = if end < data_len || !files.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
-            Durable::sync_data(files)?
-        } else {
-            Durable::first(base)
-        };
+        let durable =
+            if end < data_len || !files.index.pending.read().unwrap_or_else(|e| e.into_inner()).offsets.is_empty() {
+                Durable::sync_data(&files.data, &files.data_path)?
+            } else {
+                Durable::first(base)
+            };
         if changed {
             idx.set_len(HEADER_LEN + 8 * base).at(&index_path)?;
         }
-        changed |= files.write_pending(n, ctx.next_first.is_some(), durable)?;
+        changed |= files.index.write_pending(n, ctx.next_first.is_some(), durable)?;
         if changed {
             idx.sync_data().at(&index_path)?;
         }
@@ -572,9 +580,62 @@ fn follow_live_tail(
 
 /// End offset of record `i`, validated whole (both checksums, id and bounds).
 fn record_end(files: &SegmentFiles, i: u64, first: i64, max: usize, data_len: u64) -> Result<u64> {
-    let off = files.offset_of(i)?;
+    let off = files.index.offset_of(i)?;
     let v = read_record_at(&files.data, &files.data_path, off, first + i as i64, max, data_len)?;
     Ok(off + v as u64)
+}
+
+/// Byte offset of the record at position `i` of a segment, proven against the data: the index
+/// entry when the record there carries the right id, otherwise found by walking forward from the
+/// nearest earlier entry that does (or from the segment start). A damaged index entry thus costs
+/// a short scan instead of a record. `end` is where the segment's records end; the record at `i`
+/// must exist (every caller asks for one), so an entry equal to `end` is damaged, not the end.
+pub fn locate(files: &SegmentFiles, i: u64, end: u64, max: usize) -> Result<u64> {
+    let want = files.first_txid + i as i64;
+    let id_at = |off: u64| -> Option<(i64, u64)> {
+        if off < HEADER_LEN || off.checked_add(RECORD_OVERHEAD as u64)? > end {
+            return None;
+        }
+        let mut prefix = [0u8; RECORD_PREFIX];
+        files.data.read_full_at(&mut prefix, off).ok()?;
+        let (h, len, _) = parse_prefix(&prefix, max).ok()?;
+        Some((h.txid, off + (RECORD_OVERHEAD + len) as u64))
+    };
+    if let Ok(off) = files.index.offset_of(i) {
+        if id_at(off).is_some_and(|(t, _)| t == want) {
+            return Ok(off);
+        }
+    }
+    log::warn!(
+        "{}: index entry {i} does not match the data; locating the record by scanning",
+        files.index.path.display()
+    );
+    let (mut pos, mut t) = (HEADER_LEN, files.first_txid);
+    for j in (0..i).rev() {
+        if let Some(off) =
+            files.index.offset_of(j).ok().filter(|o| id_at(*o).is_some_and(|(t, _)| t == files.first_txid + j as i64))
+        {
+            pos = off;
+            t = files.first_txid + j as i64;
+            break;
+        }
+    }
+    while t < want {
+        match id_at(pos) {
+            Some((found, next)) if found == t => {
+                pos = next;
+                t += 1;
+            }
+            _ => {
+                return Err(Error::corruption(
+                    &files.data_path,
+                    pos,
+                    format!("cannot locate transaction {want}: record {t} is not where expected"),
+                ))
+            }
+        }
+    }
+    Ok(pos)
 }
 
 /// Reads and validates the record at `off`; returns its total length.
@@ -777,7 +838,7 @@ mod tests {
         }
         seg.files.data.write_all_at(&buf, HEADER_LEN).unwrap();
         let idx: Vec<u8> = offs[..indexed as usize].iter().flat_map(|o| (*o as i64).to_be_bytes()).collect();
-        seg.files.index.as_ref().unwrap().write_all_at(&idx, HEADER_LEN).unwrap();
+        seg.files.index.file.as_ref().unwrap().write_all_at(&idx, HEADER_LEN).unwrap();
         offs
     }
 
@@ -814,7 +875,7 @@ mod tests {
         assert_eq!(r.tail, Tail::Clean);
         assert_eq!(r.scanned_records, 6); // checkpoint 4 proven, records 4..10 scanned
         for (i, off) in offs.iter().enumerate() {
-            assert_eq!(r.segment.files.offset_of(i as u64).unwrap(), *off);
+            assert_eq!(r.segment.files.index.offset_of(i as u64).unwrap(), *off);
         }
     }
 
@@ -826,7 +887,7 @@ mod tests {
         let o = opts(true);
         let r = recover_segment(&ctx(d.path(), 5, None, &o)).unwrap();
         assert_eq!(r.segment.count, 9);
-        assert_eq!(r.segment.files.offset_of(8).unwrap(), offs[8]);
+        assert_eq!(r.segment.files.index.offset_of(8).unwrap(), offs[8]);
         assert_eq!(std::fs::read(d.path().join(index_name(5))).unwrap(), idx_before);
     }
 

@@ -1,10 +1,10 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
+use super::connection::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
 use super::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
     MAGIC_ADMIN, VERSION,
 };
-use super::server::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
 use crate::engine::partition::lock;
 use crate::engine::record::NewRecord;
 use std::net::SocketAddr;

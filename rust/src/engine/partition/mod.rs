@@ -8,13 +8,13 @@
 use crate::engine::error::{Error, IoContext, Result};
 use crate::engine::format::{now_ms, FORMAT_VERSION};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
-use crate::engine::index::{self, locate, Checkpointer, Durable};
+use crate::engine::index::{self, Checkpointer, Durable};
 use crate::engine::record::{
     be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
 use crate::engine::segment::{
-    create_segment, data_name, index_name, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode, Segment,
-    SegmentContext, SegmentFiles, SegmentHeader, Tail,
+    create_segment, data_name, index_name, locate, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
+    Segment, SegmentContext, SegmentFiles, SegmentHeader, Tail,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -183,7 +183,7 @@ pub struct Partition {
     last_sync_ns: AtomicU64,
     durable: AtomicI64,
     health: Arc<Health>,
-    checkpointer: Checkpointer,
+    checkpointer: Checkpointer<SegmentFiles>,
     closed: AtomicBool,
     appends: AtomicU64,
     records: AtomicU64,
@@ -578,7 +578,7 @@ impl Partition {
     fn write_index_tail(&self) -> Result<()> {
         let st = lock(&self.state);
         let files = &st.segments.last().unwrap().files;
-        index::write_all_durable(files, self.durable(files))
+        index::write_all_durable(&files.index, self.durable(files))
     }
 
     /// The segment's records that are durable: up to the acknowledged max transaction id.
@@ -603,7 +603,7 @@ impl Partition {
         if synced < st.index_retry_at {
             return;
         }
-        match files.write_pending(interval, false, Durable::first(synced)) {
+        match files.index.write_pending(interval, false, Durable::first(synced)) {
             Ok(true) => self.request_index_sync(files),
             Ok(false) => {}
             Err(e) => {
@@ -820,7 +820,7 @@ impl Partition {
         }
         let written = (st.queue.len() - queued_before) as u64;
         {
-            let mut p = files.pending.write().unwrap_or_else(|e| e.into_inner());
+            let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
             // Kept on in production: a misplaced index tail would point reads at wrong records.
             if p.base + p.offsets.len() as u64 != old_count {
                 st.queue.truncate(queued_before);
@@ -883,12 +883,10 @@ impl Partition {
         if st.tail_allocated > end {
             tail.data.set_len(end).at(&tail.data_path)?;
         }
-        let durable = Durable::sync_data(&tail)?;
+        let durable = Durable::sync_data(&tail.data, &tail.data_path)?;
         // Its whole index only now: every record it points to is on the disk.
-        tail.write_pending(1, true, durable)?;
-        if let Some(idx) = &tail.index {
-            idx.sync_data().at(&tail.index_path)?;
-        }
+        tail.index.write_pending(1, true, durable)?;
+        tail.index.sync()?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
         st.tail_allocated = seg.end;
@@ -1102,7 +1100,7 @@ impl Partition {
             f.data.sync_data().at(&f.data_path)?;
         }
         if keep < tail.count {
-            f.truncate_index(keep)?;
+            f.index.truncate(keep)?;
             tail.count = keep;
             tail.end = new_end;
         }
@@ -1122,7 +1120,7 @@ impl Partition {
         if keep < tail.count {
             tail.end = locate(&tail.files, keep, tail.end, max)?;
             tail.count = keep;
-            let mut p = tail.files.pending.write().unwrap_or_else(|e| e.into_inner());
+            let mut p = tail.files.index.pending.write().unwrap_or_else(|e| e.into_inner());
             if keep < p.base {
                 p.base = keep;
                 p.offsets.clear();

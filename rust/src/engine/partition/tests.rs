@@ -141,7 +141,7 @@ fn corruption_before_valid_records_is_an_error_and_repair_cuts() {
     let d = tempfile::tempdir().unwrap();
     let p = open(d.path(), opts(1 << 30, 1000));
     append_n(&p, 0, 20);
-    let off = p.snapshot(10).unwrap().0[0].files.offset_of(10).unwrap();
+    let off = p.snapshot(10).unwrap().0[0].files.index.offset_of(10).unwrap();
     drop(p);
     let seg = d.path().join(data_name(0));
     let f = std::fs::OpenOptions::new().write(true).read(true).open(&seg).unwrap();

@@ -1,0 +1,215 @@
+//! What both ports' connections share: the node's state and options, how long a connection may
+//! wait before its Open and between reads and writes, its frame size limit, reading and sending
+//! frames, and how an engine error is answered. The storage port (`server`) and the admin port
+//! (`admin`) both use it; it uses neither.
+use crate::engine::error::Error;
+use crate::engine::storage::Storage;
+use crate::node::protocol::{FailureKind, FrameBuf};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub max_frame: usize,
+    /// Upper bounds a record or header list response never exceeds, whatever is asked.
+    pub max_list_count: usize,
+    pub max_list_bytes: usize,
+    /// An admin connection that sends nothing for this long is closed, and so is any connection
+    /// that reads none of its answers for this long. An opened storage connection may stay silent
+    /// (TCP keepalive finds a peer that is gone); one not opened has at most `OPEN_DEADLINE`.
+    pub idle_timeout: Duration,
+    /// Appends of one connection queued before the node waits for their sync and answers them.
+    pub max_in_flight: usize,
+    /// Mutual TLS on both ports (`crate::node::tls::server_config`); None serves plaintext.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// Connections open at once on each port; one more is closed as soon as it is accepted.
+    /// A storage connection costs a thread and three file descriptors.
+    pub max_connections: usize,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            max_frame: crate::node::protocol::DEFAULT_MAX_FRAME,
+            max_list_count: 10_000,
+            max_list_bytes: 16 << 20,
+            idle_timeout: Duration::from_secs(300),
+            max_in_flight: 1024,
+            tls: None,
+            max_connections: 4096,
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct NodeStats {
+    pub connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub closed_bad_frames: AtomicU64,
+    pub appended_records: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
+    /// Connections closed on accept because `max_connections` were open on their port.
+    pub refused_connections: AtomicU64,
+    /// Failures answered, indexed by FailureKind code.
+    pub failures_by_kind: [AtomicU64; 17],
+}
+
+pub(super) struct Shared {
+    pub(super) storage: Arc<Storage>,
+    pub(super) opts: NodeOptions,
+    /// Newest session id seen per partition.
+    pub(super) fences: Mutex<HashMap<i32, i64>>,
+    /// (readable, writable) per partition, set through the admin port; absent means both.
+    pub(super) availability: Mutex<HashMap<i32, (bool, bool)>>,
+    pub(super) stats: NodeStats,
+    /// Set once the node stops: every connection thread ends at its next wait.
+    pub(super) stopping: tokio::sync::watch::Sender<bool>,
+    /// Connection threads still running, for `stop` to wait on.
+    pub(super) live: (Mutex<usize>, std::sync::Condvar),
+    /// Connections open on the storage and on the admin port, against `max_connections`.
+    pub(super) storage_open: Arc<AtomicUsize>,
+    pub(super) admin_open: Arc<AtomicUsize>,
+    /// Connections refused since the last warning about them, and when that was.
+    pub(super) refused: Mutex<(u64, Option<Instant>)>,
+}
+
+pub(super) fn failure_kind(e: &Error) -> FailureKind {
+    match e {
+        Error::ClusterKeyMismatch { .. } => FailureKind::ClusterKeyMismatch,
+        Error::PartitionCountMismatch { .. } => FailureKind::PartitionCountMismatch,
+        Error::NonDenseAppend { .. } => FailureKind::NonDenseAppend,
+        Error::RecordTooLarge { .. } => FailureKind::RecordTooLarge,
+        Error::BelowLogStart { .. } => FailureKind::BelowLogStart,
+        Error::PartitionFailed { .. } => FailureKind::PartitionFailed,
+        Error::AppendTruncated { .. } => FailureKind::AppendTruncated,
+        Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. } => FailureKind::PartitionNotAssigned,
+        Error::Corruption { .. } => FailureKind::Corruption,
+        Error::Io { .. } => FailureKind::Io,
+        Error::InvalidArgument(_) => FailureKind::BadRequest,
+        _ => FailureKind::Internal,
+    }
+}
+
+/// A peer must have sent Hello and an Open that succeeded within this (or `idle_timeout`, when
+/// shorter), else it is closed: a connection costs a thread and file descriptors, and a flood of
+/// silent ones ran the node out of descriptors until a segment roll failed.
+const OPEN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Largest frame taken before Open succeeded (Hello and Open are a few dozen bytes): a peer that
+/// proved nothing yet must not make the node buffer `max_frame` bytes.
+const PRE_OPEN_MAX_FRAME: usize = 64 << 10;
+
+/// What a connection's next read (and the write before it) may wait for.
+#[derive(Clone, Copy)]
+pub(super) enum Wait {
+    /// Not opened yet: every wait ends at this instant (`OPEN_DEADLINE`).
+    OpenBy(tokio::time::Instant),
+    /// An opened admin connection: reads wait `idle_timeout` at most.
+    Idle,
+    /// An opened storage connection: silence is a quiet partition, not a dead peer (keepalive
+    /// finds those). Closing it cost the store session its replicas at its next append.
+    Forever,
+}
+
+pub(super) fn open_deadline(shared: &Shared) -> Duration {
+    OPEN_DEADLINE.min(shared.opts.idle_timeout)
+}
+
+fn not_opened(shared: &Shared) -> String {
+    format!("no Hello and successful Open within {:?}", open_deadline(shared))
+}
+
+/// The frame size limit of a connection opened or not.
+pub(super) fn frame_limit(shared: &Shared, opened: bool) -> usize {
+    if opened {
+        shared.opts.max_frame
+    } else {
+        PRE_OPEN_MAX_FRAME.min(shared.opts.max_frame)
+    }
+}
+
+/// Why the bytes in `buf` are not a frame: a TLS client on this plaintext port gets a reason
+/// that says so rather than a frame length.
+pub(super) fn bad_frame(what: &str, buf: &[u8], e: impl std::fmt::Display) -> String {
+    if crate::node::tls::looks_like_client_hello(buf) {
+        format!("{what}: the client speaks TLS but this node has no [tls] configured")
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
+/// Sends the gathered answers. A peer that takes nothing for the idle timeout is gone or
+/// hostile; one not opened yet has until its Open deadline. The timeout runs from the last bytes
+/// the peer took, not from the start: a slow reader that keeps reading gets a whole list. The
+/// flush is free on TCP; TLS may hold encrypted bytes back until it.
+pub(super) async fn send<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &mut Vec<u8>,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let idle = shared.opts.idle_timeout;
+    let next_deadline = || match wait {
+        Wait::OpenBy(t) => t,
+        Wait::Idle | Wait::Forever => tokio::time::Instant::now() + idle,
+    };
+    let why = || match wait {
+        Wait::OpenBy(_) => not_opened(shared),
+        Wait::Idle | Wait::Forever => format!("it read nothing for {idle:?}"),
+    };
+    let mut sent = 0;
+    let r = loop {
+        if sent == out.len() {
+            break match tokio::time::timeout_at(next_deadline(), stream.flush()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(String::new()),
+                Err(_) => Err(why()),
+            };
+        }
+        match tokio::time::timeout_at(next_deadline(), stream.write(&out[sent..])).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break Err(String::new()), // the peer went away: nothing to warn about
+            Ok(Ok(n)) => sent += n,
+            Err(_) => break Err(why()),
+        }
+    };
+    out.clear();
+    r
+}
+
+/// Appends what the peer sends next to `buf`. Err ends the connection: an empty reason for a
+/// clean close, else why (a read error, or a wait `wait` does not allow).
+pub(super) async fn read_more(
+    rd: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut FrameBuf,
+    shared: &Shared,
+    wait: Wait,
+) -> Result<(), String> {
+    // Straight into the buffer's spare room: a zeroed 64 KiB stack chunk per read, copied over,
+    // cost a memset and a copy per request.
+    let buf = buf.writable();
+    buf.reserve(64 << 10);
+    let read = rd.read_buf(buf);
+    let idle = shared.opts.idle_timeout;
+    let r = match wait {
+        Wait::OpenBy(t) => tokio::time::timeout_at(t, read).await.map_err(|_| not_opened(shared))?,
+        Wait::Idle => tokio::time::timeout(idle, read).await.map_err(|_| format!("idle for {idle:?}"))?,
+        Wait::Forever => read.await,
+    };
+    match r {
+        Ok(0) => Err(String::new()),
+        Ok(n) => {
+            shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(format!("read failed: {e}")),
+    }
+}
