@@ -26,7 +26,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StructType
 
 from waltz.client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
 from waltz.spark.connection import client_config, log_reader
-from waltz.spark.options import OptionError, Options
+from waltz.spark.options import NAMES, OptionError, Options, check_names
 
 log = logging.getLogger("waltz.spark")
 
@@ -79,7 +79,7 @@ def check_schema(schema: StructType) -> None:
         raise OptionError(f"writing to waltz takes columns data, partition and header only; drop {', '.join(extra)}")
 
 
-WRITE_OPTIONS = {"cluster", "metadata", "zookeeper", "clustername", "tlsca", "tlscert", "tlskey", "timeout"}
+WRITE_OPTIONS = ("metadata", "zookeeper", "cluster", "tlsCa", "tlsCert", "tlsKey", "timeout")
 
 
 def write_options(options: Mapping[str, str]) -> Options:
@@ -88,9 +88,11 @@ def write_options(options: Mapping[str, str]) -> Options:
     given = {k.lower(): v for k, v in options.items()}
     if given.get("path"):
         raise OptionError(f"a write goes to a live cluster, not to files: drop the path {given['path']!r} (save() takes none)")
-    unknown = sorted(set(given) - WRITE_OPTIONS - {"path"})
-    if unknown:
-        raise OptionError(f"option(s) {', '.join(unknown)} do not apply to writes (those take {', '.join(sorted(WRITE_OPTIONS))})")
+    for_reads = {n.lower(): n for n in NAMES if n not in WRITE_OPTIONS and n != "path"}
+    reads_only = sorted(for_reads[k.lower()] for k in options if k.lower() in for_reads)
+    if reads_only:
+        raise OptionError(f"option(s) {', '.join(reads_only)} do not apply to writes (those take {', '.join(WRITE_OPTIONS)})")
+    check_names({k: v for k, v in options.items() if k.lower() != "path"}, WRITE_OPTIONS)
     return Options.parse({k: v for k, v in given.items() if k != "path"}, streaming=True)
 
 
