@@ -5,7 +5,8 @@ a lost append under the same request id, which the server recognises), and the t
 only once every row of it is committed. But a task that fails midway, or a job that is
 aborted, leaves the rows it already committed in the log (a log is never rolled back), and
 Spark's retry of the task appends them again. That includes a bad row (null data, a partition
-out of range): each attempt appends the rows before it, then fails. Readers that need exactly
+out of range): each attempt appends the rows of the Arrow batches before its own (a batch is
+checked whole before any of its rows goes out), then fails. Readers that need exactly
 once put an id in the data and drop duplicates downstream.
 """
 
@@ -20,8 +21,9 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pyspark.sql import Row
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StructType
 
 from waltz.client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
@@ -96,20 +98,23 @@ def write_options(options: Mapping[str, str]) -> Options:
     return Options.parse({k: v for k, v in given.items() if k != "path"}, streaming=True)
 
 
-class WaltzWriter(DataSourceWriter):
+class WaltzWriter(DataSourceArrowWriter):
+    """Spark hands each task its rows as Arrow record batches: a batch is checked column by
+    column, and its rows go to the client straight from the columns, no `Row` per row."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.opts = write_options(options)
         check_schema(schema)
         self.has_partition = "partition" in schema.fieldNames()
         self.has_header = "header" in schema.fieldNames()
 
-    def write(self, iterator: Iterator[Row]) -> Appended:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Appended:
         from pyspark import TaskContext
 
         opts = self.opts
         assert opts.metadata is not None
-        rows = iter(iterator)
-        first = next(rows, None)
+        batches = (b for b in iterator if b.num_rows)
+        first = next(batches, None)
         if first is None:  # an empty task needs no connection (nor a reachable cluster)
             return Appended(0)
 
@@ -132,21 +137,39 @@ class WaltzWriter(DataSourceWriter):
 
         with WaltzClient(_WriteOnly(asyncio.run(marks())), config) as client:
             n = client.partitions
-            for row in itertools.chain((first,), rows):
-                data = row["data"]
-                if data is None:
-                    raise OptionError("column `data` is null in a row: every transaction needs data")
-                partition = row["partition"] if self.has_partition else next(spread) % n
-                if partition is None or not 0 <= partition < n:
-                    raise OptionError(f"column `partition` is {partition!r}: the cluster has partitions 0..{n - 1}")
-                header = row["header"] if self.has_header else 0
-                if header is None:
-                    raise OptionError("column `header` is null in a row: fill it, or leave the column out for 0")
-                futures.append(client.submit(_Append(partition, header, bytes(data))))
-                settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
+            for batch in itertools.chain((first,), batches):
+                data, partitions, headers = self._columns(batch, n, spread)
+                for partition, header, payload in zip(partitions, headers, data, strict=True):
+                    futures.append(client.submit(_Append(partition, header, payload)))
+                    settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
             settle(keep=0)
             client.flush()
         return Appended(appended)
+
+    def _columns(self, batch: pa.RecordBatch, n: int, spread: Iterator[int]) -> tuple[list[bytes], list[int], list[int]]:
+        """The batch's data, partition and header of each row, checked before any row of the
+        batch is appended."""
+        data = batch.column("data")
+        if data.null_count:
+            raise OptionError("column `data` is null in a row: every transaction needs data")
+        rows = batch.num_rows
+        if self.has_partition:
+            column = batch.column("partition")
+            low, high = pc.min_max(column).values()
+            if column.null_count or low.as_py() < 0 or high.as_py() >= n:
+                bad = None if column.null_count else (low.as_py() if low.as_py() < 0 else high.as_py())
+                raise OptionError(f"column `partition` is {bad!r}: the cluster has partitions 0..{n - 1}")
+            partitions: list[int] = column.to_pylist()
+        else:
+            partitions = [next(spread) % n for _ in range(rows)]
+        if self.has_header:
+            column = batch.column("header")
+            if column.null_count:
+                raise OptionError("column `header` is null in a row: fill it, or leave the column out for 0")
+            headers: list[int] = column.to_pylist()
+        else:
+            headers = [0] * rows
+        return data.to_pylist(), partitions, headers
 
     def commit(self, messages: list[Any]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, Appended))

@@ -114,6 +114,9 @@ def test_the_sink_appends_every_row_as_a_transaction(spark: Any, live: Live) -> 
         ("data binary, partition int", [(b"{}", 9)], "append", "column `partition` is 9"),
         ("data binary, extra int", [(b"{}", 1)], "append", "drop extra"),
         ("data binary, header int", [(b"{}", None)], "append", "column `header` is null in a row"),
+        ("data binary", [(None,)], "append", "column `data` is null in a row"),
+        ("data binary, partition int", [(b"{}", None)], "append", "column `partition` is None"),
+        ("data binary, partition int", [(b"{}", 0), (b"{}", -1)], "append", "column `partition` is -1"),
     ],
 )
 def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, rows: list[Any], mode: str, message: str) -> None:
@@ -121,6 +124,18 @@ def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, 
     with pytest.raises(Exception) as e:
         df.write.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).mode(mode).save()
     assert message in str(e.value), str(e.value)[-2000:]
+
+
+def test_a_bad_row_fails_its_batch_before_any_row_of_it_is_appended(spark: Any, live: Live) -> None:
+    """issue 36, item 2: the sink takes Arrow batches, and checks a batch's columns whole."""
+    before = live.written()
+    rows = [(json.dumps({"id": f"whole-{i}"}).encode(), i % 2 if i != 7 else 5) for i in range(10)]
+    with pytest.raises(Exception, match="column `partition` is 5"):
+        (spark.createDataFrame(rows, "data binary, partition int").coalesce(1).write.format("waltz")
+         .option("metadata", live.url).option("cluster", live.cluster.cluster).mode("append").save())
+    after = (spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster)
+             .option("startingOffsets", json.dumps({str(p): (r[-1][0] + 1 if r else 0) for p, r in before.items()})).load())
+    assert [r for r in after.collect() if b"whole-" in bytes(r.data)] == []
 
 
 def test_a_write_refuses_read_options_and_a_path_and_an_empty_one_connects_to_nothing(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
