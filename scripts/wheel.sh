@@ -59,3 +59,15 @@ if need > have:
     sys.exit(f"wheel: the library needs glibc {need[0]}.{need[1]} but the tag says {have[0]}.{have[1]}")
 print(f"wheel: auditwheel confirms {policy} (glibc {need[0]}.{need[1]}), within the tag's {have[0]}.{have[1]}")
 PY
+
+# PySpark finds the data source by the top-level module `pyspark_waltz`: it must be in the wheel
+# beside `waltz` (pyproject's [tool.maturin] python-packages), or format("waltz") needs register().
+python3 - "$wheel" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    names = set(z.namelist())
+for module in ("waltz/__init__.py", "waltz/py.typed", "pyspark_waltz/__init__.py"):
+    if module not in names:
+        sys.exit(f"wheel: {module} is missing from the wheel")
+print("wheel: holds waltz and pyspark_waltz")
+PY

@@ -57,6 +57,7 @@ class LogReader:
         self._meta: ClusterMetadata | None = None
         self._info: ClusterInfo | None = None
         self._links: dict[str, Link] = {}
+        self._link_locks: dict[str, asyncio.Lock] = {}
         self._admins: dict[str, StorageAdminClient] = {}
 
     async def __aenter__(self) -> LogReader:
@@ -72,8 +73,7 @@ class LogReader:
         self._info = await asyncio.to_thread(self._meta.info)
 
     async def close(self) -> None:
-        for link in self._links.values():
-            link.close()
+        await asyncio.gather(*(link.aclose() for link in self._links.values()))
         for admin in self._admins.values():
             with contextlib.suppress(Exception):
                 await admin.close()
@@ -116,12 +116,15 @@ class LogReader:
     async def _server_link(self, partition: int) -> Link:
         server, _ = await asyncio.to_thread(self.metadata.partition_server, partition)
         endpoint = server.endpoint
-        link = self._links.get(endpoint)
-        if link is None or link.closed:
-            link = Link(endpoint, "rpc", lambda _l, _m: None, lambda _l, _w: None, ssl=self._ssl)
-            await link.open(self.timeout)
-            self._links[endpoint] = link
-        return link
+        # Partitions asked at once (`high_water_marks`) share one link: without the lock each
+        # opened its own and all but the last were never closed.
+        async with self._link_locks.setdefault(endpoint, asyncio.Lock()):
+            link = self._links.get(endpoint)
+            if link is None or link.closed:
+                link = Link(endpoint, "rpc", lambda _l, _m: None, lambda _l, _w: None, ssl=self._ssl)
+                await link.open(self.timeout)
+                self._links[endpoint] = link
+            return link
 
     # -- committed ranges ------------------------------------------------------------------------
     async def read(self, partition: int, start: int, end: int, *, max_count: int = 1000) -> AsyncIterator[list[Record]]:

@@ -146,6 +146,14 @@ class Link:
             self._reader_task.cancel()
         self._close(errors.ClientClosedError("the client is closing"))
 
+    async def aclose(self) -> None:
+        """`close`, then waits for the reader task to end: a loop closed right after (a Spark
+        task's) would otherwise destroy it pending ("Task was destroyed but it is pending")."""
+        self.close()
+        task = self._reader_task
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.wait([task])
+
     def _close(self, why: BaseException | None) -> None:
         if self.closed:
             return

@@ -6,9 +6,11 @@ means earliest and -1 latest."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Collection, Mapping
 from typing import Union
 
@@ -96,6 +98,7 @@ class Options:
     metadata: str | None = None
     """The cluster's metadata URL, when the cluster is to be asked (bounds, streaming)."""
     cluster: str = "default"
+    """The cluster's name in the metadata store, as `ClientConfig.cluster` and `waltz --cluster`."""
     partitions: tuple[int, ...] | None = None
     starting: OffsetSpec = "earliest"
     ending: OffsetSpec = "latest"
@@ -115,30 +118,25 @@ class Options:
 
     @staticmethod
     def parse(options: Mapping[str, str], *, streaming: bool = False) -> Options:
+        check_names(options, NAMES)
         o = {k.lower(): v for k, v in options.items()}
-        known = {"path", "paths", "cluster", "metadata", "zookeeper", "clustername", "partitions", "startingoffsets",
-                 "endingoffsets", "committedonly", "minpartitions", "maxtransactionspersplit",
-                 "maxtransactionspertrigger", "maxbytesperbatch", "failondataloss", "tlsca", "tlscert", "tlskey",
-                 "timeout"}
-        unknown = sorted(set(o) - known)
-        if unknown:
-            raise OptionError(f"unknown option(s) of the waltz source: {', '.join(unknown)}")
+        o = _deprecated_spellings(o)
         raw_paths = o.get("paths") or o.get("path") or ""
         paths = _paths(raw_paths)
-        sources = [n for n in ("cluster", "metadata", "zookeeper") if o.get(n)]
+        sources = [n for n in ("metadata", "zookeeper") if o.get(n)]
         if len(sources) > 1:
-            raise OptionError(f"give only one of cluster, metadata and zookeeper (got {', '.join(sources)})")
-        metadata = o.get("cluster") or o.get("metadata")
+            raise OptionError(f"give only one of metadata and zookeeper (got {', '.join(sources)})")
+        metadata = o.get("metadata")
         if o.get("zookeeper"):
             metadata = "zk://" + o["zookeeper"].removeprefix("zk://")
-        if metadata is not None and not metadata.startswith(("zk://", "embedded:")):
-            raise OptionError(f"option cluster={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or embedded:/path/metadata.db")
+        if metadata is not None and not _is_metadata_url(metadata):
+            raise OptionError(f"option metadata={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or embedded:/path/metadata.db")
         if streaming and metadata is None:
-            raise OptionError("streams and writes need a live cluster: set option cluster (a metadata URL) or zookeeper (host:port)")
+            raise OptionError("streams and writes need a live cluster: set option metadata (a metadata URL) or zookeeper (host:port)")
         if streaming and paths:
             raise OptionError(f"option path={raw_paths!r} applies to batch reads only: a stream reads the live cluster, not files")
         if not streaming and not paths and metadata is None:
-            raise OptionError("set path (storage directories, comma-separated) or cluster (a metadata URL) to read from")
+            raise OptionError("set path (storage directories, comma-separated) or metadata (the cluster's metadata URL) to read from")
         tls_values = [o.get(n) for n in ("tlsca", "tlscert", "tlskey")]
         if any(tls_values) and not all(tls_values):
             raise OptionError("mutual TLS needs all of tlsCa, tlsCert and tlsKey")
@@ -152,7 +150,7 @@ class Options:
         return Options(
             paths=paths,
             metadata=metadata,
-            cluster=o.get("clustername", "default"),
+            cluster=o.get("cluster", "default"),
             partitions=parse_partitions(o["partitions"]) if o.get("partitions") else None,
             starting=parse_offsets("startingOffsets", o.get("startingoffsets", "latest" if streaming else "earliest")),
             ending=ending,
@@ -168,6 +166,62 @@ class Options:
 
     def wants(self, partition: int) -> bool:
         return self.partitions is None or partition in self.partitions
+
+
+NAMES = ("path", "paths", "metadata", "zookeeper", "cluster", "partitions", "startingOffsets", "endingOffsets",
+         "committedOnly", "minPartitions", "maxTransactionsPerSplit", "maxTransactionsPerTrigger", "maxBytesPerBatch",
+         "failOnDataLoss", "tlsCa", "tlsCert", "tlsKey", "timeout")
+"""Every option of a read, as docs/spark.md spells it (Spark matches them ignoring case)."""
+
+DEPRECATED = {"clustername": "cluster"}
+"""Old spellings still taken, with a warning. `cluster` used to be the metadata URL: a value
+that is one still works that way (a cluster's name is never a URL), with a warning."""
+
+_HINTS = {"kafka.bootstrap.servers": "metadata", "subscribe": "partitions", "assign": "partitions"}
+"""Names from Spark's Kafka source whose counterpart is not spelled alike."""
+
+
+def check_names(options: Mapping[str, str], names: Collection[str]) -> None:
+    """Refuses an option not in `names`, echoed as given, with the nearest valid name."""
+    canonical = {n.lower(): n for n in names} | {old: old for old in DEPRECATED if DEPRECATED[old] in names}
+    unknown = [k for k in options if k.lower() not in canonical]
+    if not unknown:
+        return
+    shown = []
+    for k in unknown:
+        near = _HINTS.get(k.lower()) or next(iter(difflib.get_close_matches(k.lower(), [n.lower() for n in names], n=1)), None)
+        shown.append(f"{k!r}" + (f" (did you mean {canonical[near.lower()]!r}?)" if near else ""))
+    raise OptionError(f"unknown option {', '.join(shown)} of the waltz source; it takes {', '.join(names)}")
+
+
+def _is_metadata_url(value: str) -> bool:
+    return value.startswith(("zk://", "embedded:"))
+
+
+def _deprecated_spellings(o: dict[str, str]) -> dict[str, str]:
+    """`o` (lower-case keys) with the old spellings turned into today's, each with a warning."""
+    o = dict(o)
+    cluster = o.get("cluster")
+    if cluster is not None and _is_metadata_url(cluster):
+        if o.get("metadata") or o.get("zookeeper"):
+            raise OptionError(f"option cluster={cluster!r} is a metadata URL, and metadata or zookeeper is set too: "
+                              "cluster is the cluster's name (option metadata takes the URL)")
+        _deprecation("option cluster as the metadata URL is deprecated: use option metadata for the URL "
+                     "(cluster is now the cluster's name, as in ClientConfig and `waltz --cluster`)")
+        o["metadata"] = o.pop("cluster")
+    for old, new in DEPRECATED.items():
+        if old in o:
+            if new in o:
+                raise OptionError(f"give only one of {new} and its deprecated spelling clusterName")
+            _deprecation(f"option clusterName is deprecated: use option {new} (the cluster's name)")
+            o[new] = o.pop(old)
+    return o
+
+
+def _deprecation(message: str) -> None:
+    # Spark's Python workers do not show warnings: the log says it too (driver's log).
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    log.warning("waltz: %s", message)
 
 
 def _paths(value: str) -> tuple[str, ...]:

@@ -120,19 +120,87 @@ def bounds(replicas: Sequence[Replica], *, committed_only: bool, high_water_mark
     return sorted(found, key=lambda b: -b.last)
 
 
+_UNBOUNDED = 1 << 63
+
+
+@dataclasses.dataclass(frozen=True)
+class Pushed:
+    """What a query's WHERE clause pushed down: the partitions it can match (a set, None: any,
+    and ids `[partition_low, partition_high)`) and the transaction ids `[low, high)` it can
+    match, the same in every partition. A scan reads only what they allow, so
+    `WHERE partition = 0 AND transaction_id >= 1000` plans that range only."""
+
+    partitions: frozenset[int] | None = None
+    partition_low: int = 0
+    partition_high: int = _UNBOUNDED
+    low: int = 0
+    high: int = _UNBOUNDED
+
+    def wants(self, partition: int) -> bool:
+        return (self.partitions is None or partition in self.partitions) and self.partition_low <= partition < self.partition_high
+
+    def clip(self, start: int, end: int) -> tuple[int, int]:
+        """`[start, end)` within the pushed ids; empty (start == end) when they miss it."""
+        a, b = max(start, self.low), min(end, self.high)
+        return (a, b) if a < b else (start, start)
+
+    def add(self, column: str, op: str, value: object) -> tuple[Pushed, bool]:
+        """This and the condition `column op value` (op: = < <= > >= in; `in` takes a tuple),
+        and whether the scan then applies the condition exactly. False: Spark must still apply
+        it (another column; a value that is not an integer, such as a null; `in` over
+        transaction ids, which narrows the scan to the range from the least to the greatest)."""
+        column = column.lower()
+        if column not in ("partition", "transaction_id"):
+            return self, False
+        values = tuple(value) if op == "in" and isinstance(value, (tuple, list)) else (value,)
+        if op == "in" and not isinstance(value, (tuple, list)) or not values or not all(type(v) is int for v in values):
+            return self, False
+        ints: tuple[int, ...] = values
+        low, high = _interval(op, ints)
+        if column == "transaction_id":
+            return dataclasses.replace(self, low=max(self.low, low), high=min(self.high, high)), op != "in" or len(ints) == 1
+        if op in ("=", "in"):
+            allowed = frozenset(ints) if self.partitions is None else self.partitions & frozenset(ints)
+            return dataclasses.replace(self, partitions=allowed), True
+        return dataclasses.replace(self, partition_low=max(self.partition_low, low), partition_high=min(self.partition_high, high)), True
+
+    def __str__(self) -> str:
+        shown = []
+        if self.partitions is not None:
+            shown.append("partition in (" + ", ".join(map(str, sorted(self.partitions))) + ")")
+        for name, lo, hi in (("partition", self.partition_low, self.partition_high), ("transaction_id", self.low, self.high)):
+            if lo > 0 or hi < _UNBOUNDED:
+                shown.append(f"{name} in [{lo}, {'max' if hi >= _UNBOUNDED else hi})")
+        return " and ".join(shown) or "no filter"
+
+
+def _interval(op: str, values: tuple[int, ...]) -> tuple[int, int]:
+    """The ids `[low, high)` satisfying `id op value` (for `in`: the hull of the values)."""
+    v = values[0]
+    bounds = {"=": (v, v + 1), "<": (0, v), "<=": (0, v + 1), ">": (v + 1, _UNBOUNDED), ">=": (v, _UNBOUNDED)}
+    if op == "in":
+        return min(values), max(values) + 1
+    return bounds[op]
+
+
 def ranges(
     held: Mapping[int, Sequence[Range]], starting: OffsetSpec, ending: OffsetSpec,
-    *, fail_on_data_loss: bool = True, holder: str = "any directory",
+    *, fail_on_data_loss: bool = True, holder: str = "any directory", pushed: Pushed = Pushed(),
 ) -> list[Range]:
     """Per partition read (the keys), the range the offsets select, in pieces each read from
     one source. `held[p]` is what each source (a directory, or the cluster) can serve, in order
-    of preference: the partition spans from the lowest first id to the highest last."""
+    of preference: the partition spans from the lowest first id to the highest last. `pushed`
+    narrows that to what a query's filters can match (before gaps are looked for: ids the
+    query excludes may be missing)."""
     check_partitions("startingOffsets", starting, held)
     check_partitions("endingOffsets", ending, held)
     out = []
     for p in sorted(held):
+        if not pushed.wants(p):
+            continue
         earliest, latest = _extent(held[p])
         start, end = select(starting, ending, p, earliest, latest, fail_on_data_loss=fail_on_data_loss, holder=holder)
+        start, end = pushed.clip(start, end)
         out.extend(cover(p, start, end, held[p], fail_on_data_loss=fail_on_data_loss))
     return out
 

@@ -5,7 +5,8 @@ a lost append under the same request id, which the server recognises), and the t
 only once every row of it is committed. But a task that fails midway, or a job that is
 aborted, leaves the rows it already committed in the log (a log is never rolled back), and
 Spark's retry of the task appends them again. That includes a bad row (null data, a partition
-out of range): each attempt appends the rows before it, then fails. Readers that need exactly
+out of range): each attempt appends the rows of the Arrow batches before its own (a batch is
+checked whole before any of its rows goes out), then fails. Readers that need exactly
 once put an id in the data and drop duplicates downstream.
 """
 
@@ -23,14 +24,16 @@ from typing import Any
 from waltz._extras import require
 
 require("pyspark", "spark", "The Spark data source")
+require("pyarrow", "spark", "The Spark data source")
 
-from pyspark.sql import Row
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, StructType
 
 from waltz.client import Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
 from waltz.spark.connection import client_config, log_reader
-from waltz.spark.options import OptionError, Options
+from waltz.spark.options import NAMES, OptionError, Options, check_names
 
 log = logging.getLogger("waltz.spark")
 
@@ -83,7 +86,7 @@ def check_schema(schema: StructType) -> None:
         raise OptionError(f"writing to waltz takes columns data, partition and header only; drop {', '.join(extra)}")
 
 
-WRITE_OPTIONS = {"cluster", "metadata", "zookeeper", "clustername", "tlsca", "tlscert", "tlskey", "timeout"}
+WRITE_OPTIONS = ("metadata", "zookeeper", "cluster", "tlsCa", "tlsCert", "tlsKey", "timeout")
 
 
 def write_options(options: Mapping[str, str]) -> Options:
@@ -92,26 +95,31 @@ def write_options(options: Mapping[str, str]) -> Options:
     given = {k.lower(): v for k, v in options.items()}
     if given.get("path"):
         raise OptionError(f"a write goes to a live cluster, not to files: drop the path {given['path']!r} (save() takes none)")
-    unknown = sorted(set(given) - WRITE_OPTIONS - {"path"})
-    if unknown:
-        raise OptionError(f"option(s) {', '.join(unknown)} do not apply to writes (those take {', '.join(sorted(WRITE_OPTIONS))})")
+    for_reads = {n.lower(): n for n in NAMES if n not in WRITE_OPTIONS and n != "path"}
+    reads_only = sorted(for_reads[k.lower()] for k in options if k.lower() in for_reads)
+    if reads_only:
+        raise OptionError(f"option(s) {', '.join(reads_only)} do not apply to writes (those take {', '.join(WRITE_OPTIONS)})")
+    check_names({k: v for k, v in options.items() if k.lower() != "path"}, WRITE_OPTIONS)
     return Options.parse({k: v for k, v in given.items() if k != "path"}, streaming=True)
 
 
-class WaltzWriter(DataSourceWriter):
+class WaltzWriter(DataSourceArrowWriter):
+    """Spark hands each task its rows as Arrow record batches: a batch is checked column by
+    column, and its rows go to the client straight from the columns, no `Row` per row."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.opts = write_options(options)
         check_schema(schema)
         self.has_partition = "partition" in schema.fieldNames()
         self.has_header = "header" in schema.fieldNames()
 
-    def write(self, iterator: Iterator[Row]) -> Appended:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Appended:
         from pyspark import TaskContext
 
         opts = self.opts
         assert opts.metadata is not None
-        rows = iter(iterator)
-        first = next(rows, None)
+        batches = (b for b in iterator if b.num_rows)
+        first = next(batches, None)
         if first is None:  # an empty task needs no connection (nor a reachable cluster)
             return Appended(0)
 
@@ -134,21 +142,39 @@ class WaltzWriter(DataSourceWriter):
 
         with WaltzClient(_WriteOnly(asyncio.run(marks())), config) as client:
             n = client.partitions
-            for row in itertools.chain((first,), rows):
-                data = row["data"]
-                if data is None:
-                    raise OptionError("column `data` is null in a row: every transaction needs data")
-                partition = row["partition"] if self.has_partition else next(spread) % n
-                if partition is None or not 0 <= partition < n:
-                    raise OptionError(f"column `partition` is {partition!r}: the cluster has partitions 0..{n - 1}")
-                header = row["header"] if self.has_header else 0
-                if header is None:
-                    raise OptionError("column `header` is null in a row: fill it, or leave the column out for 0")
-                futures.append(client.submit(_Append(partition, header, bytes(data))))
-                settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
+            for batch in itertools.chain((first,), batches):
+                data, partitions, headers = self._columns(batch, n, spread)
+                for partition, header, payload in zip(partitions, headers, data, strict=True):
+                    futures.append(client.submit(_Append(partition, header, payload)))
+                    settle(keep=_IN_FLIGHT)  # memory stays bounded however many rows a task has
             settle(keep=0)
             client.flush()
         return Appended(appended)
+
+    def _columns(self, batch: pa.RecordBatch, n: int, spread: Iterator[int]) -> tuple[list[bytes], list[int], list[int]]:
+        """The batch's data, partition and header of each row, checked before any row of the
+        batch is appended."""
+        data = batch.column("data")
+        if data.null_count:
+            raise OptionError("column `data` is null in a row: every transaction needs data")
+        rows = batch.num_rows
+        if self.has_partition:
+            column = batch.column("partition")
+            low, high = pc.min_max(column).values()
+            if column.null_count or low.as_py() < 0 or high.as_py() >= n:
+                bad = None if column.null_count else (low.as_py() if low.as_py() < 0 else high.as_py())
+                raise OptionError(f"column `partition` is {bad!r}: the cluster has partitions 0..{n - 1}")
+            partitions: list[int] = column.to_pylist()
+        else:
+            partitions = [next(spread) % n for _ in range(rows)]
+        if self.has_header:
+            column = batch.column("header")
+            if column.null_count:
+                raise OptionError("column `header` is null in a row: fill it, or leave the column out for 0")
+            headers: list[int] = column.to_pylist()
+        else:
+            headers = [0] * rows
+        return data.to_pylist(), partitions, headers
 
     def commit(self, messages: list[Any]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, Appended))

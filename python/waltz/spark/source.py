@@ -18,7 +18,18 @@ require("pyspark", "spark", "The Spark data source")
 require("pyarrow", "spark", "The Spark data source")
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from waltz import errors
@@ -132,13 +143,27 @@ def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Itera
         if nxt <= last:
             raise errors.ClusterError(f"partition {partition}: the cluster's replicas returned transactions {first}..{nxt - 1} of {first}..{last}")
     finally:
-        loop.run_until_complete(reader.close())
-        loop.close()
+        try:
+            loop.run_until_complete(reader.close())
+            # A read Spark stopped early (a LIMIT) leaves `it` suspended: close it on this loop.
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+_COMPARISONS: dict[type[Filter], str] = {
+    EqualTo: "=", LessThan: "<", LessThanOrEqual: "<=", GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in",
+}
 
 
 class WaltzReader(DataSourceReader):
+    """A batch scan. Without filter pushdown: Spark runs a source that defines `pushFilters`
+    only when `spark.sql.python.filterPushdown.enabled` is true (and fails the read otherwise),
+    so this class has none and `WaltzFilteringReader` adds it."""
+
     def __init__(self, opts: Options) -> None:
         self.opts = opts
+        self.pushed = plan.Pushed()
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
@@ -150,7 +175,7 @@ class WaltzReader(DataSourceReader):
             assert view is not None
             held = _held_by_cluster(view)
             holder = "the cluster's replicas"
-        ranges = plan.ranges(held, opts.starting, opts.ending, fail_on_data_loss=opts.fail_on_data_loss, holder=holder)
+        ranges = plan.ranges(held, opts.starting, opts.ending, fail_on_data_loss=opts.fail_on_data_loss, holder=holder, pushed=self.pushed)
         splits = plan.split(ranges, min_splits=opts.min_partitions, max_per_split=opts.max_per_split)
         return [RangePartition(r.partition, r.start, r.end, r.path) for r in splits]
 
@@ -158,6 +183,23 @@ class WaltzReader(DataSourceReader):
         if not isinstance(partition, RangePartition):  # Spark's stand-in when the plan is empty
             return iter(())
         return _read_range(self.opts, partition)
+
+
+class WaltzFilteringReader(WaltzReader):
+    """A batch scan that takes the query's conditions on `partition` and `transaction_id`."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Narrows the plan by each condition it can apply exactly and hands every other one
+        back to Spark, which then applies it to the rows read (none is ever dropped)."""
+        for f in filters:
+            op = _COMPARISONS.get(type(f))
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())
+            exact = False
+            if op is not None and len(attribute) == 1:
+                self.pushed, exact = self.pushed.add(attribute[0], op, getattr(f, "value", None))
+            if not exact:
+                yield f
+        log.info("waltz: the scan reads only %s", self.pushed)
 
 
 def _unasked(opts: Options, view: _ClusterView | None, partition: int) -> str:

@@ -5,7 +5,9 @@ Marked `spark`; the main suite runs without PySpark (`-m "not spark"`), `.ci/run
 
 from __future__ import annotations
 
+import gc
 import importlib.util
+import logging
 import os
 import pathlib
 import sys
@@ -20,27 +22,86 @@ if importlib.util.find_spec("pyspark") is None:
     collect_ignore_glob = ["test_*.py"]
 
 
+LEAKED_TASK = "Task was destroyed but it is pending"
+"""What asyncio logs when an event loop goes away with a task still running: the task never
+finished its cleanup (issue 36, item 7: the RPC link's reader task in streaming logs)."""
+
+
+class _StderrOfSpark:
+    """The JVM's stderr, and with it every Python worker's (Spark copies theirs into it), goes
+    to a file, so a test can fail on what an executor's Python printed."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path, self.seen = path, 0
+
+    def new(self) -> str:
+        text = self.path.read_bytes()[self.seen:].decode(errors="replace")
+        self.seen += len(text.encode())
+        return text
+
+
+_spark_stderr: _StderrOfSpark | None = None
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    global _spark_stderr
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must import this venv's waltz
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     from waltz.spark import register
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("waltz-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    stderr = _StderrOfSpark(tmp_path_factory.mktemp("spark-stderr") / "stderr.log")
+    saved = os.dup(2)
+    with stderr.path.open("ab") as f:
+        os.dup2(f.fileno(), 2)  # the JVM inherits this descriptor when it starts
+        try:
+            session = (
+                SparkSession.builder.master("local[2]")
+                .appName("waltz-tests")
+                .config("spark.ui.enabled", "false")
+                .config("spark.sql.shuffle.partitions", "2")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.host", "127.0.0.1")
+                .getOrCreate()
+            )
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    _spark_stderr = stderr
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
     session.stop()
+    _spark_stderr = None
+    assert LEAKED_TASK not in stderr.new(), f"an executor leaked an asyncio task (see {stderr.path})"
+
+
+class _Leaks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if LEAKED_TASK in record.getMessage():
+            self.found.append(record.getMessage())
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_tasks() -> Iterator[None]:
+    """Fails a test after which asyncio reports a task destroyed while pending, in this process
+    or in a Spark worker (their stderr reaches the file `spark` points the JVM's at)."""
+    leaks = _Leaks()
+    logging.getLogger("asyncio").addHandler(leaks)
+    try:
+        yield
+        gc.collect()  # a task caught in a reference cycle is only destroyed by the collector
+    finally:
+        logging.getLogger("asyncio").removeHandler(leaks)
+    worker_output = _spark_stderr.new() if _spark_stderr is not None else ""
+    found = leaks.found + [line for line in worker_output.splitlines() if LEAKED_TASK in line]
+    assert not found, "asyncio tasks leaked (destroyed while pending):\n" + "\n".join(found)
 
 
 class Live:

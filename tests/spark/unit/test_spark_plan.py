@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from waltz._native import Storage
 from waltz.spark.options import EARLIEST, LATEST, MAX_BATCH_BYTES, DataLossError, OffsetSpec, OptionError, Options, parse_offsets, resolve, select
-from waltz.spark.plan import Range, Replica, bound, bounds, capped, ranges, split, survey
+from waltz.spark.plan import Pushed, Range, Replica, bound, bounds, capped, ranges, split, survey
 
 
 def replica(path: str, last: int, session: int, lwm: int, first: int = 0) -> Replica:
@@ -181,7 +181,7 @@ def test_capped_shares_the_budget_by_backlog() -> None:
     ("options", "message"),
     [
         ({}, "set path"),
-        ({"path": "/x", "cluster": "embedded:/m", "zookeeper": "h:1"}, "give only one of"),
+        ({"path": "/x", "metadata": "embedded:/m", "zookeeper": "h:1"}, "give only one of"),
         ({"path": "/x", "tlsCa": "ca.pem"}, "needs all of tlsCa"),
         ({"path": "/x", "minPartitions": "0"}, "expected a positive integer"),
         ({"path": "/x", "maxBytesPerBatch": "1M"}, "maxBytesPerBatch='1M': expected a positive integer"),
@@ -203,9 +203,9 @@ def test_stream_options() -> None:
     with pytest.raises(OptionError, match="need a live cluster"):
         Options.parse({"path": "/x"}, streaming=True)
     with pytest.raises(OptionError, match="batch reads only"):
-        Options.parse({"cluster": "embedded:/m", "endingOffsets": "latest"}, streaming=True)
+        Options.parse({"metadata": "embedded:/m", "endingOffsets": "latest"}, streaming=True)
     with pytest.raises(OptionError, match="option path='/x' applies to batch reads only"):
-        Options.parse({"cluster": "embedded:/m", "path": "/x"}, streaming=True)
+        Options.parse({"metadata": "embedded:/m", "path": "/x"}, streaming=True)
     assert Options.parse({"paths": '["/a", "/b"]'}).paths == ("/a", "/b")
     assert Options.parse({"path": "/x", "maxBytesPerBatch": str(MAX_BATCH_BYTES)}).batch_bytes == MAX_BATCH_BYTES
     assert Options.parse({"path": "/x"}).fail_on_data_loss and not Options.parse({"path": "/x", "failOnDataLoss": "false"}).fail_on_data_loss
@@ -240,3 +240,93 @@ def test_directories_of_two_clusters_are_refused_even_without_the_clusters_key(t
     assert len(survey([str(tmp_path / "a"), str(tmp_path / "b")])[0]) == 2
     with pytest.raises(OptionError, match=rf"path {tmp_path / 'c'} belongs to another cluster than {tmp_path / 'a'}"):
         survey([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")])
+
+
+# issue 36, item 3: filters on partition and transaction_id narrow the plan.
+def test_pushed_filters_narrow_the_ranges_planned_and_say_what_spark_must_still_apply() -> None:
+    held = {p: [Range(p, 0, 5000)] for p in range(4)}
+    pushed, exact = Pushed().add("partition", "=", 0)
+    assert exact
+    pushed, exact = pushed.add("transaction_id", ">=", 1000)
+    assert exact
+    assert ranges(held, "earliest", "latest", pushed=pushed) == [Range(0, 1000, 5000)]
+    # Conditions AND together; partition ranges and IN sets intersect.
+    p2 = Pushed()
+    for column, op, value in [("partition", "in", (1, 2, 3)), ("partition", "<", 3), ("transaction_id", ">", 10),
+                              ("transaction_id", "<=", 20), ("TRANSACTION_ID", "<", 15)]:
+        p2, exact = p2.add(column, op, value)
+        assert exact
+    assert ranges(held, "earliest", "latest", pushed=p2) == [Range(1, 11, 15), Range(2, 11, 15)]
+    assert str(p2) == "partition in (1, 2, 3) and partition in [0, 3) and transaction_id in [11, 15)"
+    # IN over ids narrows to its hull but Spark must still drop the ids between.
+    p3, exact = Pushed().add("transaction_id", "in", (7, 3, 40))
+    assert not exact and (p3.low, p3.high) == (3, 41)
+    assert Pushed().add("transaction_id", "in", (7,))[1]
+    # Anything else goes back to Spark unchanged: other columns, nulls, non-integers, booleans.
+    for column, op, value in [("header", "=", 1), ("partition", "=", None), ("transaction_id", ">", 1.5),
+                              ("partition", "=", True), ("partition", "in", ())]:
+        same, exact = Pushed().add(column, op, value)
+        assert not exact and same == Pushed()
+    # Contradictions and ranges past the data plan nothing, without an error.
+    none, _ = Pushed().add("transaction_id", "<", 0)
+    assert ranges(held, "earliest", "latest", pushed=none) == []
+    past, _ = Pushed().add("transaction_id", "=", 9999)
+    assert ranges(held, "earliest", "latest", pushed=past) == []
+    # Offsets and filters both apply: the intersection is read.
+    pushed, _ = Pushed().add("transaction_id", "<", 100)
+    assert ranges(held, {0: 50}, "latest", pushed=pushed)[0] == Range(0, 50, 100)
+
+
+def test_ids_a_filter_excludes_may_be_missing_from_every_directory() -> None:
+    held = {0: [Range(0, 0, 100, "/a"), Range(0, 200, 300, "/b")]}
+    with pytest.raises(DataLossError):
+        ranges(held, "earliest", "latest")
+    pushed, _ = Pushed().add("transaction_id", ">=", 200)
+    assert ranges(held, "earliest", "latest", pushed=pushed) == [Range(0, 200, 300, "/b")]
+
+
+# issue 36, item 5: one meaning of `cluster` everywhere, old spellings warned about.
+def test_metadata_is_the_url_and_cluster_the_name_as_in_client_config() -> None:
+    o = Options.parse({"metadata": "embedded:/m", "cluster": "payments"}, streaming=True)
+    assert (o.metadata, o.cluster) == ("embedded:/m", "payments")
+    assert Options.parse({"path": "/x", "cluster": "payments"}).cluster == "payments"
+    assert Options.parse({"zookeeper": "h:1/w"}, streaming=True).cluster == "default"
+
+
+def test_the_old_spellings_still_work_with_a_deprecation_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.warns(DeprecationWarning) as w:
+        o = Options.parse({"cluster": "zk://h:1/w", "clusterName": "payments"}, streaming=True)
+    assert (o.metadata, o.cluster) == ("zk://h:1/w", "payments")
+    assert [str(m.message).split(":")[0] for m in w] == ["option cluster as the metadata URL is deprecated",
+                                                          "option clusterName is deprecated"]
+    assert "deprecated" in caplog.text  # Spark's workers do not show warnings: the driver's log does
+    with pytest.raises(OptionError, match="give only one of cluster and"):
+        Options.parse({"path": "/x", "cluster": "a", "clusterName": "b"})
+    with pytest.raises(OptionError, match="cluster is the cluster's name"):
+        Options.parse({"metadata": "embedded:/m", "cluster": "embedded:/n"}, streaming=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"path": "/x", "maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger' (did you mean 'maxTransactionsPerTrigger'?)"),
+        ({"path": "/x", "startingoffset": "earliest"}, "unknown option 'startingoffset' (did you mean 'startingOffsets'?)"),
+        ({"path": "/x", "kafka.bootstrap.servers": "h:1"}, "unknown option 'kafka.bootstrap.servers' (did you mean 'metadata'?)"),
+        ({"path": "/x", "Frobnicate": "1"}, "unknown option 'Frobnicate' of the waltz source; it takes path, paths, metadata"),
+    ],
+)
+def test_an_unknown_option_is_echoed_as_given_with_the_nearest_name(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError) as e:
+        Options.parse(options)
+    assert message in str(e.value)
+
+
+def test_a_write_names_the_nearest_write_option() -> None:
+    pytest.importorskip("pyspark")
+    from waltz.spark.sink import write_options
+
+    with pytest.raises(OptionError, match=re.escape("unknown option 'metdata' (did you mean 'metadata'?)")):
+        write_options({"metdata": "embedded:/m"})
+    with pytest.raises(OptionError, match="option\\(s\\) startingOffsets do not apply to writes"):
+        write_options({"metadata": "embedded:/m", "startingoffsets": "earliest"})
+    assert write_options({"metadata": "embedded:/m", "cluster": "c"}).cluster == "c"
