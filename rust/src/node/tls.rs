@@ -145,6 +145,33 @@ mod tests {
         assert!(e.starts_with("ca ") && e.contains("junk.pem"), "{e}");
     }
 
+    /// `waltz tls generate`'s admin certificate: URI `waltz:role:admin` after a DNS name.
+    const ADMIN_CERT: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIICHDCCAcKgAwIBAgIUY7aCXbPX7/qJKq7BPBUbiet08cUwCgYIKoZIzj0EAwIw\n\
+RDEaMBgGA1UECgwRV2FsdHogZGV2ZWxvcG1lbnQxJjAkBgNVBAMMHVdhbHR6IGRl\n\
+dmVsb3BtZW50IENBIDg5ZWU5NmVlMB4XDTI1MTIzMTIzNTUwMFoXDTM1MTIzMDAw\n\
+MDAwMFowMjEaMBgGA1UECgwRV2FsdHogZGV2ZWxvcG1lbnQxFDASBgNVBAMMC3dh\n\
+bHR6IGFkbWluMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAESf5F/qLpAkIGfAU6\n\
+9NgSPyoFMgo4GiwhICFjan3S5vulLp11KVSiA8XBWqrDESfjNEzgXZFR+STRZdhO\n\
+ysBqyKOBozCBoDAMBgNVHRMBAf8EAjAAMA4GA1UdDwEB/wQEAwIHgDATBgNVHSUE\n\
+DDAKBggrBgEFBQcDAjAdBgNVHQ4EFgQUhDbwhynRo1bW6K0JWjS1MM5122cwHwYD\n\
+VR0jBBgwFoAU5QxCgYDDPHVlqF3mFTcZZvavyGcwKwYDVR0RBCQwIoIObm9kZS1h\n\
+LmV4YW1wbGWGEHdhbHR6OnJvbGU6YWRtaW4wCgYIKoZIzj0EAwIDSAAwRQIhAKVF\n\
+tmcQlM0K3wJeEYoxEuX2o8pM+R58HQ1szFq/AOxyAiBpRNkbNzBG3YpQ1aibjSlu\n\
+p+D+Ft5haKwEEsimYwuTnA==\n\
+-----END CERTIFICATE-----\n\
+";
+
+    #[test]
+    fn the_role_is_read_from_the_uri_name() {
+        let cert = CertificateDer::from_pem_slice(ADMIN_CERT.as_bytes()).unwrap();
+        assert_eq!(roles(&cert), vec!["admin".to_string()]);
+        assert_eq!(refuse_role(Some(std::slice::from_ref(&cert)), NODE_PORT_ROLES), None);
+        let why = refuse_role(Some(&[cert]), &["server"]).unwrap();
+        assert!(why.contains("has role admin; this port admits only server"), "{why}");
+    }
+
     #[test]
     fn a_peer_without_an_allowed_role_is_refused() {
         assert!(refuse_role(None, NODE_PORT_ROLES).unwrap().contains("no certificate"));
