@@ -37,10 +37,12 @@ def generate(out: Output, directory: pathlib.Path, hosts: tuple[str, ...], force
     def human() -> None:
         out.table(f"certificates in {directory}", ["file", "path"], list(document.items()))
         out.line(
-            f"storage node TOML: [tls] ca = \"{files.ca}\", cert = \"{files.storage_cert}\", key = \"{files.storage_key}\"\n"
+            f"storage node TOML: [tls] ca = \"{files.ca}\", cert = \"{files.storage_cert}\", "
+            f"key = \"{files.storage_key}\"\n"
             f"server TOML: [tls] ca = \"{files.ca}\", cert = \"{files.server_cert}\", key = \"{files.server_key}\"\n"
             f"waltz CLI: --tls-ca {files.ca} --tls-cert {files.admin_cert} --tls-key {files.admin_key}\n"
-            f"applications: tls_ca = \"{files.ca}\", tls_cert = \"{files.client_cert}\", tls_key = \"{files.client_key}\""
+            f"applications: tls_ca = \"{files.ca}\", tls_cert = \"{files.client_cert}\", "
+            f"tls_key = \"{files.client_key}\""
         )
 
     out.emit(document, human)

@@ -331,7 +331,8 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
         refused(server_link(role))
     wait_for_line(c.server_log, "this port admits only admin, client")
     # The cluster still commits, with an application's certificate.
-    config = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=certs.ca, tls_cert=certs.client_cert, tls_key=certs.client_key)
+    app_tls = certs.tls("client")
+    config = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=app_tls.ca, tls_cert=app_tls.cert, tls_key=app_tls.key)
     with WaltzClient(MemoryApp(), config) as client:
         assert client.submit(Write("roles", partition=0)).result(30)
 
