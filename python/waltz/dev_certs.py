@@ -56,11 +56,12 @@ def certificate_authority(now: datetime.datetime, days: int) -> tuple[bytes, byt
 
 
 def leaf(
-    ca_key_pem: bytes, ca_cert_pem: bytes, common_name: str, sans: list[tuple[str, str]], *, server: bool,
+    ca_key_pem: bytes, ca_cert_pem: bytes, common_name: str, sans: list[tuple[str, str]], *, role: str, server: bool,
     now: datetime.datetime, days: int,
 ) -> tuple[bytes, bytes]:
-    """(key PEM, certificate PEM) signed by the CA. `sans`: ("ip" | "dns", value). A `server`
-    certificate can both accept and connect (serverAuth and clientAuth); otherwise clientAuth."""
+    """(key PEM, certificate PEM) signed by the CA. `sans`: ("ip" | "dns", value); `role` becomes
+    the URI name `waltz:role:<role>` the ports check. A `server` certificate can both accept and
+    connect (serverAuth and clientAuth); otherwise clientAuth."""
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
@@ -82,10 +83,10 @@ def leaf(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
-    if sans:
-        names: list[x509.GeneralName] = [
-            x509.IPAddress(ipaddress.ip_address(v)) if kind == "ip" else x509.DNSName(v) for kind, v in sans
-        ]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    names: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address(v)) if kind == "ip" else x509.DNSName(v) for kind, v in sans
+    ]
+    names.append(x509.UniformResourceIdentifier(f"waltz:role:{role}"))
+    builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     return _pem_key(key), cert.public_bytes(serialization.Encoding.PEM)

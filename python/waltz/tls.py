@@ -208,7 +208,8 @@ def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseExc
         # Our side of the handshake succeeded, so the peer speaks TLS and we trust it: a close
         # without an alert (Python peers send none) is its refusal of our certificate.
         error = TlsError(f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
-                         "refused our certificate (none, or one not signed by a CA it trusts; its log says which)")
+                         "refused our certificate (none, one not signed by a CA it trusts, or one without a role "
+                         "that port admits; its log says which)")
         error.__cause__ = exc
         return error
     if isinstance(exc, ssl.SSLError):
@@ -224,15 +225,18 @@ async def start_server(
     *,
     what: str,
     timeout: float = 10.0,
+    roles: frozenset[str] | None = None,
 ) -> asyncio.Server | TlsListener:
     """`asyncio.start_server`, or with a context a `TlsListener`: every connection is TLS before
-    `on_client` sees it, and a failed handshake is one warning line naming the peer and why."""
+    `on_client` sees it, and a failed handshake is one warning line naming the peer and why.
+    `roles`: the certificate roles admitted (others are refused after the handshake, with a
+    warning); None admits any certificate of the CA."""
     if context is None:
         return await asyncio.start_server(on_client, host, port)
     # The loop's resolver (a thread), as asyncio.start_server does: a host name must not block the loop.
     infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
-    return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout)
+    return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout, roles)
 
 
 class TlsListener:
@@ -249,9 +253,11 @@ class TlsListener:
         context: ssl.SSLContext,
         what: str,
         timeout: float,
+        roles: frozenset[str] | None = None,
     ) -> None:
         sock.setblocking(False)
         self.sockets = [sock]
+        self._roles = roles
         self._on_client, self._context, self._what, self._timeout = on_client, context, what, timeout
         self._connections: set[asyncio.Task[None]] = set()
         self._accepting = asyncio.ensure_future(self._accept())
@@ -282,6 +288,13 @@ class TlsListener:
             log.warning("TLS handshake with %s %s failed: %s", self._what, _address(peer), describe(e, client=False))
             conn.close()
             return
+        if self._roles is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            why = refuse_role(ssl_object.getpeercert() if ssl_object is not None else None, self._roles)
+            if why is not None:
+                log.warning("%s connection from %s refused: %s", self._what, _address(peer), why)
+                transport.abort()
+                return
         await self._on_client(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     def close(self) -> None:
@@ -299,39 +312,80 @@ def _address(peer: object) -> str:
 # -- development certificates --------------------------------------------------------------------
 
 
+ROLES = ("storage", "server", "admin", "client")
+"""What a certificate may do, named in its URI subject alternative name `waltz:role:<role>`
+(docs/operations.md, "Security model"): storage nodes, servers, operators, applications."""
+
+ROLE_URI_PREFIX = "waltz:role:"
+
+CLIENT_PORT_ROLES = frozenset({"client", "admin"})
+"""Who a server's client port admits: applications, and operators (the `waltz` CLI with an
+admin certificate reads and appends as a client does)."""
+
+
+def peer_roles(peercert: dict[str, object] | None) -> set[str]:
+    """The roles in a verified peer certificate (`SSLObject.getpeercert()`)."""
+    names = (peercert or {}).get("subjectAltName") or ()
+    return {
+        value[len(ROLE_URI_PREFIX):]
+        for kind, value in names  # type: ignore[attr-defined]
+        if kind == "URI" and value.startswith(ROLE_URI_PREFIX)
+    }
+
+
+def refuse_role(peercert: dict[str, object] | None, allowed: frozenset[str]) -> str | None:
+    """None when the peer's certificate carries one of `allowed` roles, else why it is refused."""
+    roles = peer_roles(peercert)
+    if roles & allowed:
+        return None
+    has = f"role {', '.join(sorted(roles))}" if roles else (
+        f"no role (no {ROLE_URI_PREFIX}<role> URI subject alternative name; reissue it with a role)")
+    return f"the client's certificate has {has}; this port admits only {', '.join(sorted(allowed))}"
+
+
 @dataclasses.dataclass(frozen=True)
 class DevCertificates:
-    """PEM files of a development CA and the certificates it signed."""
+    """PEM files of a development CA and one certificate per role it signed."""
 
     ca: Path
     ca_key: Path
-    node_cert: Path
-    """For storage nodes and servers (serverAuth and clientAuth: servers also connect to nodes)."""
-    node_key: Path
+    storage_cert: Path
+    """For storage nodes (role storage; serverAuth)."""
+    storage_key: Path
+    server_cert: Path
+    """For servers (role server; serverAuth for clients, clientAuth for the storage nodes they dial)."""
+    server_key: Path
+    admin_cert: Path
+    """For operators and the `waltz` CLI (role admin; clientAuth)."""
+    admin_key: Path
     client_cert: Path
-    """For clients and the `waltz` CLI (clientAuth)."""
+    """For applications (role client; clientAuth)."""
     client_key: Path
 
     @classmethod
     def at(cls, directory: str | os.PathLike[str]) -> DevCertificates:
         """The file names `generate_dev_certificates` writes in `directory` (nothing is read)."""
         d = Path(directory)
-        return cls(d / "ca.pem", d / "ca-key.pem", d / "node.pem", d / "node-key.pem", d / "client.pem", d / "client-key.pem")
+        pairs = [(d / f"{role}.pem", d / f"{role}-key.pem") for role in ROLES]
+        return cls(d / "ca.pem", d / "ca-key.pem", *(p for pair in pairs for p in pair))
 
-    def node_tls(self) -> TlsSection:
-        return TlsSection(self.ca, self.node_cert, self.node_key)
+    def tls(self, role: str) -> TlsSection:
+        """The `[tls]` section of a process of `role`."""
+        if role not in ROLES:
+            raise ValueError(f"no role {role!r}: one of {', '.join(ROLES)}")
+        return TlsSection(self.ca, getattr(self, f"{role}_cert"), getattr(self, f"{role}_key"))
 
     def client_tls(self) -> TlsSection:
-        return TlsSection(self.ca, self.client_cert, self.client_key)
+        return self.tls("client")
 
 
 def generate_dev_certificates(
     directory: str | os.PathLike[str], hosts: Sequence[str] = ("127.0.0.1", "localhost"), *, overwrite: bool = False,
     days: int = 825,
 ) -> DevCertificates:
-    """Writes a new CA and a node and a client certificate signed by it into `directory` (created
-    if missing; key files mode 0600). `hosts` become the node certificate's subject alternative
-    names (IP addresses or DNS names): clients check that the address they dial is among them.
+    """Writes a new CA and a certificate per role signed by it into `directory` (created if
+    missing; key files mode 0600). `hosts` become the storage and server certificates' subject
+    alternative names (IP addresses or DNS names): peers check that the address they dial is among them.
     Existing files are an error unless `overwrite`. For development: a production CA keeps its
     key offline and gives each node its own certificate."""
     from waltz import dev_certs  # cryptography is only needed here
@@ -346,12 +400,13 @@ def generate_dev_certificates(
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, ca_cert = dev_certs.certificate_authority(now, days)
     sans = [_san(h) for h in hosts]
-    node_key, node_cert = dev_certs.leaf(ca_key, ca_cert, "waltz node", sans, server=True, now=now, days=days)
-    client_key, client_cert = dev_certs.leaf(ca_key, ca_cert, "waltz client", [], server=False, now=now, days=days)
-    for path, data, secret in (
-        (files.ca, ca_cert, False), (files.ca_key, ca_key, True), (files.node_cert, node_cert, False),
-        (files.node_key, node_key, True), (files.client_cert, client_cert, False), (files.client_key, client_key, True),
-    ):
+    written: list[tuple[Path, bytes, bool]] = [(files.ca, ca_cert, False), (files.ca_key, ca_key, True)]
+    for role in ROLES:
+        listens = role in ("storage", "server")
+        key, cert = dev_certs.leaf(ca_key, ca_cert, f"waltz {role}", sans if listens else [], role=role,
+                                   server=listens, now=now, days=days)
+        written += [(getattr(files, f"{role}_cert"), cert, False), (getattr(files, f"{role}_key"), key, True)]
+    for path, data, secret in written:
         _write(path, data, 0o600 if secret else 0o644)
     return files
 
@@ -371,6 +426,8 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 __all__ = [
+    "CLIENT_PORT_ROLES",
+    "ROLES",
     "DevCertificates",
     "TlsSection",
     "check",
@@ -378,4 +435,6 @@ __all__ = [
     "handshake_error",
     "looks_like_tls",
     "open_connection",
+    "peer_roles",
+    "refuse_role",
 ]

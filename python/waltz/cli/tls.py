@@ -27,18 +27,22 @@ def tls() -> None:
 @pass_output
 @user_errors
 def generate(out: Output, directory: pathlib.Path, hosts: tuple[str, ...], force: bool, as_json: bool) -> None:
-    """Generate a development CA, a node certificate (storage nodes and servers) and a client
-    certificate (clients and this CLI). Not for production: there, each node gets its own
-    certificate from a CA whose key stays offline."""
+    """Generate a development CA and one certificate per role: storage (storage nodes), server
+    (servers), admin (operators and this CLI) and client (applications); the role is the URI
+    name waltz:role:<role>. Not for production: there, each node gets its own certificate from
+    a CA whose key stays offline."""
     files = generate_dev_certificates(directory, hosts or ("127.0.0.1", "localhost"), overwrite=force)
     document = {k: str(v) for k, v in dataclasses.asdict(files).items()}
 
     def human() -> None:
         out.table(f"certificates in {directory}", ["file", "path"], list(document.items()))
         out.line(
-            f"node and server TOML: [tls] ca = \"{files.ca}\", cert = \"{files.node_cert}\", key = \"{files.node_key}\"\n"
-            f"waltz CLI: --tls-ca {files.ca} --tls-cert {files.client_cert} --tls-key {files.client_key}\n"
-            f"clients: tls_ca, tls_cert, tls_key = the same three files"
+            f"storage node TOML: [tls] ca = \"{files.ca}\", cert = \"{files.storage_cert}\", "
+            f"key = \"{files.storage_key}\"\n"
+            f"server TOML: [tls] ca = \"{files.ca}\", cert = \"{files.server_cert}\", key = \"{files.server_key}\"\n"
+            f"waltz CLI: --tls-ca {files.ca} --tls-cert {files.admin_cert} --tls-key {files.admin_key}\n"
+            f"applications: tls_ca = \"{files.ca}\", tls_cert = \"{files.client_cert}\", "
+            f"tls_key = \"{files.client_key}\""
         )
 
     out.emit(document, human)

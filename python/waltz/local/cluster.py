@@ -212,11 +212,11 @@ class LocalCluster:
     def _pid_path(self, name: str) -> pathlib.Path:
         return self.directory / "run" / f"{name}.pid"
 
-    def _tls_toml(self) -> str:
+    def _tls_toml(self, role: str) -> str:
         if not self.tls:
             return ""
-        c = self._certificates()
-        return f'\n[tls]\nca = "{c.ca}"\ncert = "{c.node_cert}"\nkey = "{c.node_key}"\n'
+        t = self._certificates().tls(role)
+        return f'\n[tls]\nca = "{t.ca}"\ncert = "{t.cert}"\nkey = "{t.key}"\n'
 
     def _certificates(self) -> DevCertificates:
         return DevCertificates.at(self.directory / "tls")
@@ -226,7 +226,7 @@ class LocalCluster:
             f'[storage]\ndirectory = "{self.directory / "data" / m.name}"\ncluster_key = "{self.state["cluster_key"]}"\n'
             f"partition_count = {self.partitions}\n\n"
             f'[node]\nhost = "127.0.0.1"\nport = {m.port}\nadmin_port = {m.admin_port}\nhttp_port = {m.http_port}\n\n'
-            '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml()
+            '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("storage")
         )
 
     def _server_toml(self, m: Member) -> str:
@@ -235,7 +235,7 @@ class LocalCluster:
             f'[server]\nmetadata = "{self.metadata_url}"\ncluster = "{self.cluster}"\nhost = "127.0.0.1"\n'
             f'port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state["server_session_timeout"]}\n'
             f"{advertised}\n"
-            '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml()
+            '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("server")
         )
 
     @property
@@ -258,17 +258,18 @@ class LocalCluster:
         """Where the other processes reach `m`: its own port, or the one advertised for it."""
         return f"127.0.0.1:{self._advertised.get(m.name, m.port)}"
 
-    def client_tls(self) -> dict[str, str]:
-        """The client's TLS settings (keys of `ClientConfig`), empty without TLS."""
+    def client_tls(self, role: str = "client") -> dict[str, str]:
+        """TLS settings (keys of `ClientConfig`) with the certificate of `role`, empty without TLS."""
         if not self.tls:
             return {}
-        c = self._certificates()
-        return {"tls_ca": str(c.ca), "tls_cert": str(c.client_cert), "tls_key": str(c.client_key)}
+        t = self._certificates().tls(role)
+        return {"tls_ca": str(t.ca), "tls_cert": str(t.cert), "tls_key": str(t.key)}
 
     def environment(self) -> dict[str, str]:
-        """What `waltz` commands need to administer this cluster."""
+        """What `waltz` commands need to administer this cluster: the admin certificate, which
+        the storage nodes' admin ports and the servers' client ports both admit."""
         env = {"WALTZ_METADATA": self.metadata_url, "WALTZ_CLUSTER": self.cluster}
-        env.update({f"WALTZ_{k.upper()}": v for k, v in self.client_tls().items()})
+        env.update({f"WALTZ_{k.upper()}": v for k, v in self.client_tls("admin").items()})
         return env
 
     @contextlib.contextmanager
@@ -397,7 +398,7 @@ class LocalCluster:
         from waltz.storage.client import StorageAdminClient
 
         m = self.member(name)
-        ssl = self._client_ssl()
+        ssl = self._admin_ssl()
 
         async def run() -> Any:
             extra = {"ssl": ssl} if ssl is not None else {}
@@ -408,8 +409,9 @@ class LocalCluster:
 
         return asyncio.run(run())
 
-    def _client_ssl(self) -> Any:
-        return self._certificates().client_tls().client_context() if self.tls else None
+    def _admin_ssl(self) -> Any:
+        # The storage nodes' admin ports admit only servers and operators.
+        return self._certificates().tls("admin").client_context() if self.tls else None
 
     def stop(self, timeout: float = 30.0) -> list[str]:
         """SIGTERM to the servers, then to the storage nodes (servers finish their writes

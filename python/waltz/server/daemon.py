@@ -174,7 +174,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await ClientConnection(reader, writer, partitions).run()
 
-        server = await tls.start_server(on_client, s.host, s.port, server_ssl, what="client")
+        server = await tls.start_server(
+            on_client, s.host, s.port, server_ssl, what="client", roles=tls.CLIENT_PORT_ROLES
+        )
         port = server.sockets[0].getsockname()[1]
         storage_ssl = config.tls.client_context() if config.tls.enabled else None
         host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition, storage_ssl)

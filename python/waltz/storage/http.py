@@ -66,6 +66,7 @@ class NodeCollector(Collector):
             ("bytes_in", "Bytes received"),
             ("bytes_out", "Bytes sent"),
             ("tls_handshake_failures", "TLS handshakes refused on the storage and admin ports"),
+            ("tls_role_refusals", "TLS peers refused on the storage and admin ports: no server or admin role"),
             ("refused_connections", "Connections closed on accept: [node] max_connections were open on their port"),
         ):
             value = s.get(name, 0)

@@ -54,6 +54,8 @@ pub struct NodeStats {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// TLS peers refused after the handshake: their certificate has no role the port admits.
+    pub tls_role_refusals: AtomicU64,
     /// Connections closed on accept because `max_connections` were open on their port.
     pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.

@@ -301,7 +301,18 @@ async fn handshake(
     shared: &Shared,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(s)) => return Some(s),
+        Ok(Ok(s)) => {
+            // Any certificate of the CA passes the handshake; only servers and operators may
+            // use either port (a client's certificate must not set availability or truncate).
+            let Some(why) =
+                crate::node::tls::refuse_role(s.get_ref().1.peer_certificates(), crate::node::tls::NODE_PORT_ROLES)
+            else {
+                return Some(s);
+            };
+            shared.stats.tls_role_refusals.fetch_add(1, Ordering::Relaxed);
+            log::warn!("{port} connection from {peer} refused: {why}");
+            return None;
+        }
         Ok(Err(e)) => crate::node::tls::describe(&e),
         Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
     };

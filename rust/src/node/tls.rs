@@ -77,6 +77,42 @@ pub fn describe(e: &io::Error) -> String {
     }
 }
 
+/// The URI subject alternative name that gives a certificate its role: `waltz:role:<role>`
+/// (`storage`, `server`, `admin` or `client`; docs/operations.md, "Security model").
+pub const ROLE_URI_PREFIX: &str = "waltz:role:";
+
+/// The roles a storage node's storage and admin ports admit: servers (which replicate through
+/// them) and operators. A client's or another storage node's certificate is refused, however
+/// valid its chain.
+pub const NODE_PORT_ROLES: &[&str] = &["server", "admin"];
+
+/// The roles a verified peer certificate (DER, leaf) carries in its `waltz:role:` URIs; none
+/// for a certificate without one (issued before roles existed) or one that does not parse.
+pub fn roles(cert: &CertificateDer<'_>) -> Vec<String> {
+    match webpki::EndEntityCert::try_from(cert) {
+        Ok(ee) => ee.valid_uri_names().filter_map(|u| u.strip_prefix(ROLE_URI_PREFIX)).map(str::to_owned).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// None when the peer's leaf certificate carries one of `allowed` roles; otherwise why it is
+/// refused, for the warning line.
+pub fn refuse_role(peer_certs: Option<&[CertificateDer<'_>]>, allowed: &[&str]) -> Option<String> {
+    let Some(leaf) = peer_certs.and_then(|c| c.first()) else {
+        return Some("the client presented no certificate".into());
+    };
+    let roles = roles(leaf);
+    if roles.iter().any(|r| allowed.contains(&r.as_str())) {
+        return None;
+    }
+    let has = if roles.is_empty() {
+        format!("no role (no {ROLE_URI_PREFIX}<role> URI subject alternative name; reissue it with a role)")
+    } else {
+        format!("role {}", roles.join(", "))
+    };
+    Some(format!("the client's certificate has {has}; this port admits only {}", allowed.join(", ")))
+}
+
 /// True when `buf` starts like a TLS ClientHello: a TLS client on a plaintext port. Frames of
 /// ours would need a length of over 350 MB to start this way.
 pub fn looks_like_client_hello(buf: &[u8]) -> bool {
@@ -107,6 +143,41 @@ mod tests {
         assert!(e.contains("no PEM certificate") && e.contains("empty.pem"), "{e}");
         let e = server_config(&junk, &empty, &empty).unwrap_err();
         assert!(e.starts_with("ca ") && e.contains("junk.pem"), "{e}");
+    }
+
+    /// `waltz tls generate`'s admin certificate: URI `waltz:role:admin` after a DNS name.
+    const ADMIN_CERT: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIICHDCCAcKgAwIBAgIUY7aCXbPX7/qJKq7BPBUbiet08cUwCgYIKoZIzj0EAwIw\n\
+RDEaMBgGA1UECgwRV2FsdHogZGV2ZWxvcG1lbnQxJjAkBgNVBAMMHVdhbHR6IGRl\n\
+dmVsb3BtZW50IENBIDg5ZWU5NmVlMB4XDTI1MTIzMTIzNTUwMFoXDTM1MTIzMDAw\n\
+MDAwMFowMjEaMBgGA1UECgwRV2FsdHogZGV2ZWxvcG1lbnQxFDASBgNVBAMMC3dh\n\
+bHR6IGFkbWluMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAESf5F/qLpAkIGfAU6\n\
+9NgSPyoFMgo4GiwhICFjan3S5vulLp11KVSiA8XBWqrDESfjNEzgXZFR+STRZdhO\n\
+ysBqyKOBozCBoDAMBgNVHRMBAf8EAjAAMA4GA1UdDwEB/wQEAwIHgDATBgNVHSUE\n\
+DDAKBggrBgEFBQcDAjAdBgNVHQ4EFgQUhDbwhynRo1bW6K0JWjS1MM5122cwHwYD\n\
+VR0jBBgwFoAU5QxCgYDDPHVlqF3mFTcZZvavyGcwKwYDVR0RBCQwIoIObm9kZS1h\n\
+LmV4YW1wbGWGEHdhbHR6OnJvbGU6YWRtaW4wCgYIKoZIzj0EAwIDSAAwRQIhAKVF\n\
+tmcQlM0K3wJeEYoxEuX2o8pM+R58HQ1szFq/AOxyAiBpRNkbNzBG3YpQ1aibjSlu\n\
+p+D+Ft5haKwEEsimYwuTnA==\n\
+-----END CERTIFICATE-----\n\
+";
+
+    #[test]
+    fn the_role_is_read_from_the_uri_name() {
+        let cert = CertificateDer::from_pem_slice(ADMIN_CERT.as_bytes()).unwrap();
+        assert_eq!(roles(&cert), vec!["admin".to_string()]);
+        assert_eq!(refuse_role(Some(std::slice::from_ref(&cert)), NODE_PORT_ROLES), None);
+        let why = refuse_role(Some(&[cert]), &["server"]).unwrap();
+        assert!(why.contains("has role admin; this port admits only server"), "{why}");
+    }
+
+    #[test]
+    fn a_peer_without_an_allowed_role_is_refused() {
+        assert!(refuse_role(None, NODE_PORT_ROLES).unwrap().contains("no certificate"));
+        let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
+        let why = refuse_role(Some(&[junk]), NODE_PORT_ROLES).unwrap();
+        assert!(why.contains("no role") && why.contains("server, admin"), "{why}");
     }
 
     #[test]

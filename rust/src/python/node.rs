@@ -92,6 +92,7 @@ impl PyStorageNode {
             d.set_item("bytes_in", s.bytes_in.load(Relaxed))?;
             d.set_item("bytes_out", s.bytes_out.load(Relaxed))?;
             d.set_item("tls_handshake_failures", s.tls_handshake_failures.load(Relaxed))?;
+            d.set_item("tls_role_refusals", s.tls_role_refusals.load(Relaxed))?;
             d.set_item("refused_connections", s.refused_connections.load(Relaxed))?;
             let by_kind = PyDict::new(py);
             for (code, c) in s.failures_by_kind.iter().enumerate() {

@@ -84,9 +84,9 @@ def tls_cluster(metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificate
     store.start()
     meta = ClusterMetadata(store, "/waltz/e2e")
     info, _ = meta.create("e2e", PARTITIONS, 3)
-    node_tls = tls_section(certs.ca, certs.node_cert, certs.node_key)
-    admin = context(certs.ca, certs.client_cert, certs.client_key)
-    nodes = [Node(tmp_path / f"n{i}", info.cluster_key, sections=node_tls, ssl=admin) for i in range(3)]
+    storage_tls = tls_section(certs.ca, certs.storage_cert, certs.storage_key)
+    admin = context(certs.ca, certs.admin_cert, certs.admin_key)
+    nodes = [Node(tmp_path / f"n{i}", info.cluster_key, sections=storage_tls, ssl=admin) for i in range(3)]
     server = None
     try:
         for i, n in enumerate(nodes):
@@ -98,7 +98,8 @@ def tls_cluster(metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificate
                     await c.assign(p)
 
             n.admin(assign_all)
-        server = start_server(tmp_path, metadata_url, "server", sections=node_tls)
+        server = start_server(tmp_path, metadata_url, "server",
+                              sections=tls_section(certs.ca, certs.server_cert, certs.server_key))
         for p in range(PARTITIONS):
             wait_served(meta, p)
         yield Cluster(meta, nodes, metadata_url, server, tmp_path / "server.log")
@@ -126,8 +127,8 @@ def test_a_cluster_on_mutual_tls_commits_and_is_administered(tls_cluster: Cluste
     assert "through mutual TLS" in c.server_log.read_text()
 
     cli = Cli(c.url)
-    cli.env.update({"WALTZ_CLUSTER": "e2e", "WALTZ_TLS_CA": str(certs.ca), "WALTZ_TLS_CERT": str(certs.client_cert),
-                    "WALTZ_TLS_KEY": str(certs.client_key)})
+    cli.env.update({"WALTZ_CLUSTER": "e2e", "WALTZ_TLS_CA": str(certs.ca), "WALTZ_TLS_CERT": str(certs.admin_cert),
+                    "WALTZ_TLS_KEY": str(certs.admin_key)})
     nodes = cli.json("storage", "list", "--status")
     assert len(nodes) == 3, nodes
     verify = cli.json("cluster", "verify")
@@ -167,7 +168,7 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
 
     # The right certificates work against each port: what follows fails for its own reason.
     asyncio.run(server_link(context(certs.ca, certs.client_cert, certs.client_key)))
-    asyncio.run(storage(context(certs.ca, certs.client_cert, certs.client_key)))
+    asyncio.run(storage(context(certs.ca, certs.server_cert, certs.server_key)))
 
     # A client that trusts another CA: it refuses the peer's certificate.
     wrong_ca = context(wrong.ca, wrong.client_cert, wrong.client_key)
@@ -185,7 +186,7 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
     # No client certificate: with TLS 1.3 the refusal only arrives at the first read, and is
     # still a TlsError saying so, not a hang or a bare EOF.
     bare = context(certs.ca)
-    refused(server_link(bare), "it refused our certificate \\(none, or one not signed")
+    refused(server_link(bare), "it refused our certificate \\(none, one not signed")
     refused(storage(bare), "requires a client certificate and we presented none")
     refused(storage(bare, StorageAdminClient, admin_port), "requires a client certificate and we presented none")
 
@@ -273,10 +274,69 @@ def test_cluster_keys_stay_checked_inside_tls(tls_cluster: Cluster, certs: DevCe
     async def go() -> None:
         with pytest.raises(errors.ClusterKeyMismatch):
             await StorageClient.connect("127.0.0.1", node.ports["port"], cluster_key=uuid.uuid4(), partition_count=PARTITIONS,
-                                        ssl=certs.client_tls().client_context(), timeout=5.0)
+                                        ssl=certs.tls("server").client_context(), timeout=5.0)
         # A server's certificate also serves as a client one (servers connect to the nodes).
         async with await StorageAdminClient.connect("127.0.0.1", node.ports["admin_port"], cluster_key=node.key,
-                                                    partition_count=PARTITIONS, ssl=certs.node_tls().client_context()) as a:
+                                                    partition_count=PARTITIONS, ssl=certs.tls("server").client_context()) as a:
             assert {s["partition"] for s in await a.status()} == set(range(PARTITIONS))
 
     asyncio.run(go())
+
+
+def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertificates) -> None:
+    """Issue 34, finding 2: any certificate of the CA used to pass everywhere, so an
+    application's certificate could set a partition's availability on a storage node's admin
+    port. Storage and admin ports admit servers and admins; a server's client port admits
+    clients and admins."""
+    c = tls_cluster
+    node = c.nodes[0]
+    host, port, admin_port = "127.0.0.1", node.ports["port"], node.ports["admin_port"]
+    endpoint = c.endpoint
+
+    async def storage(role: str, cls: Any = StorageClient, p: int = port) -> None:
+        async with await cls.connect(host, p, cluster_key=node.key, partition_count=PARTITIONS,
+                                     ssl=certs.tls(role).client_context(), timeout=5.0):
+            pass
+
+    async def make_unwritable(role: str) -> None:
+        async with await StorageAdminClient.connect(host, admin_port, cluster_key=node.key, partition_count=PARTITIONS,
+                                                    ssl=certs.tls(role).client_context(), timeout=5.0) as a:
+            await a.set_availability(0, readable=True, writable=False)
+
+    async def server_link(role: str) -> None:
+        link = Link(endpoint, "stream", lambda *_: None, lambda *_: None, ssl=certs.tls(role).client_context())
+        await link.open(5.0)
+        link.close()
+
+    def refused(coro: Any) -> None:
+        with pytest.raises(errors.TlsError, match="right after the handshake: it refused our certificate"):
+            asyncio.run(asyncio.wait_for(coro, 20))
+
+    # An application's certificate (and another storage node's) gets into neither node port,
+    # so no state-changing admin request (Set Availability here) can be sent with it.
+    for role in ("client", "storage"):
+        refused(storage(role))
+        refused(storage(role, StorageAdminClient, admin_port))
+    refused(make_unwritable("client"))
+    availability = {s["partition"]: s for s in node.admin(lambda a: a.status())}
+    assert availability[0]["writable"], availability[0]
+    # Servers and admins get in, to both.
+    for role in ("server", "admin"):
+        asyncio.run(storage(role))
+        asyncio.run(storage(role, StorageAdminClient, admin_port))
+    # The client port: applications and admins, not a server's or a storage node's certificate.
+    for role in ("client", "admin"):
+        asyncio.run(server_link(role))
+    for role in ("server", "storage"):
+        refused(server_link(role))
+    wait_for_line(c.server_log, "this port admits only admin, client")
+    # The cluster still commits, with an application's certificate.
+    app_tls = certs.tls("client")
+    config = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=app_tls.ca, tls_cert=app_tls.cert, tls_key=app_tls.key)
+    with WaltzClient(MemoryApp(), config) as client:
+        assert client.submit(Write("roles", partition=0)).result(30)
+
+    log = stop(node.proc)
+    assert "the client's certificate has role client; this port admits only server, admin" in log
+    assert "the client's certificate has role storage; this port admits only server, admin" in log
+    assert "admin connection from 127.0.0.1:" in log

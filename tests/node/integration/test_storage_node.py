@@ -775,9 +775,9 @@ def test_a_tls_peer_that_reads_nothing_gives_its_connection_place_back(tmp_path)
     key = uuid.uuid4()
     s = Storage.create(tmp_path / "node", key, 1)
     s.add_partition(0)
-    node = StorageNode.start(s, idle_timeout=1.0, max_connections=1, tls_ca=certs.ca, tls_cert=certs.node_cert,
-                             tls_key=certs.node_key)
-    ctx = certs.client_tls().client_context()
+    node = StorageNode.start(s, idle_timeout=1.0, max_connections=1, tls_ca=certs.ca, tls_cert=certs.storage_cert,
+                             tls_key=certs.storage_key)
+    ctx = certs.tls("server").client_context()
     host, port = node.address
     try:
         async def fill():
