@@ -478,6 +478,9 @@ class PartitionFailedError(StorageError):
 class AppendTruncatedError(StorageError):
     """A truncation cut the append before it was acknowledged."""
 
+class RefusedError(StorageError):
+    """A replica refused a destructive request its state shows no server needs."""
+
 class PartitionNotFoundError(StorageError):
     """No such partition here."""
 

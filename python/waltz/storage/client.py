@@ -40,6 +40,7 @@ _FAILURES: dict[str, type[errors.StorageError]] = {
     "below_log_start": errors.BelowLogStartError,
     "partition_failed": errors.PartitionFailedError,
     "append_truncated": errors.AppendTruncatedError,
+    "refused": errors.RefusedError,
     "corruption": errors.CorruptionError,
     "io": errors.StorageIOError,
 }

@@ -1,6 +1,8 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
-use super::connection::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
+use super::connection::{
+    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, Shared, Wait,
+};
 use super::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
     MAGIC_ADMIN, VERSION,
@@ -19,8 +21,12 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let mut buf = FrameBuf::default();
     let (mut greeted, mut opened) = (false, false);
-    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
-    let wait = |opened: bool| if opened { Wait::Idle } else { Wait::OpenBy(open_by) };
+    let (greet_by, open_by) = greet_and_open_deadlines(&shared);
+    let wait = |greeted: bool, opened: bool| match (greeted, opened) {
+        (_, true) => Wait::Idle,
+        (false, _) => Wait::OpenBy(greet_by),
+        (true, false) => Wait::OpenBy(open_by),
+    };
     let mut out = Vec::new();
     let reason: String = 'conn: loop {
         loop {
@@ -77,11 +83,11 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             };
             resp.encode(&mut out);
-            if let Err(why) = send(&mut stream, &mut out, &shared, wait(opened)).await {
+            if let Err(why) = send(&mut stream, &mut out, &shared, wait(greeted, opened)).await {
                 break 'conn why;
             }
         }
-        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(opened)).await {
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(greeted, opened)).await {
             break why;
         }
     };

@@ -419,6 +419,9 @@ pub enum FailureKind {
     Io = 14,
     NotOpened = 15,
     AppendTruncated = 16,
+    /// A destructive request the replica's own state shows impossible for a server to need (a
+    /// Truncate below its low-water mark, a session far above its fence): refused unless forced.
+    Refused = 17,
 }
 
 impl FailureKind {
@@ -441,6 +444,7 @@ impl FailureKind {
             14 => Io,
             15 => NotOpened,
             16 => AppendTruncated,
+            17 => Refused,
             _ => return None,
         })
     }

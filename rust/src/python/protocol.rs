@@ -218,6 +218,7 @@ pub(crate) fn failure_name(k: FailureKind) -> &'static str {
         FailureKind::Io => "io",
         FailureKind::NotOpened => "not_opened",
         FailureKind::AppendTruncated => "append_truncated",
+        FailureKind::Refused => "refused",
     }
 }
 
