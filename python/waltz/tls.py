@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from waltz.errors import ConfigError, TlsError
+from waltz.private_files import private_dir, write_private
 
 log = logging.getLogger("waltz.tls")
 
@@ -299,6 +300,11 @@ def _address(peer: object) -> str:
 # -- development certificates --------------------------------------------------------------------
 
 
+CA_PRIVATE_DIR = "ca-private"
+"""Where `generate_dev_certificates` puts the CA's key, under its directory: a folder of its own
+that no node or client is given (whoever holds the CA key can issue any certificate)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DevCertificates:
     """PEM files of a development CA and the certificates it signed."""
@@ -316,7 +322,7 @@ class DevCertificates:
     def at(cls, directory: str | os.PathLike[str]) -> DevCertificates:
         """The file names `generate_dev_certificates` writes in `directory` (nothing is read)."""
         d = Path(directory)
-        return cls(d / "ca.pem", d / "ca-key.pem", d / "node.pem", d / "node-key.pem", d / "client.pem", d / "client-key.pem")
+        return cls(d / "ca.pem", d / CA_PRIVATE_DIR / "ca-key.pem", d / "node.pem", d / "node-key.pem", d / "client.pem", d / "client-key.pem")
 
     def node_tls(self) -> TlsSection:
         return TlsSection(self.ca, self.node_cert, self.node_key)
@@ -342,7 +348,8 @@ def generate_dev_certificates(
     existing = [str(p) for p in dataclasses.astuple(files) if Path(p).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"certificate files already exist: {', '.join(existing)} (overwrite them explicitly)")
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
+    private_dir(Path(directory) / CA_PRIVATE_DIR)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, ca_cert = dev_certs.certificate_authority(now, days)
     sans = [_san(h) for h in hosts]
@@ -364,10 +371,7 @@ def _san(host: str) -> tuple[str, str]:
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)  # an existing file keeps its mode through O_CREAT
-        f.write(data)
+    write_private(path, data, mode)
 
 
 __all__ = [

@@ -81,9 +81,14 @@ impl Storage {
             return Err(Error::AlreadyExists { path: path.to_path_buf() });
         }
         if !fs.exists(path) {
-            std::fs::create_dir_all(path).at(path)?;
+            crate::engine::fs::private_dir_builder().recursive(true).create(path).at(path)?;
             let parent = parent_dir(path);
             fs.sync_dir(parent).at(parent)?;
+        } else {
+            // An empty directory made for it (by an operator, a unit file): it holds the key now.
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(crate::engine::fs::DIR_MODE);
+            std::fs::set_permissions(path, private).at(path)?;
         }
         ControlFile::create(fs.as_ref(), path, cluster_key, partition_count)?;
         Self::open_with(fs, path, Some(cluster_key), Some(partition_count), opts)
