@@ -304,6 +304,7 @@ class AdminRequestKind:
     STATUS: ClassVar[AdminRequestKind]
     RECORD_LIST: ClassVar[AdminRequestKind]
     SET_PARTITION_INFO: ClassVar[AdminRequestKind]
+    RESET_FENCE: ClassVar[AdminRequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 

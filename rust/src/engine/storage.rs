@@ -358,6 +358,38 @@ impl Storage {
         Ok(Ok(()))
     }
 
+    /// Lowers the partition's fence to `session` (an operator's repair of a fence raised by a
+    /// request no server sent: `waltz storage reset-fence`), durably. Refused below the session
+    /// the control file records (the last one that set a low-water mark: it wrote through this
+    /// fence) and when `session` is not below the fence. Returns the fence it replaced.
+    pub fn lower_fence(&self, pid: i32, session: i64) -> Result<i64> {
+        self.check_pid(pid)?;
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let gate = self.fence_gate(pid);
+        let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+        let mut fences = lock(&self.fences);
+        let recorded = self.partition_info(pid)?.session_id;
+        let current = fences.get(&pid).copied().unwrap_or(-1).max(recorded);
+        if session < recorded {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid}: session {recorded} set its low-water mark here; the fence cannot go below it"
+            )));
+        }
+        if session >= current {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid}: the fence is {current}, not above {session}: nothing to lower"
+            )));
+        }
+        let mut next = fences.clone();
+        next.insert(pid, session);
+        let path = self.path.join(FENCE_FILE);
+        crate::engine::fs::write_file_atomically(self.fs.as_ref(), &path, &encode_fences(&next)).at(&path)?;
+        *fences = next;
+        Ok(current)
+    }
+
     /// Closes every open partition (their index tails are flushed) and releases the directory
     /// for another writer. Later calls on this handle fail with `StorageClosed`.
     pub fn close(&self) {

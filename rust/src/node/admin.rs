@@ -124,6 +124,7 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
         AdminRequest::SetPartitionInfo { session_id, low_water_mark, .. } => {
             set_partition_info(shared, h, session_id, low_water_mark)
         }
+        AdminRequest::ResetFence { session_id, .. } => reset_fence(shared, h, session_id),
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
 }
@@ -134,6 +135,23 @@ fn done(h: MsgHeader, r: crate::engine::error::Result<()>) -> AdminResponse {
         Ok(()) => AdminResponse::Success { h },
         Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
     }
+}
+
+/// Lowers the partition's fence to `session` (durably, then in the node's memory), for a fence
+/// a request no server sent raised out of every server's reach (issue 34). The CLI checks the
+/// cluster metadata first: no session the metadata issued may find the fence below it.
+fn reset_fence(shared: &Shared, h: MsgHeader, session: i64) -> AdminResponse {
+    let pid = h.partition_id;
+    let r = shared.storage.lower_fence(pid, session).map(|was| {
+        // The storage's fence is lowered; the node's cache of it follows, so the next request of
+        // a session at or above `session` is served.
+        let mut fences = lock(&shared.fences);
+        if fences.get(&pid).is_some_and(|&n| n > session) {
+            fences.insert(pid, session);
+        }
+        log::warn!("partition {pid}: fence lowered from session {was} to {session} by an admin");
+    });
+    done(h, r)
 }
 
 /// Marks the partition (un)readable and (un)writable for servers on this node.
