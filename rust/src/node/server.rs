@@ -753,7 +753,8 @@ fn below_low_water_mark(shared: &Shared, h: MsgHeader, part: &Partition, txid: i
         Err(e) => return Some(fail(h, failure_kind(&e), e.to_string())),
     };
     let committed = info.low_water_mark.min(part.max_txid());
-    (txid < committed).then(|| {
+    // Below -1 is no truncation at all: the engine answers that as a bad request.
+    (txid >= -1 && txid < committed).then(|| {
         log::warn!(
             "refused Truncate of partition {} to {txid} by session {}: records up to the low-water mark {} \
              (set by session {}) are committed",
