@@ -15,11 +15,9 @@ import urllib.request
 import uuid
 
 import pytest
-
+from support.processes import get, start, stop, wait_http, write_config
 from waltz import errors
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
-
-from support.processes import get, start, stop, wait_http, write_config
 
 
 def test_daemon_serves_reports_and_stops_cleanly(tmp_path):

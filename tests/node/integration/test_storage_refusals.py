@@ -8,11 +8,9 @@ import asyncio
 import uuid
 
 import pytest
-
+from support.processes import start, stop, wait_http, write_config
 from waltz import errors
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
-
-from support.processes import start, stop, wait_http, write_config
 
 
 @pytest.fixture
