@@ -304,6 +304,7 @@ class AdminRequestKind:
     STATUS: ClassVar[AdminRequestKind]
     RECORD_LIST: ClassVar[AdminRequestKind]
     SET_PARTITION_INFO: ClassVar[AdminRequestKind]
+    RESET_FENCE: ClassVar[AdminRequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 
@@ -477,6 +478,9 @@ class PartitionFailedError(StorageError):
 
 class AppendTruncatedError(StorageError):
     """A truncation cut the append before it was acknowledged."""
+
+class RefusedError(StorageError):
+    """A replica refused a destructive request its state shows no server needs."""
 
 class PartitionNotFoundError(StorageError):
     """No such partition here."""

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from waltz.errors import ConfigError, TlsError
+from waltz.private_files import private_dir, write_private
 
 log = logging.getLogger("waltz.tls")
 
@@ -312,6 +313,11 @@ def _address(peer: object) -> str:
 # -- development certificates --------------------------------------------------------------------
 
 
+CA_PRIVATE_DIR = "ca-private"
+"""Where `generate_dev_certificates` puts the CA's key, under its directory: a folder of its own
+that no node or client is given (whoever holds the CA key can issue any certificate)."""
+
+
 ROLES = ("storage", "server", "admin", "client")
 """What a certificate may do, named in its URI subject alternative name `waltz:role:<role>`
 (docs/operations.md, "Security model"): storage nodes, servers, operators, applications."""
@@ -367,7 +373,7 @@ class DevCertificates:
         """The file names `generate_dev_certificates` writes in `directory` (nothing is read)."""
         d = Path(directory)
         pairs = [(d / f"{role}.pem", d / f"{role}-key.pem") for role in ROLES]
-        return cls(d / "ca.pem", d / "ca-key.pem", *(p for pair in pairs for p in pair))
+        return cls(d / "ca.pem", d / CA_PRIVATE_DIR / "ca-key.pem", *(p for pair in pairs for p in pair))
 
     def tls(self, role: str) -> TlsSection:
         """The `[tls]` section of a process of `role`."""
@@ -396,7 +402,8 @@ def generate_dev_certificates(
     existing = [str(p) for p in dataclasses.astuple(files) if Path(p).exists()]
     if existing and not overwrite:
         raise FileExistsError(f"certificate files already exist: {', '.join(existing)} (overwrite them explicitly)")
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
+    private_dir(Path(directory) / CA_PRIVATE_DIR)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, ca_cert = dev_certs.certificate_authority(now, days)
     sans = [_san(h) for h in hosts]
@@ -419,10 +426,7 @@ def _san(host: str) -> tuple[str, str]:
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)  # an existing file keeps its mode through O_CREAT
-        f.write(data)
+    write_private(path, data, mode)
 
 
 __all__ = [

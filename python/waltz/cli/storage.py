@@ -359,3 +359,23 @@ async def _recover(
         "session_id": final["session_id"],
         "writable": final["writable"],
     }
+
+
+@storage.command("reset-fence")
+@NODE
+@click.option("--partition", "-p", type=click.IntRange(0), required=True)
+@click.option("--to", "session", type=click.IntRange(0), required=True, metavar="SESSION", help="The fence's new value.")
+@pass_output
+@user_errors
+def reset_fence(out: Output, address: str, partition: int, session: int) -> None:
+    """Lower a partition's fence on a node that a request no server sent raised (servers then fail
+    as stale on it forever). Refused below the newest session the cluster metadata issued for the
+    partition, so no server's session is ever let back in after a newer one."""
+    with cluster_metadata() as meta:
+        issued = meta.partition_metadata(partition)[0].session_id
+        if session < issued:
+            raise Failed(f"partition {partition}: the cluster metadata issued session {issued}; the fence cannot go below it")
+        node = _node(meta, address)
+        admin_call(meta, node, lambda c: c.reset_fence(partition, session))
+    _changed(out, True, f"partition {partition} on {node.address}: fence lowered to session {session}",
+             {"partition": partition, "fence": session})

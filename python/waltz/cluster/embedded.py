@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from waltz import errors
+from waltz.private_files import create_private
 from waltz.cluster.store import (
     Check,
     Create,
@@ -114,6 +115,10 @@ class EmbeddedStore(MetadataStore):
 
     # -- lifecycle -------------------------------------------------------------------------
     def _connect(self, busy_timeout: float = 30.0) -> sqlite3.Connection:
+        # Created 0600 before SQLite opens it: SQLite gives its -wal and -shm files the database
+        # file's mode, and the store holds the cluster key (issue 34).
+        if self.path != ":memory:" and not os.path.exists(self.path):
+            create_private(self.path)
         db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")

@@ -181,7 +181,7 @@ class ClusterMetadata:
                     f"not changing it to {partitions} and {replicas}"
                 )
             if cluster_key is not None and info.cluster_key != cluster_key:
-                raise errors.ClusterError(f"cluster {info.name} exists with key {info.cluster_key}, not {cluster_key}")
+                raise errors.ClusterError(f"cluster {info.name} exists with another cluster key than the one given")
             return info, False
         info = ClusterInfo(name, cluster_key or uuid.uuid4(), partitions, replicas, int(time.time() * 1000))
         p = self.paths

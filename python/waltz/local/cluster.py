@@ -39,6 +39,7 @@ from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import ClusterMetadata
+from waltz.private_files import private_dir, write_private
 from waltz.tls import DevCertificates, generate_dev_certificates
 
 STATE_FILE = "cluster.json"
@@ -153,8 +154,9 @@ class LocalCluster:
             raise errors.ClusterError(f"a local cluster needs at least {REPLICAS} storage nodes (one per replica)")
         if servers < 1 or partitions < 1:
             raise errors.ClusterError("a local cluster needs at least one server and one partition")
+        private_dir(directory)
         for sub in ("config", "data", "logs", "run"):
-            (directory / sub).mkdir(parents=True, exist_ok=True)
+            private_dir(directory / sub)
         members = [
             Member(f"storage-{i}", "storage", free_port(), free_port(), free_port()) for i in range(storage_nodes)
         ] + [Member(f"server-{i}", "server", free_port(), free_port()) for i in range(servers)]
@@ -178,7 +180,7 @@ class LocalCluster:
         if tls:
             generate_dev_certificates(directory / "tls")
         for m in members:
-            self.config_path(m.name).write_text(self._storage_toml(m) if m.role == "storage" else self._server_toml(m))
+            write_private(self.config_path(m.name), self._storage_toml(m) if m.role == "storage" else self._server_toml(m))
         self._save()
         return self
 
@@ -198,7 +200,7 @@ class LocalCluster:
 
     def _save(self) -> None:
         tmp = self.directory / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2) + "\n")
+        write_private(tmp, json.dumps(self.state, indent=2) + "\n")  # it holds the cluster key
         os.replace(tmp, self.directory / STATE_FILE)
 
     # ---- files -----------------------------------------------------------------------------
@@ -251,7 +253,7 @@ class LocalCluster:
             raise errors.ClusterError("advertise members before the cluster's first start")
         self._advertised[name] = port
         if m.role == "server":
-            self.config_path(name).write_text(self._server_toml(m))
+            write_private(self.config_path(name), self._server_toml(m))
         self._save()
 
     def dialed_address(self, m: Member) -> str:
@@ -306,13 +308,13 @@ class LocalCluster:
         m = self.member(name)
         if self.pid(name) is not None:
             return
-        with open(self.log_path(name), "ab") as log:
+        with open(self.log_path(name), "ab", opener=lambda path, flags: os.open(path, flags, 0o600)) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "waltz.cli.node", m.role, "--config", str(self.config_path(name))],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
         self._procs[name] = proc
-        self._pid_path(name).write_text(f"{proc.pid}\n")
+        write_private(self._pid_path(name), f"{proc.pid}\n")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         pid = self.pid(name)

@@ -72,8 +72,9 @@ def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, li
                     first_key = (path, str(storage.cluster_key))
                 elif str(storage.cluster_key) != first_key[1]:
                     raise OptionError(
-                        f"path {path} belongs to another cluster than {first_key[0]} (cluster keys {storage.cluster_key} "
-                        f"and {first_key[1]}): read one cluster's directories at a time"
+                        # Not the keys themselves: Spark logs the error, and a key is its cluster's credential.
+                        f"path {path} belongs to another cluster than {first_key[0]} (their cluster keys differ): "
+                        "read one cluster's directories at a time"
                     )
                 for pid in storage.partition_ids():
                     part, info = storage.partition(pid), storage.partition_info(pid)

@@ -40,6 +40,7 @@ _FAILURES: dict[str, type[errors.StorageError]] = {
     "below_log_start": errors.BelowLogStartError,
     "partition_failed": errors.PartitionFailedError,
     "append_truncated": errors.AppendTruncatedError,
+    "refused": errors.RefusedError,
     "corruption": errors.CorruptionError,
     "io": errors.StorageIOError,
 }
@@ -443,6 +444,13 @@ class StorageAdminClient(_Connection):
         """Appends records (with their own ids) durably, without a store session. The node
         refuses unless the partition is marked unwritable (no server writes it meanwhile)."""
         await self._call(lambda seq: encode_admin_append(seq, partition, records))
+
+    async def reset_fence(self, partition: int, session_id: int) -> None:
+        """Lowers the partition's fence (newest session seen) to `session_id`: the repair of a fence
+        a request no server sent raised out of every server's reach. `waltz storage reset-fence`
+        checks the cluster metadata first; the node refuses below the session that set its
+        low-water mark."""
+        await self._call(lambda seq: encode_admin_request(AdminRequestKind.RESET_FENCE, seq, partition, session_id=session_id))
 
     async def set_partition_info(self, partition: int, session_id: int, low_water_mark: int) -> None:
         """Sets the last session info recovery compares with the metadata; only while unwritable."""

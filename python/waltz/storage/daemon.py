@@ -42,7 +42,7 @@ def open_storage(config: StorageNodeConfig) -> Storage:
             raise errors.NotInitialisedError(
                 f"{s.directory} is not a storage directory yet: set [storage] cluster_key and partition_count to create it"
             ) from None
-        log.info("creating storage directory %s for cluster %s", s.directory, s.cluster_key)
+        log.info("creating storage directory %s", s.directory)  # not the key: logs must not hold it
         return with_tuning(Storage.create, s.directory, s.cluster_key, s.partition_count)
 
 

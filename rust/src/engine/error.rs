@@ -13,7 +13,8 @@ pub enum Error {
     #[error("corruption in {path} at offset {offset}: {reason}")]
     Corruption { path: PathBuf, offset: u64, reason: String },
 
-    #[error("cluster key mismatch: {path} belongs to cluster {found}, expected {expected}")]
+    /// The keys are kept for the caller, out of the message: logs must not carry them (issue 34).
+    #[error("cluster key mismatch: {path} belongs to another cluster than the key given")]
     ClusterKeyMismatch { path: PathBuf, expected: String, found: String },
 
     #[error("partition count mismatch: {path} has {found} partitions, expected {expected}")]

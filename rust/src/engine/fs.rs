@@ -2,7 +2,7 @@
 //! `FileHandle`, so tests can inject write, sync and space failures without touching the kernel.
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,7 +92,7 @@ pub trait FileSystem: Send + Sync {
         std::fs::remove_file(path)
     }
     fn create_dir(&self, path: &Path) -> io::Result<()> {
-        std::fs::create_dir(path)
+        private_dir_builder().create(path)
     }
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_dir_all(path)
@@ -161,7 +161,7 @@ impl FileSystem for StdFs {
         Ok(Arc::new(StdFile(f)))
     }
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn FileHandle>> {
-        let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        let f = OpenOptions::new().read(true).write(true).create_new(true).mode(FILE_MODE).open(path)?;
         Ok(Arc::new(StdFile(f)))
     }
 }
@@ -264,6 +264,20 @@ pub fn write_file_atomically(fs: &dyn FileSystem, path: &Path, bytes: &[u8]) -> 
     drop(f);
     fs.rename(&tmp, path)?;
     fs.sync_dir(parent_dir(path))
+}
+
+/// Mode of every file the engine creates: the control file and every segment header hold the
+/// cluster key, and records are the applications' data, so only the node's own user reads them
+/// (a umask of 022 left them readable to anyone on the host: issue 34).
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory the engine creates, the storage directory included.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Creates directories with `DIR_MODE` (recursively when asked), whatever the umask.
+pub fn private_dir_builder() -> std::fs::DirBuilder {
+    let mut b = std::fs::DirBuilder::new();
+    b.mode(DIR_MODE);
+    b
 }
 
 /// The folder holding `path`; "." for a bare relative name (whose parent is the empty path).

@@ -81,9 +81,14 @@ impl Storage {
             return Err(Error::AlreadyExists { path: path.to_path_buf() });
         }
         if !fs.exists(path) {
-            std::fs::create_dir_all(path).at(path)?;
+            crate::engine::fs::private_dir_builder().recursive(true).create(path).at(path)?;
             let parent = parent_dir(path);
             fs.sync_dir(parent).at(parent)?;
+        } else {
+            // An empty directory made for it (by an operator, a unit file): it holds the key now.
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(crate::engine::fs::DIR_MODE);
+            std::fs::set_permissions(path, private).at(path)?;
         }
         ControlFile::create(fs.as_ref(), path, cluster_key, partition_count)?;
         Self::open_with(fs, path, Some(cluster_key), Some(partition_count), opts)
@@ -351,6 +356,38 @@ impl Storage {
             *fences = next;
         }
         Ok(Ok(()))
+    }
+
+    /// Lowers the partition's fence to `session` (an operator's repair of a fence raised by a
+    /// request no server sent: `waltz storage reset-fence`), durably. Refused below the session
+    /// the control file records (the last one that set a low-water mark: it wrote through this
+    /// fence) and when `session` is not below the fence. Returns the fence it replaced.
+    pub fn lower_fence(&self, pid: i32, session: i64) -> Result<i64> {
+        self.check_pid(pid)?;
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let gate = self.fence_gate(pid);
+        let _exclusive = gate.write().unwrap_or_else(|e| e.into_inner());
+        let mut fences = lock(&self.fences);
+        let recorded = self.partition_info(pid)?.session_id;
+        let current = fences.get(&pid).copied().unwrap_or(-1).max(recorded);
+        if session < recorded {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid}: session {recorded} set its low-water mark here; the fence cannot go below it"
+            )));
+        }
+        if session >= current {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid}: the fence is {current}, not above {session}: nothing to lower"
+            )));
+        }
+        let mut next = fences.clone();
+        next.insert(pid, session);
+        let path = self.path.join(FENCE_FILE);
+        crate::engine::fs::write_file_atomically(self.fs.as_ref(), &path, &encode_fences(&next)).at(&path)?;
+        *fences = next;
+        Ok(current)
     }
 
     /// Closes every open partition (their index tails are flushed) and releases the directory

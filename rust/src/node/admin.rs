@@ -1,6 +1,8 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
-use super::connection::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
+use super::connection::{
+    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, Shared, Wait,
+};
 use super::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
     MAGIC_ADMIN, VERSION,
@@ -19,8 +21,12 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let mut buf = FrameBuf::default();
     let (mut greeted, mut opened) = (false, false);
-    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
-    let wait = |opened: bool| if opened { Wait::Idle } else { Wait::OpenBy(open_by) };
+    let (greet_by, open_by) = greet_and_open_deadlines(&shared);
+    let wait = |greeted: bool, opened: bool| match (greeted, opened) {
+        (_, true) => Wait::Idle,
+        (false, _) => Wait::OpenBy(greet_by),
+        (true, false) => Wait::OpenBy(open_by),
+    };
     let mut out = Vec::new();
     let reason: String = 'conn: loop {
         loop {
@@ -77,11 +83,11 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             };
             resp.encode(&mut out);
-            if let Err(why) = send(&mut stream, &mut out, &shared, wait(opened)).await {
+            if let Err(why) = send(&mut stream, &mut out, &shared, wait(greeted, opened)).await {
                 break 'conn why;
             }
         }
-        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(opened)).await {
+        if let Err(why) = read_more(&mut stream, &mut buf, &shared, wait(greeted, opened)).await {
             break why;
         }
     };
@@ -118,6 +124,7 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
         AdminRequest::SetPartitionInfo { session_id, low_water_mark, .. } => {
             set_partition_info(shared, h, session_id, low_water_mark)
         }
+        AdminRequest::ResetFence { session_id, .. } => reset_fence(shared, h, session_id),
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
 }
@@ -128,6 +135,23 @@ fn done(h: MsgHeader, r: crate::engine::error::Result<()>) -> AdminResponse {
         Ok(()) => AdminResponse::Success { h },
         Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
     }
+}
+
+/// Lowers the partition's fence to `session` (durably, then in the node's memory), for a fence
+/// a request no server sent raised out of every server's reach (issue 34). The CLI checks the
+/// cluster metadata first: no session the metadata issued may find the fence below it.
+fn reset_fence(shared: &Shared, h: MsgHeader, session: i64) -> AdminResponse {
+    let pid = h.partition_id;
+    let r = shared.storage.lower_fence(pid, session).map(|was| {
+        // The storage's fence is lowered; the node's cache of it follows, so the next request of
+        // a session at or above `session` is served.
+        let mut fences = lock(&shared.fences);
+        if fences.get(&pid).is_some_and(|&n| n > session) {
+            fences.insert(pid, session);
+        }
+        log::warn!("partition {pid}: fence lowered from session {was} to {session} by an admin");
+    });
+    done(h, r)
 }
 
 /// Marks the partition (un)readable and (un)writable for servers on this node.

@@ -59,7 +59,7 @@ pub struct NodeStats {
     /// Connections closed on accept because `max_connections` were open on their port.
     pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
-    pub failures_by_kind: [AtomicU64; 17],
+    pub failures_by_kind: [AtomicU64; 18],
 }
 
 pub(super) struct Shared {
@@ -77,6 +77,8 @@ pub(super) struct Shared {
     /// Connections open on the storage and on the admin port, against `max_connections`.
     pub(super) storage_open: Arc<AtomicUsize>,
     pub(super) admin_open: Arc<AtomicUsize>,
+    /// Storage connections not opened yet (TLS handshake, Hello, Open), against their own cap.
+    pub(super) storage_unopened: Arc<AtomicUsize>,
     /// Connections refused since the last warning about them, and when that was.
     pub(super) refused: Mutex<(u64, Option<Instant>)>,
 }
@@ -119,12 +121,24 @@ pub(super) enum Wait {
     Forever,
 }
 
-pub(super) fn open_deadline(shared: &Shared) -> Duration {
+/// A connection's Hello must have arrived this soon after it was accepted (or its TLS handshake
+/// ended): clients send it at once, and silent connections held a thread each for the whole
+/// `OPEN_DEADLINE`, filling `max_connections` without any key (issue 34).
+const HELLO_DEADLINE: Duration = Duration::from_secs(2);
+
+fn open_deadline(shared: &Shared) -> Duration {
     OPEN_DEADLINE.min(shared.opts.idle_timeout)
 }
 
+/// When a connection accepted now must have sent its Hello, and its successful Open.
+pub(super) fn greet_and_open_deadlines(shared: &Shared) -> (tokio::time::Instant, tokio::time::Instant) {
+    let now = tokio::time::Instant::now();
+    let open_by = now + open_deadline(shared);
+    (open_by.min(now + HELLO_DEADLINE), open_by)
+}
+
 fn not_opened(shared: &Shared) -> String {
-    format!("no Hello and successful Open within {:?}", open_deadline(shared))
+    format!("no Hello within {HELLO_DEADLINE:?} or no successful Open within {:?}", open_deadline(shared))
 }
 
 /// The frame size limit of a connection opened or not.

@@ -419,6 +419,9 @@ pub enum FailureKind {
     Io = 14,
     NotOpened = 15,
     AppendTruncated = 16,
+    /// A destructive request the replica's own state shows impossible for a server to need (a
+    /// Truncate below its low-water mark, a session far above its fence): refused unless forced.
+    Refused = 17,
 }
 
 impl FailureKind {
@@ -441,6 +444,7 @@ impl FailureKind {
             14 => Io,
             15 => NotOpened,
             16 => AppendTruncated,
+            17 => Refused,
             _ => return None,
         })
     }
@@ -692,6 +696,7 @@ pub mod admin_msg {
     pub const RECORD_LIST: u8 = 0x25;
     pub const APPEND: u8 = 0x26;
     pub const SET_PARTITION_INFO: u8 = 0x27;
+    pub const RESET_FENCE: u8 = 0x28;
     pub const STATUS_RESPONSE: u8 = 0xA4;
     pub const RECORD_LIST_RESPONSE: u8 = 0xA5;
 }
@@ -743,6 +748,11 @@ pub enum AdminRequest {
         session_id: i64,
         low_water_mark: i64,
     },
+    /// Lowers the partition's fence (newest session seen) to `session_id`.
+    ResetFence {
+        h: MsgHeader,
+        session_id: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -783,7 +793,8 @@ impl AdminRequest {
             | AdminRequest::Status { h }
             | AdminRequest::RecordList { h, .. }
             | AdminRequest::Append { h, .. }
-            | AdminRequest::SetPartitionInfo { h, .. } => Some(*h),
+            | AdminRequest::SetPartitionInfo { h, .. }
+            | AdminRequest::ResetFence { h, .. } => Some(*h),
         }
     }
 
@@ -830,6 +841,10 @@ impl AdminRequest {
                     o.extend_from_slice(&low_water_mark.to_be_bytes());
                 })
             }
+            AdminRequest::ResetFence { h, session_id } => encode_frame(out, MAGIC_ADMIN, admin_msg::RESET_FENCE, |o| {
+                h.put(o);
+                o.extend_from_slice(&session_id.to_be_bytes());
+            }),
         }
     }
 
@@ -863,6 +878,9 @@ impl AdminRequest {
                 session_id: r.i64("session id")?,
                 low_water_mark: r.i64("low-water mark")?,
             },
+            admin_msg::RESET_FENCE => {
+                AdminRequest::ResetFence { h: MsgHeader::read(&mut r)?, session_id: r.i64("session id")? }
+            }
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -1113,6 +1131,7 @@ mod tests {
             AdminRequest::Open { h: h(-1), cluster_key: [3; 16], partition_count: 4 },
             AdminRequest::Assign { h: h(2) },
             AdminRequest::Unassign { h: h(2), delete_files: true },
+            AdminRequest::ResetFence { h: h(2), session_id: 7 },
             AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
             AdminRequest::Status { h: h(-1) },
             AdminRequest::RecordList { h: h(3), txid: 7, max_count: 100 },

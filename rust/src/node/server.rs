@@ -18,7 +18,9 @@
 //! fails as stale. The fence starts, after a restart, from the session recorded in the control
 //! file, which every store session writes first (Set Low-water Mark).
 use super::admin::serve_admin;
-use super::connection::{bad_frame, failure_kind, frame_limit, open_deadline, read_more, send, Shared, Wait};
+use super::connection::{
+    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, Shared, Wait,
+};
 pub use super::connection::{NodeOptions, NodeStats};
 use crate::engine::error::Error;
 use crate::engine::partition::{lock, Partition};
@@ -90,6 +92,7 @@ pub fn start(
         stopping: tokio::sync::watch::channel(false).0,
         live: (Mutex::new(0), std::sync::Condvar::new()),
         storage_open: Arc::default(),
+        storage_unopened: Arc::default(),
         admin_open: Arc::default(),
         refused: Mutex::new((0, None)),
     });
@@ -135,10 +138,10 @@ pub fn start(
                     accepted = listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
-                            if let Some(slot) = admit(&sh, &stream, peer, "storage", &sh.storage_open) {
-                                let _ = stream.set_nodelay(true);
-                                serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone(), slot);
-                            }
+                            let Some(slot) = admit(&sh, &stream, peer, "storage", &sh.storage_open) else { continue };
+                            let Some(unopened) = admit_unopened(&sh, peer) else { continue };
+                            let _ = stream.set_nodelay(true);
+                            serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone(), (slot, unopened));
                         }
                         Err(e) => {
                             // Out of file descriptors, say: back off instead of spinning.
@@ -257,6 +260,43 @@ const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
 /// them must not flood the log too.
 const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// Storage connections not opened yet, at most: `max_connections / 8` (1 to 256). Each costs a
+/// thread until its Open deadline; silent ones filled `max_connections` without any key (issue
+/// 34), and this keeps the rest of the places for connections that opened.
+fn max_unopened(shared: &Shared) -> usize {
+    (shared.opts.max_connections / 8).clamp(1, 256)
+}
+
+/// A place among the storage port's connections not opened yet; None (the connection is then
+/// closed, counted and warned about like one over `max_connections`) when they are all taken.
+fn admit_unopened(shared: &Shared, peer: SocketAddr) -> Option<Slot> {
+    let max = max_unopened(shared);
+    let open = &shared.storage_unopened;
+    if open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+        refused(shared, || {
+            format!(
+                "storage connection from {peer} closed: {max} connections are waiting for their Hello and Open \
+                 (an eighth of [node] max_connections)"
+            )
+        });
+        return None;
+    }
+    Some(Slot(open.clone()))
+}
+
+/// Counts a refused connection, and warns about it unless a warning went out within
+/// `REFUSED_WARN_EVERY`.
+fn refused(shared: &Shared, what: impl FnOnce() -> String) {
+    shared.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+    let mut refused = lock(&shared.refused);
+    refused.0 += 1;
+    if refused.1.is_none_or(|t| t.elapsed() >= REFUSED_WARN_EVERY) {
+        let n = std::mem::take(&mut refused.0);
+        log::warn!("{}; {n} refused since the last such warning", what());
+        refused.1 = Some(Instant::now());
+    }
+}
+
 /// A connection's place among its port's `max_connections`, given back when it ends, however.
 struct Slot(Arc<AtomicUsize>);
 
@@ -271,17 +311,9 @@ impl Drop for Slot {
 fn admit(shared: &Shared, stream: &TcpStream, peer: SocketAddr, port: &str, open: &Arc<AtomicUsize>) -> Option<Slot> {
     let max = shared.opts.max_connections;
     if open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
-        shared.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-        let mut refused = lock(&shared.refused);
-        refused.0 += 1;
-        if refused.1.is_none_or(|t| t.elapsed() >= REFUSED_WARN_EVERY) {
-            let n = std::mem::take(&mut refused.0);
-            log::warn!(
-                "{port} connection from {peer} closed: {max} connections are open on that port ([node] max_connections); \
-                 {n} refused since the last such warning"
-            );
-            refused.1 = Some(Instant::now());
-        }
+        refused(shared, || {
+            format!("{port} connection from {peer} closed: {max} connections are open on that port ([node] max_connections)")
+        });
         return None;
     }
     let slot = Slot(open.clone());
@@ -329,7 +361,7 @@ fn serve_on_own_thread(
     peer: SocketAddr,
     shared: Arc<Shared>,
     acceptor: Option<crate::node::tls::TlsAcceptor>,
-    slot: Slot,
+    (slot, unopened): (Slot, Slot),
 ) {
     let stream = match stream.into_std() {
         Ok(s) => s,
@@ -352,10 +384,10 @@ fn serve_on_own_thread(
                     Err(e) => return log::warn!("connection from {peer} dropped: {e}"),
                 };
                 match acceptor {
-                    None => serve(stream, peer, sh).await,
+                    None => serve(stream, peer, sh, unopened).await,
                     Some(a) => {
                         if let Some(s) = handshake(&a, stream, peer, "storage", &sh).await {
-                            serve(s, peer, sh).await;
+                            serve(s, peer, sh, unopened).await;
                         }
                     }
                 }
@@ -402,10 +434,20 @@ fn stop_connections(shared: &Shared, timeout: Duration) {
 /// fdatasync covers every append queued here) and send them with one write. Any other request
 /// settles the appends before it first, so answers keep request order and no more than
 /// `max_in_flight` appends or about `FLUSH_BYTES` of answers are ever held.
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAddr, shared: Arc<Shared>) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    unopened: Slot,
+) {
     let mut conn = Conn { peer, greeted: false, opened: false };
-    let open_by = tokio::time::Instant::now() + open_deadline(&shared);
-    let wait = |conn: &Conn| if conn.opened { Wait::Forever } else { Wait::OpenBy(open_by) };
+    let mut unopened = Some(unopened);
+    let (greet_by, open_by) = greet_and_open_deadlines(&shared);
+    let wait = |conn: &Conn| match (conn.greeted, conn.opened) {
+        (_, true) => Wait::Forever,
+        (false, _) => Wait::OpenBy(greet_by),
+        (true, false) => Wait::OpenBy(open_by),
+    };
     let mut buf = FrameBuf::with_capacity(64 << 10);
     let mut waiting: Vec<Answer> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
@@ -438,6 +480,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, peer: SocketAdd
                 Ok(answer) if !waiting.is_empty() => waiting.push(answer),
                 Ok(Answer::Now(bytes)) => push_answer(&shared, &mut out, bytes),
                 Err(why) => break 'conn why,
+            }
+            if conn.opened {
+                unopened.take(); // its place among the unopened goes back once, at its first Open
             }
             if out.len() >= FLUSH_BYTES {
                 if let Err(why) = send(&mut stream, &mut out, &shared, wait(&conn)).await {
@@ -546,11 +591,9 @@ fn open(shared: &Shared, conn: &mut Conn, h: MsgHeader, cluster_key: [u8; 16], p
     if cluster_key != s.cluster_key {
         let theirs = crate::engine::format::format_uuid(&cluster_key);
         // The key is what makes a peer one of the cluster's: the answer must not teach it.
-        log::warn!(
-            "refusing Open from {}: cluster key {theirs} does not match this storage's {}",
-            conn.peer,
-            crate::engine::format::format_uuid(&s.cluster_key)
-        );
+        // Nor may the log: anyone who reads it would hold the key (issue 34). The peer's key is
+        // the peer's to disclose, and useful to tell which cluster it belongs to.
+        log::warn!("refusing Open from {}: cluster key {theirs} does not match this storage's", conn.peer);
         return fail(
             h,
             FailureKind::ClusterKeyMismatch,
@@ -628,9 +671,14 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
         // Mutations other than appends complete before the next request is read, so a later
         // append on this connection sees their effect.
         Request::Truncate { txid, .. } => blocking(shared, h, move |sh| {
-            gated_mutation(sh, h, || match part.truncate(txid) {
-                Ok(_) => Response::Success { h },
-                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            gated_mutation(sh, h, || {
+                if let Some(refused) = below_low_water_mark(sh, h, &part, txid) {
+                    return refused;
+                }
+                match part.truncate(txid) {
+                    Ok(_) => Response::Success { h },
+                    Err(e) => fail(h, failure_kind(&e), e.to_string()),
+                }
             })
         }),
         Request::SetLowWaterMark { low_water_mark, .. } => blocking(shared, h, move |sh| {
@@ -685,6 +733,9 @@ fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partiti
     }
     // First use of the partition (its recovery), or a new session: open and persist the fence,
     // on this connection's thread like all its storage work.
+    if let Some(refused) = beyond_session_bound(shared, h) {
+        return Err(refused);
+    }
     let session = h.session_id;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let p = shared.storage.partition(pid)?;
@@ -701,6 +752,68 @@ fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partiti
         Ok((_, Err(current))) => Err(stale(h, current)),
         Err(e) => Err(fail(h, failure_kind(&e), e.to_string())),
     }
+}
+
+/// Refused when a Truncate to `txid` would remove a record at or below the replica's low-water
+/// mark: those records were committed by the session that set the mark, and no server's
+/// recovery ever cuts them (it truncates uncommitted tails above it). With the cluster key alone,
+/// a Truncate to -1 on every replica destroyed acknowledged data (issue 34).
+fn below_low_water_mark(shared: &Shared, h: MsgHeader, part: &Partition, txid: i64) -> Option<Response> {
+    let info = match shared.storage.partition_info(h.partition_id) {
+        Ok(i) => i,
+        Err(e) => return Some(fail(h, failure_kind(&e), e.to_string())),
+    };
+    let committed = info.low_water_mark.min(part.max_txid());
+    // Below -1 is no truncation at all: the engine answers that as a bad request.
+    (txid >= -1 && txid < committed).then(|| {
+        log::warn!(
+            "refused Truncate of partition {} to {txid} by session {}: records up to the low-water mark {} \
+             (set by session {}) are committed",
+            h.partition_id,
+            h.session_id,
+            info.low_water_mark,
+            info.session_id
+        );
+        fail(
+            h,
+            FailureKind::Refused,
+            format!(
+                "truncating partition {} to {txid} would remove committed records: its low-water mark is {} \
+                 (session {})",
+                h.partition_id, info.low_water_mark, info.session_id
+            ),
+        )
+    })
+}
+
+/// How far above a replica's fence a new session may come. Servers number a partition's
+/// sessions one by one from the cluster metadata (`_new_session_id`), so a replica that missed
+/// every session since it was last used is behind by the sessions it missed: 2^32 of them is
+/// more failovers than any cluster lives through, while a request with session 2^62 (issue 34)
+/// would fence every server out for good.
+pub const MAX_SESSION_JUMP: i64 = 1 << 32;
+
+/// Refused when session `h.session_id` is more than `MAX_SESSION_JUMP` above the fence.
+fn beyond_session_bound(shared: &Shared, h: MsgHeader) -> Option<Response> {
+    let current = match shared.storage.fence(h.partition_id) {
+        Ok(c) => c.max(0),
+        Err(e) => return Some(fail(h, failure_kind(&e), e.to_string())),
+    };
+    (h.session_id - current > MAX_SESSION_JUMP).then(|| {
+        log::warn!(
+            "refused session {} on partition {}: more than {MAX_SESSION_JUMP} above its fence {current}",
+            h.session_id,
+            h.partition_id
+        );
+        fail(
+            h,
+            FailureKind::Refused,
+            format!(
+                "session {} of partition {} is more than {MAX_SESSION_JUMP} above this replica's fence {current}",
+                h.session_id, h.partition_id
+            ),
+        )
+    })
 }
 
 fn stale(h: MsgHeader, newest: i64) -> Response {

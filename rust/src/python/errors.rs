@@ -49,6 +49,7 @@ exceptions! {
     BelowLogStartError(StorageError) "The id was removed by retention." [Error::BelowLogStart { .. }];
     PartitionFailedError(StorageError) "A write or sync failed; reopen the partition." [Error::PartitionFailed { .. }];
     AppendTruncatedError(StorageError) "A truncation cut the append before it was acknowledged." [Error::AppendTruncated { .. }];
+    RefusedError(StorageError) "A replica refused a destructive request its state shows no server needs.";
     PartitionNotFoundError(StorageError) "No such partition here."
         [Error::PartitionNotFound { .. } | Error::PartitionOutOfRange { .. }];
     StorageExistsError(StorageError) "The directory is already a storage directory." [Error::AlreadyExists { .. }];

@@ -62,6 +62,7 @@ request_kinds! {
         Status "STATUS" "status",
         RecordList "RECORD_LIST" "record_list",
         SetPartitionInfo "SET_PARTITION_INFO" "set_partition_info",
+        ResetFence "RESET_FENCE" "reset_fence",
     }
 }
 
@@ -139,6 +140,7 @@ fn encode_admin_request<'py>(
         AdminRequestKind::Status => AdminRequest::Status { h },
         AdminRequestKind::RecordList => AdminRequest::RecordList { h, txid, max_count },
         AdminRequestKind::SetPartitionInfo => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
+        AdminRequestKind::ResetFence => AdminRequest::ResetFence { h, session_id },
     };
     let mut out = Vec::new();
     req.encode(&mut out);
@@ -218,6 +220,7 @@ pub(crate) fn failure_name(k: FailureKind) -> &'static str {
         FailureKind::Io => "io",
         FailureKind::NotOpened => "not_opened",
         FailureKind::AppendTruncated => "append_truncated",
+        FailureKind::Refused => "refused",
     }
 }
 

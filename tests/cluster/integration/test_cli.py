@@ -453,3 +453,31 @@ def test_verify_on_a_node_of_another_cluster_says_so(cli: Cli, nodes: list[Node]
         from support.processes import stop
 
         stop(stranger.proc)
+
+
+def test_reset_fence_lowers_a_wrongly_raised_fence_never_below_the_metadata(cli: Cli, nodes: list[Node], metadata_url: str) -> None:  # noqa: F811
+    """Issue 34: a fence raised by a request no server sent (Last Session Info with a wild
+    session) made every server's session stale on that replica for good, and no command lowered
+    it. `waltz storage reset-fence` does, never below the newest session the metadata issued."""
+    setup_nodes(cli, nodes)
+    with open_store(metadata_url) as store:
+        meta = ClusterMetadata(store, "/waltz/test")
+        _, version = meta.partition_metadata(0)
+        meta.set_partition_metadata(0, PartitionMetadata(1, 3, {n.address: ReplicaState(1) for n in nodes}), version)
+    node = nodes[0]
+    node.run(lambda c: c.set_low_water_mark(0, 2, -1))
+    wild = 2 + (1 << 32)  # within the bound a replica accepts, but no server issued it
+    node.run(lambda c: c.last_session_info(0, wild))
+    with pytest.raises(errors.StaleSessionError):
+        node.run(lambda c: c.max_transaction_id(0, 4))
+    where = ["--storage", node.address, "-p", "0"]
+    assert "issued session 3" in cli("storage", "reset-fence", *where, "--to", "2", ok=False).output
+    assert status(node, 0)["newest_session"] == wild
+    assert cli.json("storage", "reset-fence", *where, "--to", "3")["fence"] == 3
+    assert status(node, 0)["newest_session"] == 3
+    assert node.run(lambda c: c.max_transaction_id(0, 4)) == -1  # the next server session is served
+    # The node itself refuses below the session that set its low-water mark, and any raise.
+    with pytest.raises(errors.StorageRequestError, match="cannot go below"):
+        node.admin(lambda c: c.reset_fence(0, 1))
+    with pytest.raises(errors.StorageRequestError, match="nothing to lower"):
+        node.admin(lambda c: c.reset_fence(0, 9))

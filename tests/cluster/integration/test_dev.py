@@ -79,3 +79,38 @@ def test_dev_errors_are_one_line(tmp_path: pathlib.Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "cluster.json").write_text("{not json")
     assert "cluster.json: unreadable" in waltz("dev", "up", "--directory", str(tmp_path / "broken"), ok=False).stderr
+
+
+def test_dev_up_creates_everything_private_under_umask_022(tmp_path: pathlib.Path) -> None:
+    """Issue 34: under umask 022 the configs, the metadata store, the state file (all holding or
+    leading to the cluster key) and the storage files were created readable by every user of the
+    host. Only certificates, which are public, may be readable by others now; the CA's key is not
+    beside the certificates the members are given."""
+    d = tmp_path / "dev"
+    where = ["--directory", str(d)]
+    old = os.umask(0o022)
+    try:
+        up = json.loads(waltz("--json", "dev", "up", *where, "--partitions", "1", "--tls").stdout)
+        assert all(m["health"] == "ok" for m in up["members"]), up
+    finally:
+        os.umask(old)
+    try:
+        public = {"ca.pem", "storage.pem", "server.pem", "admin.pem", "client.pem"}
+        seen = {"dirs": 0, "files": 0}
+        for path in [d, *d.rglob("*")]:
+            mode = path.stat().st_mode & 0o777
+            if path.is_dir():
+                seen["dirs"] += 1
+                assert mode == 0o700, f"{path}: {oct(mode)}"
+            elif path.name not in public:
+                seen["files"] += 1
+                assert mode & 0o077 == 0, f"{path}: {oct(mode)}"
+        names = {p.name for p in d.rglob("*")}
+        assert {"metadata.db", "waltz-storage.ctl"} <= names and any(n.endswith(".toml") for n in names), names
+        assert {".seg", ".idx"} <= {p.suffix for p in d.rglob("*")}
+        ca_key, node_key = d / "tls" / "ca-private" / "ca-key.pem", d / "tls" / "storage-key.pem"
+        assert ca_key.exists() and not (d / "tls" / "ca-key.pem").exists()
+        assert "ca-private" not in "".join(p.read_text() for p in (d / "config").glob("*.toml"))
+        assert node_key.exists()
+    finally:
+        waltz("dev", "down", *where)

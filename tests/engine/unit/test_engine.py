@@ -54,8 +54,10 @@ def test_create_then_open_checks_key_and_partition_count(data_dir, cluster_key):
     s.close()
     assert Storage.open(data_dir, cluster_key, 3).cluster_key == str(cluster_key)
     assert Storage.open(data_dir, str(cluster_key)).partition_count == 3
-    with pytest.raises(errors.ClusterKeyMismatch, match=str(cluster_key)):
-        Storage.open(data_dir, uuid.uuid4())
+    # Neither key in the message: it ends up in logs, and the key is the cluster's credential.
+    with pytest.raises(errors.ClusterKeyMismatch, match="belongs to another cluster") as refused:
+        Storage.open(data_dir, other := uuid.uuid4())
+    assert str(cluster_key) not in str(refused.value) and str(other) not in str(refused.value)
     with pytest.raises(errors.PartitionCountMismatch):
         Storage.open(data_dir, cluster_key, 4)
     with pytest.raises(errors.StorageExistsError):
@@ -535,3 +537,32 @@ def test_scan_helpers_build_arrow_batches_covering_the_partition(storage):
     assert table.column("data").to_pylist() == [payload(t) for t in range(10, 251)]
     assert table.column("sequence").to_pylist() == list(range(10, 251))
     assert set(table.column("partition").to_pylist()) == {0}
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_storage_files_are_private_whatever_the_umask(data_dir, cluster_key, exists):
+    """Issue 34: the control file and every segment header hold the cluster key, and under umask
+    022 they were created readable by every user of the host. Directories are 0700 and files
+    0600, an existing empty storage directory included."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        if exists:
+            data_dir.mkdir(mode=0o755)
+        s = Storage.create(data_dir, cluster_key, 2, segment_size=8192, checkpoint_interval=16)
+        try:
+            s.add_partition(0)
+            append_range(s.partition(0), 0, 200, 100)  # several segments and their index files
+            s.set_low_water_mark(0, 1, 10)
+        finally:
+            s.close()
+    finally:
+        os.umask(old)
+    paths = [data_dir, *data_dir.rglob("*")]
+    suffixes = {p.suffix for p in paths}
+    assert {".ctl", ".seg", ".idx"} <= suffixes, suffixes
+    for path in paths:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"

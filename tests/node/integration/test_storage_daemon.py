@@ -15,10 +15,9 @@ import urllib.request
 import uuid
 
 import pytest
-
-from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
-
 from support.processes import get, start, stop, wait_http, write_config
+from waltz import errors
+from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
 
 
 def test_daemon_serves_reports_and_stops_cleanly(tmp_path):
@@ -187,3 +186,78 @@ def test_the_file_limit_is_raised_for_max_connections_or_the_connections_fitted_
         assert not caplog.records
         daemon.check_connections_for_partitions(100, 100)
     assert "at least 264 is advised" in caplog.text
+
+
+def test_a_refused_open_does_not_log_the_nodes_cluster_key(tmp_path):
+    """Issue 34: the warning about an Open with a wrong key carried the node's own key, so anyone
+    who could read the log held the cluster's only credential."""
+    key = uuid.uuid4()
+    config, ports = write_config(tmp_path, key)
+    proc = start(config)
+    try:
+        wait_http(ports["http_port"], proc)
+
+        async def wrong_key():
+            for connect, port in ((StorageClient.connect, ports["port"]), (StorageAdminClient.connect, ports["admin_port"])):
+                with pytest.raises(errors.ClusterKeyMismatch):
+                    await connect("127.0.0.1", port, cluster_key=uuid.uuid4(), partition_count=2)
+
+        asyncio.run(wrong_key())
+    finally:
+        err = stop(proc)
+    assert "refusing Open" in err
+    assert str(key) not in err and key.hex not in err.lower(), err
+
+
+def test_silent_connections_are_bounded_and_do_not_starve_clients(tmp_path):
+    """Issue 34: connections that send nothing filled max_connections without any key, each
+    held 10 s on a thread. Now they wait at most 2 s for their Hello, and only an eighth of
+    max_connections may be waiting at once: opened connections keep their room, and a new client
+    gets in as soon as the silent ones are gone."""
+    key = uuid.uuid4()
+    config, ports = write_config(tmp_path, key)
+    config.write_text(config.read_text().replace("[node]\n", "[node]\nmax_connections = 16\n", 1))
+    proc = start(config)
+    silent: list[socket.socket] = []
+    try:
+        wait_http(ports["http_port"], proc)
+
+        async def flood():
+            async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2) as admin:
+                await admin.assign(0)
+            opened = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2)
+            t0 = time.monotonic()
+            for _ in range(40):
+                silent.append(socket.create_connection(("127.0.0.1", ports["port"])))
+            # The connection opened before the flood is served through it.
+            assert await opened.max_transaction_id(0, 1) == -1
+            await opened.close()
+            # A new client gets in once the silent ones are closed, long before their old 10 s.
+            while True:
+                try:
+                    c = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2, timeout=1.0)
+                    break
+                except (errors.WaltzError, OSError):
+                    assert time.monotonic() - t0 < 5, "no new client served 5 s into the flood"
+                    await asyncio.sleep(0.2)
+            assert await c.max_transaction_id(0, 1) == -1
+            await c.close()
+
+        asyncio.run(flood())
+        # Every silent connection was closed by the node, within its Hello deadline.
+        for s in silent:
+            s.settimeout(3)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        _, metrics = get(ports["http_port"], "/metrics")
+        refused = [line for line in metrics.splitlines() if line.startswith("waltz_storage_refused_connections_total ")]
+        assert refused and float(refused[0].split()[1]) >= 30, refused
+    finally:
+        for s in silent:
+            s.close()
+        err = stop(proc)
+    messages = [json.loads(line)["message"] for line in err.splitlines() if line.startswith("{")]
+    assert any("waiting for their Hello and Open" in m for m in messages), messages
+    assert any("no Hello" in m for m in messages), messages
