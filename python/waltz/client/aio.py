@@ -93,7 +93,8 @@ class AsyncWaltzClient:
         # Proves to servers that this instance holds its client ids: while one of its connections
         # has a partition mounted, a Mount of it under the same id with another token is refused.
         self.client_token = (
-            hashlib.blake2b(config.client_secret.encode(), digest_size=cp.TOKEN_BYTES, person=b"waltz-client-id").digest()
+            hashlib.blake2b(config.client_secret.encode(), digest_size=cp.TOKEN_BYTES, person=b"waltz-client-id")
+            .digest()
             if config.client_secret else secrets.token_bytes(cp.TOKEN_BYTES)
         )
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -309,7 +309,8 @@ class ClientConnection:
         a client id held on this partition under another token."""
         ahead = time.time_ns() // 1000 + CONNECTION_SEQ_AHEAD
         if msg.connection_seq > ahead:
-            return (f"mount of partition {msg.partition} as client {msg.client_id}: connection seq {msg.connection_seq} "
+            return (f"mount of partition {msg.partition} as client {msg.client_id}: "
+                    f"connection seq {msg.connection_seq} "
                     f"is more than a day ahead of this server's clock (at most {ahead})")
         token = self.partitions.tokens.get(key)
         if token is not None and not hmac.compare_digest(token, msg.client_token):

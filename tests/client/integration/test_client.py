@@ -605,7 +605,8 @@ def test_a_spoofed_mount_under_a_live_clients_id_is_refused(servers) -> None:
     s.wait_all_served()
     app = MemoryApp()
     with WaltzClient(app, config(url, transaction_timeout=5.0, mount_timeout=5.0)) as client:
-        assert [client.submit(Write(f"before-{p}", partition=p)).result(30) for p in range(PARTITIONS)] == [True] * PARTITIONS
+        before = [client.submit(Write(f"before-{p}", partition=p)) for p in range(PARTITIONS)]
+        assert [f.result(30) for f in before] == [True] * PARTITIONS
         victim = client.client_id
         endpoint = meta.partition_server(0)[0].endpoint
         attacker = RawConnection(endpoint)
@@ -640,7 +641,7 @@ def test_a_fixed_client_id_with_its_secret_takes_over_at_once(servers) -> None:
         with WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret=secret, mount_timeout=10.0)) as second:
             assert second.submit(Write("second", partition=0)).result(30)
         with pytest.raises(errors.MountTimeoutError, match="another client"):
-            WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret="another secret of 16+", mount_timeout=2.0))
+            WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret="another secret 16+", mount_timeout=2))
     with pytest.raises(errors.ConfigError, match="client_secret needs a fixed client_id"):
         config(url, client_secret=secret)
 
