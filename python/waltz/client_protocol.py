@@ -16,7 +16,10 @@ from typing import Any, ClassVar, Protocol
 from waltz._native import FrameReader, ProtocolError, encode_frame
 
 MAGIC = 0x5743  # "WC"
-VERSION = 1
+VERSION = 2
+"""2: a Mount carries the client's token (issue 34: a Mount under another client's id locked
+that client out). A version-1 peer is refused at the Hello, with a Failure saying why."""
+TOKEN_BYTES = 16
 
 ReqIdTuple = tuple[int, int, int, int]
 """(client id, generation, partition id, sequence)."""
@@ -52,6 +55,9 @@ class FailureKind(enum.IntEnum):
     STORE_UNAVAILABLE = 5
     APPEND_REJECTED = 6
     """An append that can never be written (too large, malformed): `seq` is its sequence number."""
+    CLIENT_REFUSED = 7
+    """A Mount refused: its client id is mounted on this partition by a connection that proved
+    another token, or its connection seq is far ahead of the server's clock."""
 
 
 class _Reader:
@@ -183,15 +189,32 @@ class HelloOk(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mount(_Fixed):
+class Mount(Message):
     TYPE = 0x30
-    LAYOUT = struct.Struct(">qiiqq")
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct(f">qiiqq{TOKEN_BYTES}s")
     seq: int
     partition: int
     client_id: int
     client_high_water_mark: int
     connection_seq: int
     """Grows with every new connection of this client: older connections' messages are dropped."""
+    client_token: bytes = bytes(TOKEN_BYTES)
+    """The client's secret for this id: while a connection holds a mount of (client id,
+    partition), a Mount of it with another token is refused (docs/internals.md, client identity)."""
+
+    def payload(self) -> bytes:
+        if len(self.client_token) != TOKEN_BYTES:
+            raise ValueError(f"a client token is {TOKEN_BYTES} bytes, not {len(self.client_token)}")
+        return self.LAYOUT.pack(self.seq, self.partition, self.client_id, self.client_high_water_mark,
+                                self.connection_seq, self.client_token)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> Mount:
+        if r.i + cls.LAYOUT.size > len(r.b):
+            raise ProtocolError(f"{r.what}: payload shorter than its {cls.LAYOUT.size} bytes")
+        values = cls.LAYOUT.unpack_from(r.b, r.i)
+        r.i += cls.LAYOUT.size
+        return cls(*values)
 
 
 @dataclasses.dataclass(frozen=True)

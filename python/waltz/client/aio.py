@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import inspect
 import logging
 import random
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -88,6 +90,13 @@ class AsyncWaltzClient:
         # Servers drop mounts from a client's older connections (a lower seq). Counted from the
         # clock, a client restarted with the same fixed `client_id` starts above its last run.
         self._connection_seq = time.time_ns() // 1000
+        # Proves to servers that this instance holds its client ids: while one of its connections
+        # has a partition mounted, a Mount of it under the same id with another token is refused.
+        self.client_token = (
+            hashlib.blake2b(config.client_secret.encode(), digest_size=cp.TOKEN_BYTES, person=b"waltz-client-id")
+            .digest()
+            if config.client_secret else secrets.token_bytes(cp.TOKEN_BYTES)
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = False
@@ -105,8 +114,11 @@ class AsyncWaltzClient:
         await self.close()
 
     async def start(self) -> None:
-        """Connects to the cluster and mounts every partition; raises `MountTimeoutError` (or
-        `ClientAheadError`) if a partition cannot be mounted."""
+        """Connects to the cluster and mounts its partitions (`ClientConfig.partitions`, else
+        all). Returns once all are mounted, or after `mount_timeout` with at least one mounted
+        (the others keep mounting in the background; their transactions fail with
+        `MountTimeoutError` meanwhile). Raises `ClientAheadError` for a refused partition and
+        `MountTimeoutError` if none could be mounted."""
         if self._started:
             raise errors.ClientError("the client is already started")
         self._started = True
@@ -126,7 +138,8 @@ class AsyncWaltzClient:
                 part.start()
             self.spawn(self._settle_loop())
             await self._first_mounts()
-            log.info("client %d: mounted %d partition(s) of cluster %s", self.client_id, len(self._parts), self.config.cluster)
+            log.info("client %d: mounted %d of %d partition(s) of cluster %s", self.client_id,
+                     sum(p.mounted.is_set() for p in self._parts.values()), len(self._parts), self.config.cluster)
         except BaseException:
             await self.close()
             raise
@@ -148,14 +161,29 @@ class AsyncWaltzClient:
         return info.partitions, client_id
 
     async def _first_mounts(self) -> None:
+        """Returns once every partition is mounted, or once `mount_timeout` has passed with at
+        least one mounted: a stuck partition goes on mounting in the background and fails only
+        the transactions submitted to it (`MountTimeoutError`, as any partition unavailable for
+        `mount_timeout`). Raises a partition refused for good (`ClientAheadError`), and
+        `MountTimeoutError` when no partition could be mounted."""
+        deadline = time.monotonic() + self.config.mount_timeout
         while True:
-            for part in self._parts.values():
+            parts = self._parts.values()
+            for part in parts:
                 if part.error is not None:
                     raise part.error
-                if part.unavailable is not None:
-                    raise part.unavailable
-            if all(p.mounted.is_set() for p in self._parts.values()):
+            waiting = [p for p in parts if not p.mounted.is_set()]
+            if not waiting:
                 return
+            if time.monotonic() >= deadline or all(p.unavailable is not None for p in waiting):
+                if len(waiting) < len(self._parts):
+                    log.warning("client %d: started without partition(s) %s, not mounted within %g s (still trying: %s)",
+                                self.client_id, [p.pid for p in waiting], self.config.mount_timeout,
+                                "; ".join(sorted({p.last_error for p in waiting})))
+                    return
+                unavailable = next((p.unavailable for p in waiting if p.unavailable is not None), None)
+                if unavailable is not None:
+                    raise unavailable
             await asyncio.sleep(0.02)
 
     async def close(self) -> None:

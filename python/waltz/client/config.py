@@ -22,6 +22,11 @@ class ClientConfig:
     client_id: int = -1
     """-1: a new id from the cluster for every client instance (ids must never be reused while
     a transaction of the old owner may still be pending)."""
+    client_secret: str = ""
+    """With a fixed `client_id`: the secret its Mounts prove (their token is derived from it), so
+    that a restart takes the id over at once from the previous run's connections, even ones the
+    server has not yet seen die. Empty: a random token per client instance; a restart then waits
+    until the server has closed the previous run's connections (docs/client.md, client identity)."""
     max_pending: int = 256
     """Transactions per partition submitted and not yet completed; `submit` waits beyond it."""
     mount_timeout: float = 30.0
@@ -64,6 +69,8 @@ class ClientConfig:
         need = _requirer(pathlib.Path(_WHERE))
         need(bool(self.metadata), "metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
         need(self.client_id == -1 or 0 <= self.client_id < 2**31, "client_id must be -1 (a new id) or a non-negative 32-bit id")
+        need(not self.client_secret or self.client_id >= 0, "client_secret needs a fixed client_id")
+        need(not self.client_secret or len(self.client_secret) >= 16, "client_secret must be at least 16 characters")
         for name in ("max_pending", "callback_threads", "max_frame"):
             need(getattr(self, name) > 0, f"{name} must be positive")
         for name in ("mount_timeout", "request_timeout", "transaction_timeout", "settle_after", "reconnect_backoff",

@@ -26,6 +26,8 @@ class ClientHost(Protocol):
     callbacks: WaltzClientCallbacks
     loop: asyncio.AbstractEventLoop
     stats: ClientStats
+    client_token: bytes
+    """Sent with every Mount: servers refuse a Mount of a client id mounted under another token."""
 
     async def call(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
         """Runs application code (on the loop or in a callback thread)."""

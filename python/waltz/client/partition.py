@@ -134,7 +134,8 @@ class ClientPartition:
                     return
                 except (Unavailable, errors.WaltzError, ConnectionError, OSError, asyncio.TimeoutError) as e:
                     # A TLS failure is a configuration to fix, not a passing outage: said once, loudly.
-                    if isinstance(e, errors.TlsError) and str(e) != self.last_error:
+                    refused = isinstance(e, errors.RequestFailedError) and e.kind == "client_refused"
+                    if (isinstance(e, errors.TlsError) or refused) and str(e) != self.last_error:
                         log.warning("partition %d: %s (retrying)", self.pid, e)
                     self.last_error = str(e) or type(e).__name__
                     log.debug("partition %d: mount failed (retrying): %s", self.pid, self.last_error)
@@ -154,12 +155,12 @@ class ClientPartition:
         endpoint, server_id, _ = await self.client.locate(self.pid)
         link = await self.client.link(endpoint, "stream")
         self.link = link  # the feed of this mount is accepted from here on
-        client_id = self.client_id
+        client_id, token = self.client_id, self.client.client_token
         while True:
             before = self.received
             try:
                 resp = await link.request(
-                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq), cfg.mount_timeout
+                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq, token), cfg.mount_timeout
                 )
                 break
             except asyncio.TimeoutError:

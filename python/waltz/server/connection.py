@@ -8,13 +8,20 @@ mark and sends READY once it has delivered everything committed at the moment of
 Feed frames for the same range are encoded once and shared by every connection. Anything from a
 connection older than the client's newest Mount of a partition is dropped, as are appends of
 another generation (by the partition).
+
+Client identity (issue 34): a (client id, partition) mounted here is bound to the token its
+first Mount proved, for as long as any connection holds that mount; a Mount of it with another
+token is refused, as is a connection seq far ahead of this server's clock, and an Append is taken
+only under the (client id, partition) its own connection mounted. docs/internals.md has why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -38,6 +45,11 @@ WRITE_BUFFER_LIMIT = 256 << 10
 """Answers written without waiting (lock failures, rejected appends) may pile up to about this
 much for a client that does not read before the connection stops reading its requests."""
 HANDSHAKE_TIMEOUT = 10.0
+CONNECTION_SEQ_AHEAD = 86_400 * 1_000_000
+"""How far a Mount's connection seq may be ahead of this server's clock in microseconds (a
+client counts its connections from its clock in µs, one per new connection): a day of skew.
+Further ahead is refused: the newest seq would stay there and drop every later mount of the
+client (a Mount with seq 2^62 locked a live client out)."""
 
 
 class Partitions:
@@ -47,6 +59,8 @@ class Partitions:
     def __init__(self) -> None:
         self.by_id: dict[int, ServerPartition] = {}
         self.newest_mount: dict[tuple[int, int], int] = {}
+        self.tokens: dict[tuple[int, int], bytes] = {}
+        """The token each mounted (client id, partition) proved, held as long as `newest_mount`."""
         self._mounted_by: collections.Counter[tuple[int, int]] = collections.Counter()
         """Open connections that mounted each (client id, partition): the newest seq is
         forgotten with the last of them (a client crash-looping under new ids grew it for ever).
@@ -61,6 +75,7 @@ class Partitions:
         if self._mounted_by[key] <= 0:
             del self._mounted_by[key]
             self.newest_mount.pop(key, None)
+            self.tokens.pop(key, None)
 
     def feed_frame(self, partition: ServerPartition, entries: list[FeedEntry]) -> bytes:
         key = (partition.partition_id, partition.generation, entries[0].transaction_id, entries[-1].transaction_id)
@@ -130,7 +145,13 @@ class ClientConnection:
             if tls.looks_like_tls(data) and self.writer.get_extra_info("sslcontext") is None:
                 raise errors.ProtocolError("the client speaks TLS but this server has no [tls] configured")
             self._messages.feed(data)
-        if not isinstance(msg, cp.Hello) or not msg.min_version <= cp.VERSION <= msg.max_version:
+        if isinstance(msg, cp.Hello) and not msg.min_version <= cp.VERSION <= msg.max_version:
+            # Said to the peer too: an older client shows the Failure as its handshake's answer.
+            why = (f"this server speaks client protocol version {cp.VERSION}, the client {msg.min_version} to "
+                   f"{msg.max_version}: upgrade the client")
+            await self._send(cp.Failure(-1, -1, cp.FailureKind.BAD_REQUEST, why).frame())
+            raise errors.ProtocolError(why)
+        if not isinstance(msg, cp.Hello):
             raise errors.ProtocolError(f"the first frame must be a Hello this server speaks, not {msg}")
         await self._send(cp.HelloOk(cp.VERSION).frame())
         return True
@@ -187,6 +208,13 @@ class ClientConnection:
     # -- appends ---------------------------------------------------------------------------
     async def _append(self, msg: cp.Append) -> None:
         partition = msg.req_id[2]
+        mount = self._mounts.get(partition)
+        if mount is None or mount[0] != msg.req_id[0]:
+            # Only under the client id this connection mounted (and so proved the token of).
+            await self._send(cp.Failure(msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED,
+                                        f"append {msg.req_id}: this connection has not mounted partition {partition} "
+                                        f"as client {msg.req_id[0]}").frame())
+            return
         if self._stale(partition):
             return  # a newer connection of this client owns the partition now
         p = self.partitions.by_id.get(partition)
@@ -251,9 +279,15 @@ class ClientConnection:
                                         f"mount from {msg.client_high_water_mark}: a client's high-water mark is -1 or a transaction id").frame())
             return
         key = (msg.client_id, msg.partition)
+        refused = self._refusal(msg, key)
+        if refused:
+            log.warning("client connection %s: mount refused: %s", self.peer, refused)
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.CLIENT_REFUSED, refused).frame())
+            return
         if self.partitions.newest_mount.get(key, msg.connection_seq) > msg.connection_seq:
             return  # from a connection the client has already replaced
         self.partitions.newest_mount[key] = msg.connection_seq
+        self.partitions.tokens[key] = msg.client_token
         if key not in self._mount_keys:
             self._mount_keys.add(key)
             self.partitions.mounted(key)
@@ -269,6 +303,20 @@ class ClientConnection:
             await self._send(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.CLIENT_AHEAD, p.high_water_mark, p.generation).frame())
             return
         self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
+
+    def _refusal(self, msg: cp.Mount, key: tuple[int, int]) -> str:
+        """Why the Mount must be refused ("" if it may go on): a connection seq far ahead, or
+        a client id held on this partition under another token."""
+        ahead = time.time_ns() // 1000 + CONNECTION_SEQ_AHEAD
+        if msg.connection_seq > ahead:
+            return (f"mount of partition {msg.partition} as client {msg.client_id}: "
+                    f"connection seq {msg.connection_seq} "
+                    f"is more than a day ahead of this server's clock (at most {ahead})")
+        token = self.partitions.tokens.get(key)
+        if token is not None and not hmac.compare_digest(token, msg.client_token):
+            return (f"mount of partition {msg.partition} as client {msg.client_id}: the client id is mounted by "
+                    "another client (a different token); a client id belongs to one client at a time")
+        return ""
 
     async def _feed(self, mount: cp.Mount, p: ServerPartition) -> None:
         # The client fails every append it has not seen committed once READY arrives, so READY

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
@@ -562,6 +563,140 @@ def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> 
     for p in log:
         assert [t for t, _ in log[p]] == list(range(len(log[p])))
     print(f"\n{proxy.cuts} cuts, {sum(c.executions for c in contexts)} executions for 1000 transactions")
+
+
+class RawConnection:
+    """A bare client-protocol connection, as an attacker on the network would open one."""
+
+    def __init__(self, endpoint: str) -> None:
+        host, _, port = endpoint.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.messages = cp.MessageReader()
+        self.sock.sendall(cp.Hello().frame())
+        assert isinstance(self.next(), cp.HelloOk)
+
+    def next(self, timeout: float = 10.0) -> cp.Message | None:
+        """The next message; None if none came within `timeout`."""
+        self.sock.settimeout(timeout)
+        while (m := self.messages.next_message()) is None:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return None
+            assert data, "the server closed the connection"
+            self.messages.feed(data)
+        return m
+
+    def send(self, msg: cp.Message) -> None:
+        self.sock.sendall(msg.frame())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_spoofed_mount_under_a_live_clients_id_is_refused(servers) -> None:
+    """Issue 34, finding 3: a Mount under a live client's (guessable) id with connection seq
+    2^62 made every later transaction of that client expire, silently, until all its
+    connections closed. Now it is refused (another token, a seq far ahead), as are appends
+    under an id the connection did not mount, and the client goes on committing."""
+    s, meta, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    app = MemoryApp()
+    with WaltzClient(app, config(url, transaction_timeout=5.0, mount_timeout=5.0)) as client:
+        before = [client.submit(Write(f"before-{p}", partition=p)) for p in range(PARTITIONS)]
+        assert [f.result(30) for f in before] == [True] * PARTITIONS
+        victim = client.client_id
+        endpoint = meta.partition_server(0)[0].endpoint
+        attacker = RawConnection(endpoint)
+        try:
+            replies = []
+            for p in range(PARTITIONS):
+                for seq in (2**62, time.time_ns() // 1000):  # far ahead; near the victim's own
+                    attacker.send(cp.Mount(p, p, victim, -1, seq))
+                    replies.append(attacker.next())
+            assert all(isinstance(r, cp.Failure) and r.kind == cp.FailureKind.CLIENT_REFUSED for r in replies), replies
+            assert "ahead" in replies[0].message and "another client" in replies[1].message  # type: ignore[union-attr]
+            attacker.send(cp.Append((victim, 1, 0, 10**6), -1, 0, b"forged"))
+            forged = attacker.next()
+            assert isinstance(forged, cp.Failure) and forged.kind == cp.FailureKind.APPEND_REJECTED, forged
+            after = [client.submit(Write(f"after-{p}", partition=p)) for p in range(PARTITIONS)]
+            assert [f.result(30) for f in after] == [True] * PARTITIONS
+        finally:
+            attacker.close()
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_fixed_client_id_with_its_secret_takes_over_at_once(servers) -> None:
+    """A fixed `client_id` with a `client_secret` proves the same token on every run: a new run
+    mounts while the old one still holds the partitions (a crashed host's connections the
+    server has not seen die), and a process without the secret is refused."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    secret = "correct horse battery staple"
+    with WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret=secret)) as first:
+        assert first.submit(Write("first", partition=0)).result(30)
+        with WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret=secret, mount_timeout=10.0)) as second:
+            assert second.submit(Write("second", partition=0)).result(30)
+        with pytest.raises(errors.MountTimeoutError, match="another client"):
+            WaltzClient(MemoryApp(), config(url, client_id=4343, client_secret="another secret 16+", mount_timeout=2))
+    with pytest.raises(errors.ConfigError, match="client_secret needs a fixed client_id"):
+        config(url, client_secret=secret)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_mount_far_ahead_is_refused_and_a_sane_one_then_mounts(servers) -> None:
+    s, meta, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+    c = RawConnection(meta.partition_server(0)[0].endpoint)
+    try:
+        c.send(cp.Mount(1, 0, 777, -1, time.time_ns() // 1000 + 2 * 86_400 * 1_000_000))
+        refused = c.next()
+        assert isinstance(refused, cp.Failure) and refused.kind == cp.FailureKind.CLIENT_REFUSED, refused
+        assert "ahead of this server's clock" in refused.message
+        deadline = time.monotonic() + 30
+        for seq in range(2, 10**6):  # NOT_READY while the server is still opening the partition
+            c.send(cp.Mount(seq, 0, 777, -1, time.time_ns() // 1000))
+            while not isinstance(m := c.next(), cp.MountResponse):
+                assert m is not None and not isinstance(m, cp.Failure), m
+            if m.status == cp.MountStatus.READY or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert m.status == cp.MountStatus.READY
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_client_starts_and_commits_with_one_partition_stuck(servers) -> None:
+    """Issue 34, finding 7: start mounted every partition, so one whose server never answered
+    kept `WaltzClient` from starting at all. Now start returns after `mount_timeout` with the
+    others mounted; only what waits on the stuck partition fails, and it mounts once it can."""
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    proxy.drop(lambda m: isinstance(m, cp.Mount) and m.partition == 1)  # its server never answers
+    app = MemoryApp()
+    began = time.monotonic()
+    with WaltzClient(app, config(url, mount_timeout=2.0, request_timeout=2.0)) as client:
+        assert time.monotonic() - began < 20
+        healthy = [p for p in range(PARTITIONS) if p != 1]
+        assert [client.submit(Write(f"ok-{p}", partition=p)).result(30) for p in healthy] == [True] * len(healthy)
+        with pytest.raises(errors.MountTimeoutError, match="partition 1 could not be mounted"):
+            client.submit(Write("stuck", partition=1)).result(30)
+        proxy.drop(None)  # the partition comes back: its mount goes on in the background
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert client.submit(Write("late", partition=1)).result(30)
+                break
+            except errors.MountTimeoutError:
+                assert time.monotonic() < deadline, "partition 1 never mounted"
+                time.sleep(0.2)
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)

@@ -21,7 +21,7 @@ locks = st.lists(i64, max_size=5).map(tuple)
 messages = st.one_of(
     st.builds(cp.Hello, st.integers(0, 255), st.integers(0, 255)),
     st.builds(cp.HelloOk, st.integers(0, 255)),
-    st.builds(cp.Mount, i64, i32, i32, i64, i64),
+    st.builds(cp.Mount, i64, i32, i32, i64, i64, st.binary(min_size=cp.TOKEN_BYTES, max_size=cp.TOKEN_BYTES)),
     st.builds(cp.MountResponse, i64, i32, st.sampled_from(cp.MountStatus), i64, i32),
     st.builds(cp.Append, req, i64, i32, st.binary(max_size=300), locks, locks, locks),
     st.builds(cp.LockFailure, req, i64),

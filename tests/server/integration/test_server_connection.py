@@ -180,6 +180,74 @@ def test_an_older_connection_of_the_client_is_ignored(cluster) -> None:  # noqa:
     serve(meta, body)
 
 
+def test_a_mount_under_a_held_client_id_needs_its_token(cluster) -> None:  # noqa: F811
+    """Issue 34, finding 3: a client id mounted on a partition is bound to the token its Mount
+    proved while a connection holds the mount; another token is refused (and cannot append under
+    the id), the same token on a new connection takes over, and the binding ends with the last
+    connection holding it."""
+    meta, _ = cluster
+    token, other = b"a" * cp.TOKEN_BYTES, b"b" * cp.TOKEN_BYTES
+
+    async def body(port: int, p: ServerPartition) -> None:
+        owner = await RawClient.connect(port)
+        owner.send(cp.Mount(1, 0, 5, -1, 10, token))
+        await owner.until(lambda m: isinstance(m, cp.MountResponse))
+        spoof = await RawClient.connect(port)
+        spoof.send(cp.Mount(1, 0, 5, -1, 11, other))
+        refused = await spoof.next()
+        assert isinstance(refused, cp.Failure) and refused.kind == cp.FailureKind.CLIENT_REFUSED, refused
+        spoof.send(append(5, 1, -1, b"forged"))
+        rejected = await spoof.next()
+        assert isinstance(rejected, cp.Failure) and rejected.kind == cp.FailureKind.APPEND_REJECTED, rejected
+        owner.send(append(5, 1, -1, b"mine"))
+        assert feed_ids(await owner.until(lambda m: isinstance(m, cp.FeedData))) == [0]
+        again = await RawClient.connect(port)  # the owner's new connection: same token, newer seq
+        again.send(cp.Mount(1, 0, 5, 0, 12, token))
+        ready = (await again.until(lambda m: isinstance(m, cp.MountResponse)))[-1]
+        assert isinstance(ready, cp.MountResponse) and ready.status == cp.MountStatus.READY
+        owner.close()
+        again.close()
+        await asyncio.sleep(0.2)  # the server sees both close
+        spoof.send(cp.Mount(2, 0, 5, 0, 13, other))
+        ready = (await spoof.until(lambda m: isinstance(m, cp.MountResponse)))[-1]
+        assert isinstance(ready, cp.MountResponse) and ready.status == cp.MountStatus.READY
+        assert await p.transaction_data(0) == b"mine" and p.high_water_mark == 0
+        spoof.close()
+
+    serve(meta, body)
+
+
+def test_a_mount_far_ahead_of_the_clock_is_refused(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: ServerPartition) -> None:
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 5, -1, 2**62))
+        refused = await c.next()
+        assert isinstance(refused, cp.Failure) and refused.kind == cp.FailureKind.CLIENT_REFUSED, refused
+        assert "ahead of this server's clock" in refused.message
+        c.send(cp.Mount(2, 0, 5, -1, 1))  # not recorded as the newest: a sane seq mounts
+        ready = (await c.until(lambda m: isinstance(m, cp.MountResponse)))[-1]
+        assert isinstance(ready, cp.MountResponse) and ready.status == cp.MountStatus.READY
+        c.close()
+
+    serve(meta, body)
+
+
+def test_a_client_of_an_older_protocol_version_is_told_why(cluster) -> None:  # noqa: F811
+    meta, _ = cluster
+
+    async def body(port: int, p: ServerPartition) -> None:
+        c = RawClient(*await asyncio.open_connection("127.0.0.1", port))
+        c.send(cp.Hello(1, 1))
+        told = await c.next()
+        assert isinstance(told, cp.Failure) and f"version {cp.VERSION}" in told.message, told
+        assert await c.next() is None
+        c.close()
+
+    serve(meta, body)
+
+
 def test_a_malformed_frame_closes_only_that_connection(cluster) -> None:  # noqa: F811
     meta, _ = cluster
 
@@ -428,7 +496,7 @@ def test_lock_failures_for_a_client_that_never_reads_stop_its_reading(cluster) -
         writers: list[asyncio.StreamWriter] = []
         async with serving(meta, writers) as (port, p, _):
             assert isinstance(await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"w", write_locks=(LOCK,))), Committed)
-            c = await RawClient.connect(port)
+            c = await mounted(port, 5)  # appends are taken only under the connection's mount
             _small_buffers(c, writers[0])
             n = 60_000
             c.writer.write(append(5, 1, -1, b"", write_locks=(LOCK,)).frame() * n)  # each saw nothing: each fails
@@ -556,10 +624,10 @@ def test_flushes_waiting_on_stuck_appends_do_not_hold_up_other_requests(cluster)
     async def go() -> None:
         async with serving(meta) as (port, p, _):
             assert isinstance(await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"committed")), Committed)
+            c = await mounted(port, 5)  # appends are taken only under the connection's mount
             assert p._task is not None
             p._task.cancel()  # the append loop stops: what is queued from now on waits
             await asyncio.gather(p._task, return_exceptions=True)
-            c = await RawClient.connect(port)
             c.send(append(5, 1, 0, b"stuck"))
             for i in range(connection.REQUESTS_IN_FLIGHT + 2):
                 c.send(cp.Flush(100 + i, 0))

@@ -152,6 +152,8 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
 
             async def one(cid: int) -> None:
                 c = await RawClient.connect(port)
+                c.send(cp.Mount(1, 0, cid, -1, 1))  # appends are taken only under the connection's mount
+                await c.until(lambda m: isinstance(m, cp.MountResponse))
                 seq = 0
                 while time.monotonic() < stop_at:
                     c.send(cp.Append((cid, gen, 0, seq), -1, 0, payload))
