@@ -152,6 +152,7 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
 
             async def one(cid: int) -> None:
                 c = await RawClient.connect(port)
+                c.send(cp.Mount(1, 0, cid, -1, 1))  # frames over 64 KiB are taken once a client has mounted
                 seq = 0
                 while time.monotonic() < stop_at:
                     c.send(cp.Append((cid, gen, 0, seq), -1, 0, payload))
