@@ -208,7 +208,8 @@ def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseExc
         # Our side of the handshake succeeded, so the peer speaks TLS and we trust it: a close
         # without an alert (Python peers send none) is its refusal of our certificate.
         error = TlsError(f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
-                         "refused our certificate (none, or one not signed by a CA it trusts; its log says which)")
+                         "refused our certificate (none, or one not signed by a CA it trusts), or it was at its connection limit "
+                         "(a server's [server] max_connections); its log says which")
         error.__cause__ = exc
         return error
     if isinstance(exc, ssl.SSLError):
