@@ -249,6 +249,17 @@ class ServerSection:
     event_loop: str = "uvloop"
     """"uvloop" or "asyncio" (the standard library's): uvloop runs the same code with less CPU
     per event-loop turn, and a transaction crosses a dozen turns in the server."""
+    max_connections: int = 4096
+    """Client connections open at once; more are closed on accept. Lowered to what the file
+    descriptor limit holds (raised first as far as the hard limit allows)."""
+    handshake_timeout: float = 10.0
+    """A client connection that sends no Hello within this is closed."""
+    mount_timeout: float = 60.0
+    """A connection that has not mounted any partition and sends no request for this long is
+    closed. A mounted connection is never closed for silence (clients sit idle)."""
+    max_frame_before_mount: int = 64 << 10
+    """The largest frame taken from a connection that has not mounted (checked on the frame's
+    length, before any of it is buffered); after a Mount, the client protocol's 64 MiB."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +289,8 @@ class PartitionSection:
 
 FRAME_LIMIT = 64 << 20
 """The storage protocol's default frame limit (`[node] max_frame`): a store batch is one Append."""
+CLIENT_FRAME_LIMIT = 64 << 20
+"""The client protocol's frame limit once a connection has mounted."""
 RECORD_FRAMING = 64
 """Bytes an Append spends around each record's data (id, request id, header, length, CRC), rounded up."""
 
@@ -302,6 +315,11 @@ def load_server_config(path: str | pathlib.Path, env: Mapping[str, str] | None =
     if config.server.advertised_address:
         host, sep, port = config.server.advertised_address.rpartition(":")
         need(bool(sep and host and port.isdigit() and 0 < int(port) < 65536), "[server] advertised_address must be host:port")
+    need(config.server.max_connections > 0, "[server] max_connections must be positive")
+    need(0 < config.server.handshake_timeout <= 600, "[server] handshake_timeout must be between 0 and 600 seconds")
+    need(config.server.mount_timeout > 0, "[server] mount_timeout must be positive")
+    need(1024 <= config.server.max_frame_before_mount <= CLIENT_FRAME_LIMIT,
+         f"[server] max_frame_before_mount must be between 1024 and {CLIENT_FRAME_LIMIT}")
     need(config.server.event_loop in EVENT_LOOPS, f"[server] event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
     for f in dataclasses.fields(PartitionSection):
         if f.name != "gather_turns":

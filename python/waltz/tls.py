@@ -210,7 +210,8 @@ def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseExc
         # without an alert (Python peers send none) is its refusal of our certificate.
         error = TlsError(f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
                          "refused our certificate (none, one not signed by a CA it trusts, or one without a role "
-                         "that port admits; its log says which)")
+                         "that port admits), or it was at its connection limit (a server's [server] "
+                         "max_connections); its log says which")
         error.__cause__ = exc
         return error
     if isinstance(exc, ssl.SSLError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import resource
 import subprocess
 import sys
 import time
@@ -110,16 +111,24 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
 
 def start_server(
     tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None,
-    event_loop: str = "uvloop",
+    event_loop: str = "uvloop", server: dict[str, Any] | None = None, file_limit: int | None = None,
 ) -> subprocess.Popen[str]:
-    """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls])."""
+    """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls]),
+    `server` more [server] keys; `file_limit` is its RLIMIT_NOFILE (soft and hard)."""
     config = tmp_path / f"{name}.toml"
     config.write_text(
         f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n'
-        f'event_loop = "{event_loop}"\n\n[logging]\nlevel = "info"\n' + toml_sections(sections)
+        f'event_loop = "{event_loop}"\n' + "".join(f"{k} = {v}\n" for k, v in (server or {}).items())
+        + '\n[logging]\nlevel = "info"\n' + toml_sections(sections)
     )
     log = open(tmp_path / f"{name}.log", "a")
-    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True)
+
+    def limit_files() -> None:
+        if file_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (file_limit, file_limit))
+
+    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True,
+                            preexec_fn=limit_files if file_limit is not None else None)
 
 
 def wait_served(meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0) -> tuple[str, int]:

@@ -74,8 +74,8 @@ class Link:
                 raise tls.first_read_error(peer, e, with_tls) or e
             if not data:
                 raise tls.first_read_error(peer, None, with_tls) or ConnectionError(
-                    f"{peer} closed the connection without answering Hello: if it requires mutual TLS (its log says "
-                    "so), configure tls_ca, tls_cert and tls_key"
+                    f"{peer} closed the connection without answering Hello: it requires mutual TLS (configure tls_ca, "
+                    "tls_cert and tls_key) or it was at its [server] max_connections; its log says which"
                 )
             if not with_tls and tls.looks_like_tls(data):
                 raise tls.plaintext_refused(peer)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hmac
 import logging
 import time
@@ -28,6 +29,7 @@ from typing import Any
 from waltz import client_protocol as cp
 from waltz import errors, tls
 from waltz._native import ReqId, encode_frame
+from waltz.limits import Refusals
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,26 @@ sharing the connection. (A client keeps at most one Flush out per partition.)"""
 WRITE_BUFFER_LIMIT = 256 << 10
 """Answers written without waiting (lock failures, rejected appends) may pile up to about this
 much for a client that does not read before the connection stops reading its requests."""
-HANDSHAKE_TIMEOUT = 10.0
 CONNECTION_SEQ_AHEAD = 86_400 * 1_000_000
 """How far a Mount's connection seq may be ahead of this server's clock in microseconds (a
 client counts its connections from its clock in µs, one per new connection): a day of skew.
 Further ahead is refused: the newest seq would stay there and drop every later mount of the
 client (a Mount with seq 2^62 locked a live client out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may take before and after it mounts ([server] in
+    docs/configuration.md). A peer that has not mounted is unauthenticated as far as the client
+    protocol goes: it gets small frames and a deadline; a mounted client is never cut for silence."""
+
+    handshake_timeout: float = 10.0
+    mount_timeout: float = 60.0
+    """Closed when nothing is mounted and no request came for this long."""
+    max_frame_before_mount: int = 64 << 10
+    max_frame: int = 64 << 20
+    max_transaction_locks: int | None = None
+    """Appends declaring more are refused while decoding (the partitions check it again)."""
 
 
 class Partitions:
@@ -88,11 +104,20 @@ class Partitions:
         return frame
 
 
+class _MountTimeout(Exception):
+    pass
+
+
 class ClientConnection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, partitions: Partitions) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, partitions: Partitions,
+        limits: ConnectionLimits = ConnectionLimits(), refusals: Refusals | None = None,
+    ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
         self.peer = writer.get_extra_info("peername")
-        self._messages = cp.MessageReader()
+        self.limits = limits
+        self.refusals = refusals if refusals is not None else Refusals(log, "client connection")
+        self._messages = cp.MessageReader(limits.max_frame_before_mount, limits.max_transaction_locks)
         self._mounts: dict[int, tuple[int, int]] = {}  # partition -> (client id, connection seq)
         self._mount_keys: set[tuple[int, int]] = set()  # (client id, partition) this connection counts in
         self._feeds: dict[int, asyncio.Task[None]] = {}
@@ -102,28 +127,49 @@ class ClientConnection:
         self._request_slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         self._flush_slots = asyncio.Semaphore(FLUSHES_IN_FLIGHT)
 
+    @property
+    def mounted(self) -> bool:
+        """True once a Mount was accepted: the client has said who it is."""
+        return bool(self._mounts)
+
     async def run(self) -> None:
         why = "closed by the client"
         try:
             try:
-                if not await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT):
+                if not await asyncio.wait_for(self._handshake(), self.limits.handshake_timeout):
                     return
             except asyncio.TimeoutError:
-                why = f"no Hello within {HANDSHAKE_TIMEOUT:g} s"
-                log.warning("closing client connection %s: %s", self.peer, why)
+                why = f"no Hello within {self.limits.handshake_timeout:g} s"
+                self.refusals.refuse("handshake_timeout", f"{self.peer}: {why}")
                 return
+            last_request = time.monotonic()
             while True:
-                msg = self._messages.next_message()
+                try:
+                    msg = self._messages.next_message()
+                except cp.TooManyLocks as e:
+                    self.refusals.refuse("too_many_locks", f"{self.peer}: {e}")
+                    await self._send(cp.Failure(e.req_id[3], e.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {e.req_id}: {e}").frame())
+                    continue
                 if msg is None:
                     if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
                         async with self._write_lock:  # the client reads its answers before it sends more
                             await self.writer.drain()
-                    data = await self.reader.read(1 << 20)
+                    data = await self._read(last_request)
                     if not data:
                         break
                     self._messages.feed(data)
                     continue
+                last_request = time.monotonic()
                 await self._dispatch(msg)
+                if self.mounted and self._messages.max_frame < self.limits.max_frame:
+                    self._messages.max_frame = self.limits.max_frame  # mounted: appends of any allowed size
+        except cp.LimitExceeded as e:
+            why = f"refused: {e}"
+            limit = "" if self.mounted else " (before a Mount: [server] max_frame_before_mount)"
+            self.refusals.refuse("frame_too_large", f"{self.peer}: {e}{limit}")
+        except _MountTimeout as e:
+            why = str(e)
+            self.refusals.refuse("mount_timeout", f"{self.peer}: {e}")
         except errors.ProtocolError as e:
             why = f"protocol error: {e}"
             log.warning("closing client connection %s: %s", self.peer, e)
@@ -136,6 +182,17 @@ class ClientConnection:
                 self.partitions.unmounted(key)
             self.writer.close()
             log.debug("client connection %s ended: %s", self.peer, why)
+
+    async def _read(self, last_request: float) -> bytes:
+        """The next bytes; before any Mount, within `mount_timeout` of the last request (an idle
+        unmounted connection only holds a descriptor)."""
+        if self.mounted:
+            return await self.reader.read(1 << 20)
+        left = last_request + self.limits.mount_timeout - time.monotonic()
+        try:
+            return await asyncio.wait_for(self.reader.read(self.limits.max_frame_before_mount), max(left, 0.0))
+        except asyncio.TimeoutError:
+            raise _MountTimeout(f"no Mount and no request for {self.limits.mount_timeout:g} s") from None
 
     async def _handshake(self) -> bool:
         while (msg := self._messages.next_message()) is None:

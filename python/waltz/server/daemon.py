@@ -29,8 +29,9 @@ from waltz.cluster.store import DataWatch
 from waltz.config import PartitionSection, ServerConfig
 from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
+from waltz.limits import Refusals, raise_file_limit
 from waltz.sd_notify import notify
-from waltz.server.connection import ClientConnection, Partitions
+from waltz.server.connection import ClientConnection, ConnectionLimits, Partitions
 from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import ServerPartition
 from waltz.server.store_session import StoreSession
@@ -41,6 +42,63 @@ NO_TLS_WARNING = (
     "TLS is not configured: every link of this server (clients, storage nodes) is plaintext and "
     "unauthenticated: anyone who reaches its port can read and append ([tls] in docs/configuration.md)"
 )
+
+
+FILES_BESIDES_CONNECTIONS = 256
+"""Descriptors kept for store sessions (one per partition replica), the metadata store, the
+HTTP port and the interpreter."""
+
+
+def fit_connection_limit(max_connections: int) -> int:
+    """`max_connections`, or fewer when the file descriptor limit cannot hold them (raised first
+    as far as the hard limit allows): a server out of descriptors cannot reopen its store
+    sessions (EMFILE) and refuses new clients without saying why (issue 34)."""
+    need = max_connections + FILES_BESIDES_CONNECTIONS
+    soft = raise_file_limit(need)
+    if soft >= need:
+        return max_connections
+    fitted = max(16, soft - FILES_BESIDES_CONNECTIONS)
+    log.warning(
+        "the file descriptor limit (%d) is below the %d that [server] max_connections = %d may take: serving at most "
+        "%d client connections (raise the limit, ulimit -n, for more)", soft, need, max_connections, fitted,
+    )
+    return min(fitted, max_connections)
+
+
+class ClientPort:
+    """Accepts client connections up to a cap. When it is reached, a new connection takes the
+    place of the oldest one that has not mounted (closed at once): a flood of idle connections
+    cannot lock a real client out, and a mounted client is never cut for it. When every
+    connection has mounted, the new one is closed. Each refusal is counted and logged."""
+
+    def __init__(self, partitions: Partitions, limits: ConnectionLimits, max_connections: int) -> None:
+        self.partitions, self.limits, self.max_connections = partitions, limits, max_connections
+        self._open: dict[ClientConnection, None] = {}  # in the order they came; evicted ones leave at once
+        self.refusals = Refusals(logging.getLogger("waltz.server.connection"), "client connection")
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if len(self._open) >= self.max_connections:
+            victim = next((c for c in self._open if not c.mounted), None)
+            if victim is None:
+                self.refusals.refuse("max_connections", f"{peer}: [server] max_connections = {self.max_connections} "
+                                     "client connections are open, all mounted")
+                writer.transport.abort()
+                return
+            del self._open[victim]
+            self.refusals.refuse("evicted", f"{victim.peer}, not mounted, closed to make way for {peer}: [server] "
+                                 f"max_connections = {self.max_connections} client connections were open")
+            victim.writer.transport.abort()
+        conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals)
+        self._open[conn] = None
+        try:
+            await conn.run()
+        finally:
+            self._open.pop(conn, None)
 
 
 class PartitionHost:
@@ -171,9 +229,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         partitions = Partitions()
         server_ssl = config.tls.server_context() if config.tls.enabled else None
 
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await ClientConnection(reader, writer, partitions).run()
-
+        limits = ConnectionLimits(
+            handshake_timeout=s.handshake_timeout, mount_timeout=s.mount_timeout,
+            max_frame_before_mount=s.max_frame_before_mount, max_transaction_locks=config.partition.max_transaction_locks,
+        )
+        on_client = ClientPort(partitions, limits, fit_connection_limit(s.max_connections))
         server = await tls.start_server(
             on_client, s.host, s.port, server_ssl, what="client", roles=tls.CLIENT_PORT_ROLES
         )
@@ -190,7 +250,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             DataWatch, store, metadata.paths.replica_assignment, lambda _data, _stat: host.replicas_changed()
         )
         registry = CollectorRegistry()
-        registry.register(ServerCollector(partitions))
+        registry.register(ServerCollector(partitions, on_client))
         http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
         log.info(
             "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s, event loop %s)%s",

@@ -3,22 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from waltz.cluster.store import MetadataStore
 from waltz.http import buckets
+from waltz.limits import Refusals
 from waltz.server.connection import Partitions
 from waltz.server.partition import COMMIT_SECONDS_BOUNDS
 
 
+REFUSAL_REASONS = ("max_connections", "evicted", "handshake_timeout", "mount_timeout", "frame_too_large", "too_many_locks")
+
+
+class ClientPortStats(Protocol):
+    @property
+    def open(self) -> int: ...
+
+    refusals: Refusals
+
+
 class ServerCollector(Collector):
-    def __init__(self, partitions: Partitions) -> None:
+    def __init__(self, partitions: Partitions, port: ClientPortStats | None = None) -> None:
         self.partitions = partitions
+        self.port = port
 
     def collect(self) -> Iterator[Any]:
+        if self.port is not None:
+            yield GaugeMetricFamily("waltz_server_client_connections", "Client connections open", value=self.port.open)
+            refused = CounterMetricFamily(
+                "waltz_server_limit_refusals", "Client connections closed and appends refused by a limit, by reason", labels=["reason"],
+            )
+            counts = self.port.refusals.snapshot()
+            for reason in REFUSAL_REASONS:
+                refused.add_metric([reason], counts.get(reason, 0))
+            yield refused
         served = list(self.partitions.by_id.items())  # a snapshot: the event loop changes the dict
         counters = {
             k: CounterMetricFamily(f"waltz_server_{k}", h, labels=["partition"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import resource
 import signal
 import threading
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from collections.abc import Callable
 from waltz import errors
 from waltz._native import Storage, StorageNode
 from waltz.config import StorageNodeConfig
+from waltz.limits import raise_file_limit
 from waltz.sd_notify import notify
 from waltz.storage.http import serve_http
 
@@ -56,16 +56,7 @@ def fit_file_limit(max_connections: int) -> int:
     socket, and a node out of descriptors fails its next segment roll, and that partition refuses
     appends until reopened. The soft limit is raised as far as the hard one allows first."""
     need = 4 * max_connections + FILES_BESIDES_CONNECTIONS
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return max_connections
-    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as e:
-            log.debug("cannot raise the file descriptor limit to %d: %s", target, e)
+    soft = raise_file_limit(need)
     if soft >= need:
         return max_connections
     fitted = max(16, (soft - FILES_BESIDES_CONNECTIONS) // 4)

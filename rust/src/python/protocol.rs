@@ -256,6 +256,9 @@ fn encode_frame<'py>(py: Python<'py>, magic: u16, msg_type: u8, payload: &[u8]) 
 pub struct PyFrameReader {
     buf: FrameBuf,
     magic: u16,
+    /// The largest frame accepted, checked when a frame's length arrives (before its bytes are
+    /// buffered); a server lowers it for peers that have not authenticated yet.
+    #[pyo3(get, set)]
     max_frame: usize,
 }
 

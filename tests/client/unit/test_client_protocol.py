@@ -103,3 +103,38 @@ def test_bad_frames_are_refused() -> None:
     r.feed(cp.encode_frame(0x5753, cp.Flush.TYPE, cp.Flush(1, 2).payload()))  # a storage-protocol magic
     with pytest.raises(ProtocolError, match="magic"):
         r.next_message()
+
+
+def test_lock_counts_are_checked_on_the_declared_count_before_decoding() -> None:
+    """Issue 34: an Append with 8 M locks was decoded whole (0.85 s of the server's event loop)
+    before the partition refused it. With `max_locks`, the declared counts (write, read and
+    append together) are refused as they are read; the frame is consumed, so the reader goes on."""
+    ok = cp.Append((1, 1, 0, 5), -1, 0, b"x", write_locks=(1, 2), read_locks=(3,), append_locks=(4,))
+    too_many = cp.Append((1, 1, 0, 6), -1, 0, b"y", write_locks=(1, 2), read_locks=(3,), append_locks=(4, 5))
+    reader = cp.MessageReader(max_locks=4)
+    reader.feed(ok.frame() + too_many.frame() + ok.frame())
+    assert reader.next_message() == ok
+    with pytest.raises(cp.TooManyLocks) as refused:
+        reader.next_message()
+    assert refused.value.req_id == (1, 1, 0, 6) and "max_transaction_locks" in str(refused.value)
+    assert reader.next_message() == ok
+    # A count beyond the cap is refused on the count itself: these lock bytes are never unpacked.
+    head = struct.pack(">iiiiqi", 1, 1, 0, 7, -1, 8_000_000)
+    with pytest.raises(cp.TooManyLocks):
+        cp.decode(cp.Append.TYPE, head + bytes(8 * 8_000_000) + struct.pack(">iiii", 0, 0, 0, 0) + struct.pack(">I", 0), max_locks=4096)
+
+
+def test_a_frame_is_refused_on_its_declared_length_before_it_is_buffered() -> None:
+    reader = cp.MessageReader(max_frame=64 << 10)
+    reader.feed(struct.pack(">IHBB", 2 << 30, cp.MAGIC, cp.VERSION, cp.Append.TYPE))
+    with pytest.raises(cp.LimitExceeded):
+        reader.next_message()
+    reader = cp.MessageReader(max_frame=64 << 10)
+    reader.feed(struct.pack(">I", 1 << 20))  # the length alone
+    with pytest.raises(cp.LimitExceeded):
+        reader.next_message()
+    big = cp.Append((1, 1, 0, 1), -1, 0, bytes(100 << 10))
+    reader = cp.MessageReader(max_frame=64 << 10)
+    reader.max_frame = 64 << 20  # raised, as the server does once a client has mounted
+    reader.feed(big.frame())
+    assert reader.next_message() == big

@@ -192,7 +192,7 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
 
     # Plaintext against TLS ports. A storage node answers with a TLS alert, so the client knows;
     # the server (Python's TLS) just closes, so the client can only point at TLS.
-    with pytest.raises(ConnectionError, match=f"server {endpoint} closed the connection without answering Hello: if it requires mutual TLS"):
+    with pytest.raises(ConnectionError, match=f"server {endpoint} closed the connection without answering Hello: it requires mutual TLS"):
         asyncio.run(asyncio.wait_for(server_link(None), 20))
     refused(storage(None), "answered with TLS: it requires mutual TLS")
     refused(storage(None, StorageAdminClient, admin_port), "answered with TLS: it requires mutual TLS")

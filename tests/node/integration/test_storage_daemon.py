@@ -166,11 +166,12 @@ def test_max_connections_closes_connections_over_it_with_a_warning(tmp_path):
 
 
 def test_the_file_limit_is_raised_for_max_connections_or_the_connections_fitted_to_it(monkeypatch, caplog):
+    from waltz import limits as file_limits
     from waltz.storage import daemon
 
     limits = {"soft": 1024, "hard": 2048}
-    monkeypatch.setattr(daemon.resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
-    monkeypatch.setattr(daemon.resource, "setrlimit", lambda _, v: limits.update(soft=v[0]))
+    monkeypatch.setattr(file_limits.resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(file_limits.resource, "setrlimit", lambda _, v: limits.update(soft=v[0]))
     with caplog.at_level("WARNING", logger="waltz.storage"):
         assert daemon.fit_file_limit(100) == 100  # needs 656
         assert limits["soft"] == 1024 and not caplog.records

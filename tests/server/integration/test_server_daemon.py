@@ -152,7 +152,8 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
 
             async def one(cid: int) -> None:
                 c = await RawClient.connect(port)
-                c.send(cp.Mount(1, 0, cid, -1, 1))  # appends are taken only under the connection's mount
+                c.send(cp.Mount(1, 0, cid, -1, 1))  # appends are taken only under the connection's mount, and frames
+                # over 64 KiB only once a client has mounted
                 await c.until(lambda m: isinstance(m, cp.MountResponse))
                 seq = 0
                 while time.monotonic() < stop_at:
