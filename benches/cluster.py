@@ -60,7 +60,6 @@ from peers.etcd import EtcdCluster, EtcdSession  # noqa: E402
 from peers.loadgen import PeerUnavailable, closed_loop, cpu_seconds, log  # noqa: E402
 from peers.zookeeper import ZooKeeperEnsemble, ZooKeeperSession  # noqa: E402
 from support.processes import free_port, wait_http, write_config  # noqa: E402
-
 from waltz import client_protocol as cp  # noqa: E402
 from waltz.client import (  # noqa: E402
     AsyncWaltzClient,
@@ -72,8 +71,8 @@ from waltz.client import (  # noqa: E402
     WaltzClientCallbacks,
 )
 from waltz.cluster import open_store  # noqa: E402
-from waltz.event_loop import EVENT_LOOPS, loop_factory  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
+from waltz.event_loop import EVENT_LOOPS, loop_factory  # noqa: E402
 from waltz.storage import StorageAdminClient  # noqa: E402
 
 PARTITIONS = 4
@@ -83,6 +82,7 @@ RESULTS = HERE / "results"
 
 
 # ---- Waltz ----------------------------------------------------------------------------------
+
 
 class WaltzCluster:
     """`servers` servers and 3 storage nodes as processes on loopback, embedded metadata."""
@@ -98,8 +98,10 @@ class WaltzCluster:
     @property
     def pids(self) -> dict[str, int]:
         names = ["server"] if self.servers == 1 else [f"server{i + 1}" for i in range(self.servers)]
-        return {**dict(zip(names, (p.pid for p in self.server_procs))),
-                **{f"storage{i + 1}": p.pid for i, p in enumerate(self.nodes)}}
+        return {
+            **dict(zip(names, (p.pid for p in self.server_procs))),
+            **{f"storage{i + 1}": p.pid for i, p in enumerate(self.nodes)},
+        }
 
     def start(self) -> None:
         root = self.root
@@ -112,17 +114,23 @@ class WaltzCluster:
             (root / f"n{i}").mkdir()
             config, ports = write_config(root / f"n{i}", info.cluster_key, partition_count=PARTITIONS)
             with open(root / f"n{i}" / "node.log", "w") as logf:
-                proc = loadgen.track(subprocess.Popen(
-                    [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
-                    stdin=subprocess.DEVNULL, stderr=logf, text=True))
+                proc = loadgen.track(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
+                        stdin=subprocess.DEVNULL,
+                        stderr=logf,
+                        text=True,
+                    )
+                )
             self.nodes.append(proc)
             wait_http(ports["http_port"], proc)
             meta.add_storage_node(f"127.0.0.1:{ports['port']}", ports["admin_port"], i)
             meta.auto_assign(i)
 
             async def assign(p: dict[str, int] = ports) -> None:
-                async with await StorageAdminClient.connect("127.0.0.1", p["admin_port"], cluster_key=info.cluster_key,
-                                                            partition_count=PARTITIONS) as a:
+                async with await StorageAdminClient.connect(
+                    "127.0.0.1", p["admin_port"], cluster_key=info.cluster_key, partition_count=PARTITIONS
+                ) as a:
                     for q in range(PARTITIONS):
                         await a.assign(q)
 
@@ -131,13 +139,25 @@ class WaltzCluster:
             port = free_port()
             self.ports.append(port)
             config = root / f"server{s}.toml"
-            config.write_text(f'[server]\nmetadata = "{self.url}"\ncluster = "bench"\nhost = "127.0.0.1"\nport = {port}\n'
-                              f'http_port = 0\n' + os.environ.get("WALTZ_SERVER_EXTRA", ""))
-            profile = ["-m", "cProfile", "-o", os.environ["WALTZ_PROFILE"]] if os.environ.get("WALTZ_PROFILE") and s == 0 else []
+            config.write_text(
+                f'[server]\nmetadata = "{self.url}"\ncluster = "bench"\nhost = "127.0.0.1"\nport = {port}\n'
+                f"http_port = 0\n" + os.environ.get("WALTZ_SERVER_EXTRA", "")
+            )
+            profile = (
+                ["-m", "cProfile", "-o", os.environ["WALTZ_PROFILE"]]
+                if os.environ.get("WALTZ_PROFILE") and s == 0
+                else []
+            )
             with open(root / f"server{s}.log", "w") as logf:
-                self.server_procs.append(loadgen.track(subprocess.Popen(
-                    [sys.executable, *profile, "-m", "waltz.cli.node", "server", "--config", str(config)],
-                    stdin=subprocess.DEVNULL, stderr=logf)))
+                self.server_procs.append(
+                    loadgen.track(
+                        subprocess.Popen(
+                            [sys.executable, *profile, "-m", "waltz.cli.node", "server", "--config", str(config)],
+                            stdin=subprocess.DEVNULL,
+                            stderr=logf,
+                        )
+                    )
+                )
         self.wait_balanced()
 
     def wait_balanced(self, timeout: float = 60.0) -> None:
@@ -147,8 +167,11 @@ class WaltzCluster:
         while True:
             live = self.meta.servers()
             served = [set(s.serving) for s in live]
-            if (len(live) == self.servers and set().union(*served) >= set(range(PARTITIONS))
-                    and all(len(s) == share for s in served)):
+            if (
+                len(live) == self.servers
+                and set().union(*served) >= set(range(PARTITIONS))
+                and all(len(s) == share for s in served)
+            ):
                 break
             for s, p in enumerate(self.server_procs):
                 if p.poll() is not None:
@@ -342,8 +365,9 @@ class _LibraryCell:
         }
 
 
-def measure_async_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int],
-                         event_loop: str) -> dict[str, object]:
+def measure_async_client(
+    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int], event_loop: str
+) -> dict[str, object]:
     """One AsyncWaltzClient on this process's loop, `concurrency` tasks each keeping one
     transaction in flight, every callback `async def`: the library without thread crossings."""
     cell = _LibraryCell(_AsyncNoted(), partition_port, pids)
@@ -368,7 +392,9 @@ def measure_async_client(url: str, partition_port: dict[int, int], concurrency: 
     return cell.row(concurrency, elapsed, cpu)
 
 
-def measure_client(url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int]) -> dict[str, object]:
+def measure_client(
+    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int]
+) -> dict[str, object]:
     """One WaltzClient in this process, `concurrency` threads each keeping one transaction in
     flight (submit, wait for the commit): what the library costs over the raw protocol."""
     cell = _LibraryCell(_Noted(), partition_port, pids)
@@ -406,8 +432,8 @@ LABELS = {
 
 class Timing:
     def __init__(self, quick: bool, event_loop: str = "uvloop") -> None:
-        self.seconds = 2.0 if quick else 10.0      # measured window per cell
-        self.warmup = 0.5 if quick else 1.0        # per cell, not measured
+        self.seconds = 2.0 if quick else 10.0  # measured window per cell
+        self.warmup = 0.5 if quick else 1.0  # per cell, not measured
         self.system_warmup = 1.5 if quick else 5.0  # 8 clients once per system (JIT, caches), not measured
         self.event_loop = event_loop
         self.loop_factory = loop_factory(event_loop, "--event-loop")
@@ -418,8 +444,9 @@ class Timing:
             return runner.run(coro)
 
 
-def run_cells(name: str, open_session: Callable[[int, int], Any], pids: dict[str, int], t: Timing,
-              clients: tuple[int, ...]) -> list[dict[str, Any]]:
+def run_cells(
+    name: str, open_session: Callable[[int, int], Any], pids: dict[str, int], t: Timing, clients: tuple[int, ...]
+) -> list[dict[str, Any]]:
     """The warm-up pass, then one cell per client count."""
     log(f"{name}: warming up (8 clients, {t.system_warmup:.1f} s)")
     t.run(closed_loop(lambda i: open_session(8, i), 8, t.system_warmup, pids, warmup=0.0))
@@ -427,8 +454,10 @@ def run_cells(name: str, open_session: Callable[[int, int], Any], pids: dict[str
     for n in clients:
         r = t.run(closed_loop(lambda i, n=n: open_session(n, i), n, t.seconds, pids, warmup=t.warmup))
         r["load_average_1min"] = round(os.getloadavg()[0], 2)  # other work on the machine shows here
-        log(f"{name} {n:>2} clients: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-            f"CPU {r['cpu_us_per_tx']:.0f} us/op" + (f", {r['retries']} lock retries" if r["retries"] else ""))
+        log(
+            f"{name} {n:>2} clients: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
+            f"CPU {r['cpu_us_per_tx']:.0f} us/op" + (f", {r['retries']} lock retries" if r["retries"] else "")
+        )
         rows.append(r)
     return rows
 
@@ -436,6 +465,7 @@ def run_cells(name: str, open_session: Callable[[int, int], Any], pids: dict[str
 @contextlib.contextmanager
 def terminate_on_sigterm() -> Iterator[None]:
     """SIGTERM (and SIGHUP) unwind like Ctrl-C, so every cluster is stopped and every dir removed."""
+
     def raise_interrupt(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -447,13 +477,17 @@ def terminate_on_sigterm() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...], t: Timing, quick: bool) -> dict[str, Any]:
+def measure_all(
+    root: pathlib.Path, systems: list[str], clients: tuple[int, ...], t: Timing, quick: bool
+) -> dict[str, Any]:
     out: dict[str, Any] = {"systems": {}, "errors": {}, "versions": {}}
     calls = 2000 if quick else 5000
     log("references: write + fdatasync of 1 KiB, loopback round trip")
-    out["references_before"] = {"fdatasync": loadgen.fdatasync_p50_us(root / "raw0", calls),
-                                "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw0m", calls),
-                                "loopback_rtt": loadgen.loopback_rtt_p50_us(calls)}
+    out["references_before"] = {
+        "fdatasync": loadgen.fdatasync_p50_us(root / "raw0", calls),
+        "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw0m", calls),
+        "loopback_rtt": loadgen.loopback_rtt_p50_us(calls),
+    }
 
     if {"waltz", "waltz-locks", "client-library"} & set(systems):
         c = WaltzCluster(root / "waltz1", servers=1)
@@ -462,10 +496,12 @@ def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...]
             port = c.ports[0]
             if "waltz" in systems:
                 out["systems"]["waltz"] = run_cells(
-                    "waltz", lambda n, i: WaltzSession.open(port, i % PARTITIONS), c.pids, t, clients)
+                    "waltz", lambda n, i: WaltzSession.open(port, i % PARTITIONS), c.pids, t, clients
+                )
             if "waltz-locks" in systems:
                 out["systems"]["waltz-locks"] = run_cells(
-                    "waltz-locks", lambda n, i: WaltzSession.open(port, i % PARTITIONS, locks=True), c.pids, t, clients)
+                    "waltz-locks", lambda n, i: WaltzSession.open(port, i % PARTITIONS, locks=True), c.pids, t, clients
+                )
             if "client-library" in systems:
                 pids = [os.getpid(), *c.pids.values()]
                 out["client_library"] = []
@@ -486,7 +522,8 @@ def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...]
             c.start()
             pp = c.partition_port
             out["systems"]["waltz-2servers"] = run_cells(
-                "waltz-2servers", lambda n, i: WaltzSession.open(pp[i % PARTITIONS], i % PARTITIONS), c.pids, t, clients)
+                "waltz-2servers", lambda n, i: WaltzSession.open(pp[i % PARTITIONS], i % PARTITIONS), c.pids, t, clients
+            )
         finally:
             c.stop()
     if "etcd" in systems:
@@ -494,8 +531,11 @@ def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...]
         try:
             e.start()
             from peers.etcd import version
+
             out["versions"]["etcd"] = version()
-            out["systems"]["etcd"] = run_cells("etcd", lambda n, i: EtcdSession.open(e.leader_port, next(_client_ids)), e.pids, t, clients)
+            out["systems"]["etcd"] = run_cells(
+                "etcd", lambda n, i: EtcdSession.open(e.leader_port, next(_client_ids)), e.pids, t, clients
+            )
         except PeerUnavailable as err:
             log(f"etcd skipped: {err}")
             out["errors"]["etcd"] = str(err)
@@ -507,15 +547,18 @@ def measure_all(root: pathlib.Path, systems: list[str], clients: tuple[int, ...]
             z.start()
             out["versions"]["zookeeper"] = z.version
             out["systems"]["zookeeper"] = run_cells(
-                "zookeeper", lambda n, i: ZooKeeperSession.open(z.leader_port, next(_client_ids)), z.pids, t, clients)
+                "zookeeper", lambda n, i: ZooKeeperSession.open(z.leader_port, next(_client_ids)), z.pids, t, clients
+            )
         except PeerUnavailable as err:
             log(f"ZooKeeper skipped: {err}")
             out["errors"]["zookeeper"] = str(err)
         finally:
             z.stop()
-    out["references_after"] = {"fdatasync": loadgen.fdatasync_p50_us(root / "raw1", calls),
-                                "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw1m", calls),
-                               "loopback_rtt": loadgen.loopback_rtt_p50_us(calls)}
+    out["references_after"] = {
+        "fdatasync": loadgen.fdatasync_p50_us(root / "raw1", calls),
+        "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw1m", calls),
+        "loopback_rtt": loadgen.loopback_rtt_p50_us(calls),
+    }
     return out
 
 
@@ -552,12 +595,18 @@ def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
                 r = ratios.get(f"{ours}/{peer}/{n}")
                 if r is None:
                     continue
-                verdicts[f"throughput >= 2x {peer} at {n}"] = {"value": round(r["tx_per_s"], 3), "met": r["tx_per_s"] >= 2.0}
+                verdicts[f"throughput >= 2x {peer} at {n}"] = {
+                    "value": round(r["tx_per_s"], 3),
+                    "met": r["tx_per_s"] >= 2.0,
+                }
                 verdicts[f"p99 <= {peer} at {n}"] = {"value": round(r["p99"], 3), "met": r["p99"] <= 1.0}
         one = cell(sysres.get(ours), 1)
         if one:
             verdicts["p50 at 1 client <= 1.5 x (fdatasync p50 + 2 loopback RTT p50)"] = {
-                "value_us": round(one["p50_ms"] * 1e3), "bound_us": round(bound_us), "met": one["p50_ms"] * 1e3 <= bound_us}
+                "value_us": round(one["p50_ms"] * 1e3),
+                "bound_us": round(bound_us),
+                "met": one["p50_ms"] * 1e3 <= bound_us,
+            }
         if verdicts:
             targets[ours] = verdicts
     res["latency_floor"] = {"fdatasync_p50_us": fsync, "loopback_rtt_p50_us": rtt, "bound_us": bound_us}
@@ -584,48 +633,79 @@ def report(res: dict[str, Any]) -> None:
         print("Waltz, 1 server and 3 storage nodes, raw-protocol clients, no locks\n")
         print("| clients | tx/s | MB/s | p50 ms | p99 ms | p999 ms | CPU us/tx |\n|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['clients']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-                  f"| {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:.0f} |")
+            print(
+                f"| {r['clients']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['p50_ms']:.2f} | "
+                f"{r['p99_ms']:.2f} "
+                f"| {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:.0f} |"
+            )
         for r in rows:
             print(r["cpu_us_per_tx_by_process"], file=sys.stderr)
-    for key, title in (("client_library", "one WaltzClient, N threads each with one transaction in flight"),
-                       ("client_library_async", "one AsyncWaltzClient, N tasks each with one transaction in flight, async callbacks")):
+    for key, title in (
+        ("client_library", "one WaltzClient, N threads each with one transaction in flight"),
+        ("client_library_async", "one AsyncWaltzClient, N tasks each with one transaction in flight, async callbacks"),
+    ):
         if not res.get(key):
             continue
         print(f"\nThe client library ({title}; latency submit -> applied)\n")
-        print("| in flight | tx/s | p50 ms | p99 ms | CPU us/tx (all processes) | tx/s vs raw protocol |\n|---|---|---|---|---|---|")
+        print(
+            "| in flight | tx/s | p50 ms | p99 ms | CPU us/tx (all processes) | tx/s vs raw protocol "
+            "|\n|---|---|---|---|---|---|"
+        )
         for r in res[key]:
             ratio = res["ratios"].get(f"{key}_vs_raw_protocol_{r['concurrency']}")
-            print(f"| {r['concurrency']} | {r['tx_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_tx']:.0f} | "
-                  + (f"{ratio:.2f}x |" if ratio is not None else "- |"))
-    print("\nAll systems, the same load generator (1 KiB writes, one in flight per client; latency submit -> commit; "
-          "CPU summed over the system's processes and the clients)\n")
-    print("| system | clients | ops/s | MB/s | p50 ms | p99 ms | p999 ms | CPU us/op | lock retries |\n|---|---|---|---|---|---|---|---|---|")
+            print(
+                f"| {r['concurrency']} | {r['tx_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                f"{r['cpu_us_per_tx']:.0f} | " + (f"{ratio:.2f}x |" if ratio is not None else "- |")
+            )
+    print(
+        "\nAll systems, the same load generator (1 KiB writes, one in flight per client; latency submit -> commit; "
+        "CPU summed over the system's processes and the clients)\n"
+    )
+    print(
+        "| system | clients | ops/s | MB/s | p50 ms | p99 ms | p999 ms | CPU us/op | lock retries "
+        "|\n|---|---|---|---|---|---|---|---|---|"
+    )
     for name, rs in sysres.items():
         for r in rs:
-            print(f"| {LABELS.get(name, name)} | {r['clients']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.2f} | {r['p50_ms']:.2f} "
-                  f"| {r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:,.0f} | {r['retries']} |")
+            print(
+                f"| {LABELS.get(name, name)} | {r['clients']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.2f} | "
+                f"{r['p50_ms']:.2f} "
+                f"| {r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['cpu_us_per_tx']:,.0f} | {r['retries']} |"
+            )
     if res["peer_ratios"]:
-        print("\nRatios, ours / peer at the same client count (throughput: higher is better; p99 and CPU: lower is better)\n")
-        print("| Waltz variant | clients | tx/s ÷ etcd | tx/s ÷ ZooKeeper | p99 ÷ etcd | p99 ÷ ZooKeeper | CPU/op ÷ etcd | CPU/op ÷ ZooKeeper |")
+        print(
+            "\nRatios, ours / peer at the same client count (throughput: higher is better; p99 and CPU: lower is "
+            "better)\n"
+        )
+        print(
+            "| Waltz variant | clients | tx/s ÷ etcd | tx/s ÷ ZooKeeper | p99 ÷ etcd | p99 ÷ ZooKeeper | CPU/op ÷ etcd "
+            "| CPU/op ÷ ZooKeeper |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for ours in ("waltz", "waltz-locks", "waltz-2servers"):
             for n in sorted({r["clients"] for r in sysres.get(ours, [])}):
                 e, z = res["peer_ratios"].get(f"{ours}/etcd/{n}"), res["peer_ratios"].get(f"{ours}/zookeeper/{n}")
                 f = lambda d, k: f"{d[k]:.2f}" if d else "-"  # noqa: E731
-                print(f"| {LABELS[ours]} | {n} | {f(e, 'tx_per_s')} | {f(z, 'tx_per_s')} | {f(e, 'p99')} | {f(z, 'p99')} "
-                      f"| {f(e, 'cpu_per_tx')} | {f(z, 'cpu_per_tx')} |")
+                print(
+                    f"| {LABELS[ours]} | {n} | {f(e, 'tx_per_s')} | {f(z, 'tx_per_s')} | {f(e, 'p99')} | {f(z, 'p99')} "
+                    f"| {f(e, 'cpu_per_tx')} | {f(z, 'cpu_per_tx')} |"
+                )
     lf = res["latency_floor"]
     rb, ra = res["references_before"], res["references_after"]
-    print(f"\nReferences (before / after the systems): write + fdatasync of 1 KiB p50 {rb['fdatasync']['p50_us']:.0f} / "
-          f"{ra['fdatasync']['p50_us']:.0f} us; loopback TCP round trip (1 KiB) p50 {rb['loopback_rtt']['p50_us']:.0f} / "
-          f"{ra['loopback_rtt']['p50_us']:.0f} us; 1-client bound 1.5 x ({lf['fdatasync_p50_us']:.0f} + 2 x "
-          f"{lf['loopback_rtt_p50_us']:.0f}) = {lf['bound_us']:.0f} us")
+    print(
+        f"\nReferences (before / after the systems): write + fdatasync of 1 KiB p50 {rb['fdatasync']['p50_us']:.0f} / "
+        f"{ra['fdatasync']['p50_us']:.0f} us; loopback TCP round trip (1 KiB) p50 {rb['loopback_rtt']['p50_us']:.0f} / "
+        f"{ra['loopback_rtt']['p50_us']:.0f} us; 1-client bound 1.5 x ({lf['fdatasync_p50_us']:.0f} + 2 x "
+        f"{lf['loopback_rtt_p50_us']:.0f}) = {lf['bound_us']:.0f} us"
+    )
     if "fdatasync_3_writers_p50_us" in lf:
-        print(f"Three writers syncing at once (three replicas on this one disk, as every commit has them): write + "
-              f"fdatasync p50 {rb['fdatasync_3_writers']['p50_us']:.0f} / {ra['fdatasync_3_writers']['p50_us']:.0f} us; "
-              f"the same bound with it: 1.5 x ({lf['fdatasync_3_writers_p50_us']:.0f} + 2 x {lf['loopback_rtt_p50_us']:.0f}) "
-              f"= {lf['bound_3_writers_us']:.0f} us (informative; the target keeps the issue's formula)")
+        print(
+            f"Three writers syncing at once (three replicas on this one disk, as every commit has them): write + "
+            f"fdatasync p50 {rb['fdatasync_3_writers']['p50_us']:.0f} / {ra['fdatasync_3_writers']['p50_us']:.0f} us; "
+            f"the same bound with it: 1.5 x ({lf['fdatasync_3_writers_p50_us']:.0f} + 2 x "
+            f"{lf['loopback_rtt_p50_us']:.0f}) "
+            f"= {lf['bound_3_writers_us']:.0f} us (informative; the target keeps the issue's formula)"
+        )
     for name, err in res["errors"].items():
         print(f"\n{name}: NOT MEASURED: {err}")
     print("\nTargets")
@@ -643,8 +723,13 @@ def plot(res: dict[str, Any], path: pathlib.Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"waltz": ("tab:blue", "o", "-"), "waltz-locks": ("tab:cyan", "s", "--"), "waltz-2servers": ("tab:purple", "^", ":"),
-              "etcd": ("tab:green", "D", "-"), "zookeeper": ("tab:red", "v", "-")}
+    styles = {
+        "waltz": ("tab:blue", "o", "-"),
+        "waltz-locks": ("tab:cyan", "s", "--"),
+        "waltz-2servers": ("tab:purple", "^", ":"),
+        "etcd": ("tab:green", "D", "-"),
+        "zookeeper": ("tab:red", "v", "-"),
+    }
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
     for ax, key, what in ((axes[0], "p99_ms", "p99"), (axes[1], "p50_ms", "p50")):
         for name, rows in res["systems"].items():
@@ -652,17 +737,26 @@ def plot(res: dict[str, Any], path: pathlib.Path, title: str) -> None:
             xs, ys = [r["tx_per_s"] for r in rows], [r[key] for r in rows]
             ax.plot(xs, ys, color=color, marker=marker, linestyle=ls, label=LABELS.get(name, name))
             for r, x, y in zip(rows, xs, ys):
-                ax.annotate(f"{r['clients']}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8, color=color)
+                ax.annotate(
+                    f"{r['clients']}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8, color=color
+                )
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "25" else ""))
+        ax.yaxis.set_minor_formatter(
+            matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "25" else "")
+        )
         ax.set_xlabel("committed 1 KiB writes/s")
         ax.set_ylabel(f"{what} submit-to-commit latency (ms)")
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"throughput vs {what} latency (labels: clients)")
     if "latency_floor" in res:
-        axes[1].axhline(res["latency_floor"]["bound_us"] / 1e3, color="gray", linestyle="--", linewidth=1,
-                        label="1.5 x (fdatasync + 2 RTT)")
+        axes[1].axhline(
+            res["latency_floor"]["bound_us"] / 1e3,
+            color="gray",
+            linestyle="--",
+            linewidth=1,
+            label="1.5 x (fdatasync + 2 RTT)",
+        )
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -678,8 +772,12 @@ def main() -> int:
     ap.add_argument("--plot", type=pathlib.Path, help="PNG (default benches/results/cluster-peers[-quick].png)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts (default 1,8,32)")
-    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop",
-                    help="the load generator's loop, for every system's clients (default uvloop, as WaltzClient's)")
+    ap.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default="uvloop",
+        help="the load generator's loop, for every system's clients (default uvloop, as WaltzClient's)",
+    )
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]
     if bad := set(systems) - set(SYSTEMS):
@@ -703,9 +801,15 @@ def main() -> int:
                 log(f"killed {n} leftover process(es)")
     res["run"] = {
         "command": " ".join(["python", "benches/cluster.py", *sys.argv[1:]]),
-        "quick": args.quick, "event_loop": t.event_loop, "seconds_per_cell": t.seconds, "warmup_per_cell": t.warmup,
-        "system_warmup": t.system_warmup, "load_average_before": load, "load_average_after": os.getloadavg(),
-        "wall_seconds": round(time.time() - started, 1), "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "event_loop": t.event_loop,
+        "seconds_per_cell": t.seconds,
+        "warmup_per_cell": t.warmup,
+        "system_warmup": t.system_warmup,
+        "load_average_before": load,
+        "load_average_after": os.getloadavg(),
+        "wall_seconds": round(time.time() - started, 1),
+        "cpus": os.cpu_count(),
     }
     res["seconds_per_run"] = t.seconds
     analyse(res, clients)
@@ -713,8 +817,12 @@ def main() -> int:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(res, indent=2))
     versions = ", ".join(f"{k} {v}" for k, v in res["versions"].items())
-    plot(res, plot_path, f"1 KiB writes, 3 replicas with fsync, loopback, {os.cpu_count()} cores; {versions}; "
-                         f"{t.seconds:.0f} s per point; load avg before {load[0]:.1f}")
+    plot(
+        res,
+        plot_path,
+        f"1 KiB writes, 3 replicas with fsync, loopback, {os.cpu_count()} cores; {versions}; "
+        f"{t.seconds:.0f} s per point; load avg before {load[0]:.1f}",
+    )
     log(f"wrote {json_path} and {plot_path} ({res['run']['wall_seconds']:.0f} s)")
     return 0
 

@@ -33,8 +33,8 @@ from functools import partial
 from itertools import repeat
 from pathlib import Path
 
-from waltz._native import raw_append_loop
 from waltz._native import __version__ as engine_version
+from waltz._native import raw_append_loop
 from waltz.errors import NonDenseAppendError
 from waltz.storage import RecordBatch, ReqId, Storage, iter_scan
 
@@ -182,9 +182,7 @@ def waltz_appender(path: Path, n: int, payload: bytes, tuples: bool = False):
     s = open_storage(path)
     p = s.partition(0)
     records = (
-        [((1, 1, 0, i), 0, payload) for i in range(n)]
-        if tuples
-        else RecordBatch([(r, 0, payload) for r in req_ids(n)])
+        [((1, 1, 0, i), 0, payload) for i in range(n)] if tuples else RecordBatch([(r, 0, payload) for r in req_ids(n)])
     )
     next_txid = 0
 
@@ -439,8 +437,10 @@ def bench_concurrency(base: Path, cfg: Config) -> list[dict]:
     for t, p, n, scheme in cells:
         row = run_writers(base, t, p, n, cfg.conc_record_size, cfg.conc_seconds, scheme)
         rows.append(row)
-        log(f"  writers={t:<2} partitions={p} batch={n:<3} {row['scheme']:>11} {row['records_s']:>10,.0f} rec/s "
-            f"{row['records_per_sync']:.1f} rec/sync")
+        log(
+            f"  writers={t:<2} partitions={p} batch={n:<3} {row['scheme']:>11} {row['records_s']:>10,.0f} rec/s "
+            f"{row['records_per_sync']:.1f} rec/sync"
+        )
     return rows
 
 
@@ -659,37 +659,52 @@ def concurrency_ratios(rows: list[dict]) -> dict[str, float]:
 
 def build_targets(ratios: dict, conc: list[dict], scan: dict, recovery: dict, cfg: Config) -> list[Target]:
     one_kib = [n for n in cfg.batches if n >= 100]
-    targets = [Target(f"append >= 0.9x raw, {cell_key(n, KIB)}", ratios.get(f"append_vs_raw/{cell_key(n, KIB)}"), 0.9) for n in one_kib]
+    targets = [
+        Target(f"append >= 0.9x raw, {cell_key(n, KIB)}", ratios.get(f"append_vs_raw/{cell_key(n, KIB)}"), 0.9)
+        for n in one_kib
+    ]
     targets.append(Target("append >= 0.8x raw, b1/1KiB", ratios.get("append_vs_raw/b1/1KiB"), 0.8))
     peer = {k.split("/", 1)[1]: v for k, v in ratios.items() if k.startswith("append_vs_best_peer/")}
     worst = min(peer, key=peer.get)
-    targets.append(Target("append > best of sqlite/lmdb/rocksdb, every cell (worst cell)", peer[worst], 1.0, note=f"worst: {worst}"))
+    targets.append(
+        Target(
+            "append > best of sqlite/lmdb/rocksdb, every cell (worst cell)", peer[worst], 1.0, note=f"worst: {worst}"
+        )
+    )
     targets.append(Target("append >= 1.25x best peer, b100/1KiB", peer.get("b100/1KiB"), 1.25))
-    key_best = next((r for r in conc if (r["threads"], r["partitions"], r["batch"], r["scheme"]) == (16, 1, 1, BEST_SCHEME)), None)
-    targets.append(Target(
-        "16 single-record writers on 1 partition >= 5x one writer",
-        ratios.get(f"writers_vs_one/16w/1p/b1/{key_best['scheme']}") if key_best else None,
-        5.0,
-        note=f"scheme {key_best['scheme']}, {key_best['records_per_sync']:.1f} records/fsync" if key_best else "",
-    ))
+    key_best = next(
+        (r for r in conc if (r["threads"], r["partitions"], r["batch"], r["scheme"]) == (16, 1, 1, BEST_SCHEME)), None
+    )
+    targets.append(
+        Target(
+            "16 single-record writers on 1 partition >= 5x one writer",
+            ratios.get(f"writers_vs_one/16w/1p/b1/{key_best['scheme']}") if key_best else None,
+            5.0,
+            note=f"scheme {key_best['scheme']}, {key_best['records_per_sync']:.1f} records/fsync" if key_best else "",
+        )
+    )
     targets.append(Target("scan with CRC >= 1 GB/s (payload)", scan["scan_gb_s"], 1.0))
-    targets.append(Target(
-        f"recovery after a kill at {cfg.recovery_records:,} records <= 1 s",
-        recovery["seconds"],
-        1.0,
-        higher_is_better=False,
-        note=f"{recovery['records']:,} records recovered, {recovery['scanned_records']:,} scanned",
-    ))
+    targets.append(
+        Target(
+            f"recovery after a kill at {cfg.recovery_records:,} records <= 1 s",
+            recovery["seconds"],
+            1.0,
+            higher_is_better=False,
+            note=f"{recovery['records']:,} records recovered, {recovery['scanned_records']:,} scanned",
+        )
+    )
     rss = {m["records"]: m["rss_kib"] for m in recovery["writer_rss_kib"]}
     marks = sorted(k for k in rss if k > 0)
     growth = (rss[marks[-1]] - rss[marks[0]]) / KIB if len(marks) >= 2 else None
-    targets.append(Target(
-        "writer memory flat (RSS growth from 10% to 100% of the log, MiB)",
-        growth,
-        16.0,
-        higher_is_better=False,
-        note=" / ".join(f"{rss[k] / KIB:.0f} MiB @ {k:,}" for k in marks),
-    ))
+    targets.append(
+        Target(
+            "writer memory flat (RSS growth from 10% to 100% of the log, MiB)",
+            growth,
+            16.0,
+            higher_is_better=False,
+            note=" / ".join(f"{rss[k] / KIB:.0f} MiB @ {k:,}" for k in marks),
+        )
+    )
     return targets
 
 
@@ -714,41 +729,100 @@ def verdict(t: Target) -> str:
 def report(results: dict, targets: list[Target]) -> str:
     ratios = results["ratios"]
     out = [f"## Waltz storage engine benchmark ({'quick' if results['meta']['quick'] else 'full'})", ""]
-    out.append(f"Data on {results['meta']['dir']} ({results['meta']['fs']}), {results['meta']['cpus']} CPUs, "
-               f"engine {results['meta']['engine_version']}. MB/s counts record payload only.")
+    out.append(
+        f"Data on {results['meta']['dir']} ({results['meta']['fs']}), {results['meta']['cpus']} CPUs, "
+        f"engine {results['meta']['engine_version']}. MB/s counts record payload only."
+    )
     out += ["", "### Durable appends", ""]
     rows = []
     for r in results["append"]:
         key = cell_key(r["batch"], r["record_size"])
         ratio = ratios.get(f"append_vs_raw/{key}") if r["system"] == "waltz" else None
         peer = ratios.get(f"append_vs_best_peer/{key}") if r["system"] == "waltz" else None
-        rows.append([r["batch"], size_label(r["record_size"]), r["system"], fmt(r["records_s"]), fmt(r["mb_s"], 1),
-                     fmt(r["p50_us"], 1), fmt(r["p99_us"], 1), fmt(ratio, 2) if ratio else "", fmt(peer, 2) if peer else ""])
-    out.append(md_table(["batch", "record", "system", "records/s", "MB/s", "p50 µs", "p99 µs", "÷ raw", "÷ best peer"], rows))
+        rows.append(
+            [
+                r["batch"],
+                size_label(r["record_size"]),
+                r["system"],
+                fmt(r["records_s"]),
+                fmt(r["mb_s"], 1),
+                fmt(r["p50_us"], 1),
+                fmt(r["p99_us"], 1),
+                fmt(ratio, 2) if ratio else "",
+                fmt(peer, 2) if peer else "",
+            ]
+        )
+    out.append(
+        md_table(["batch", "record", "system", "records/s", "MB/s", "p50 µs", "p99 µs", "÷ raw", "÷ best peer"], rows)
+    )
     out += ["", "### Concurrent writers (1 KiB records)", ""]
-    rows = [[r["threads"], r["partitions"], r["batch"], r["scheme"], fmt(r["records_s"]), r["syncs"],
-             fmt(r["records_per_sync"], 1),
-             fmt(ratios.get(f"writers_vs_one/{r['threads']}w/{r['partitions']}p/b{r['batch']}/{r['scheme']}"), 2)]
-            for r in results["concurrency"]]
-    out.append(md_table(["writers", "partitions", "batch", "id scheme", "records/s", "fsyncs", "records/fsync", "÷ 1 writer"], rows))
+    rows = [
+        [
+            r["threads"],
+            r["partitions"],
+            r["batch"],
+            r["scheme"],
+            fmt(r["records_s"]),
+            r["syncs"],
+            fmt(r["records_per_sync"], 1),
+            fmt(ratios.get(f"writers_vs_one/{r['threads']}w/{r['partitions']}p/b{r['batch']}/{r['scheme']}"), 2),
+        ]
+        for r in results["concurrency"]
+    ]
+    out.append(
+        md_table(
+            ["writers", "partitions", "batch", "id scheme", "records/s", "fsyncs", "records/fsync", "÷ 1 writer"], rows
+        )
+    )
     sc = results["scan"]
     out += ["", "### Scan with CRC checks (page cache, 1 KiB records)", ""]
-    out.append(md_table(
-        ["records", "payload GB", "scan GB/s (payload)", "scan GB/s (file bytes)", "raw read GB/s", "÷ raw read", "records/s"],
-        [[f"{sc['records_scanned']:,}", fmt(sc["payload_bytes"] / 1e9, 2), fmt(sc["scan_gb_s"], 2),
-          fmt(sc["scan_file_gb_s"], 2), fmt(sc["raw_read_gb_s"], 2), fmt(ratios["scan_vs_raw_read"], 2),
-          fmt(sc["scan_records_s"])]],
-    ))
+    out.append(
+        md_table(
+            [
+                "records",
+                "payload GB",
+                "scan GB/s (payload)",
+                "scan GB/s (file bytes)",
+                "raw read GB/s",
+                "÷ raw read",
+                "records/s",
+            ],
+            [
+                [
+                    f"{sc['records_scanned']:,}",
+                    fmt(sc["payload_bytes"] / 1e9, 2),
+                    fmt(sc["scan_gb_s"], 2),
+                    fmt(sc["scan_file_gb_s"], 2),
+                    fmt(sc["raw_read_gb_s"], 2),
+                    fmt(ratios["scan_vs_raw_read"], 2),
+                    fmt(sc["scan_records_s"]),
+                ]
+            ],
+        )
+    )
     rc = results["recovery"]
     out += ["", "### Recovery after SIGKILL", ""]
-    out.append(md_table(
-        ["records", "open + partition s", "scanned records", "recovered max id", "writer RSS (MiB) @ records"],
-        [[f"{rc['records']:,}", fmt(rc["seconds"], 3), f"{rc['scanned_records']:,}", rc["recovered_max_txid"],
-          ", ".join(f"{m['rss_kib'] / KIB:.0f} @ {m['records']:,}" for m in rc["writer_rss_kib"])]],
-    ))
+    out.append(
+        md_table(
+            ["records", "open + partition s", "scanned records", "recovered max id", "writer RSS (MiB) @ records"],
+            [
+                [
+                    f"{rc['records']:,}",
+                    fmt(rc["seconds"], 3),
+                    f"{rc['scanned_records']:,}",
+                    rc["recovered_max_txid"],
+                    ", ".join(f"{m['rss_kib'] / KIB:.0f} @ {m['records']:,}" for m in rc["writer_rss_kib"]),
+                ]
+            ],
+        )
+    )
     out += ["", "### Targets", ""]
-    out.append(md_table(["target", "value", "threshold", "verdict", "note"],
-                        [[t.name, fmt(t.value, 3), t.threshold, verdict(t), t.note] for t in targets]))
+    out.append(
+        md_table(
+            ["target", "value", "threshold", "verdict", "note"],
+            [[t.name, fmt(t.value, 3), t.threshold, verdict(t), t.note] for t in targets],
+        )
+    )
     return "\n".join(out)
 
 
@@ -763,12 +837,20 @@ def plot(results: dict, path: Path) -> None:
     axes = list(axes.flat)
     for ax, size in zip(axes, sizes):
         for system in dict.fromkeys(r["system"] for r in results["append"]):
-            pts = sorted((r["batch"], r["records_s"]) for r in results["append"]
-                         if r["system"] == system and r["record_size"] == size)
+            pts = sorted(
+                (r["batch"], r["records_s"])
+                for r in results["append"]
+                if r["system"] == system and r["record_size"] == size
+            )
             if len(pts) > 1:
                 ax.plot(*zip(*pts), marker="o", label=system, linestyle="--" if system == "raw" else "-")
-        ax.set(xscale="log", yscale="log", xlabel="batch size (records)", ylabel="records/s",
-               title=f"durable appends, {size_label(size)} records")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="batch size (records)",
+            ylabel="records/s",
+            title=f"durable appends, {size_label(size)} records",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     ax = axes[-1]
@@ -776,8 +858,13 @@ def plot(results: dict, path: Path) -> None:
     for p, n in sorted({(r["partitions"], r["batch"]) for r in grid}):
         pts = sorted((r["threads"], r["records_s"]) for r in grid if (r["partitions"], r["batch"]) == (p, n))
         ax.plot(*zip(*pts), marker="o", label=f"{p} partition(s), batch {n}")
-    ax.set(xscale="log", yscale="log", xlabel="writer threads", ylabel="aggregate records/s",
-           title="concurrent writers, 1 KiB records")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="writer threads",
+        ylabel="aggregate records/s",
+        title="concurrent writers, 1 KiB records",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -817,8 +904,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    ratios = {**append_ratios(appends), **concurrency_ratios(conc),
-              "scan_vs_raw_read": scan["scan_file_gb_s"] / scan["raw_read_gb_s"]}
+    ratios = {
+        **append_ratios(appends),
+        **concurrency_ratios(conc),
+        "scan_vs_raw_read": scan["scan_file_gb_s"] / scan["raw_read_gb_s"],
+    }
     results = {
         "meta": {
             "quick": cfg.quick,

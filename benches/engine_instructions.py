@@ -55,8 +55,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "callgrind.out")
         cmd = [sys.executable, __file__, "--workload", "--batches", str(args.batches)]
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], check=True, capture_output=True
+        )
         report = subprocess.run(["callgrind_annotate", out], check=True, capture_output=True, text=True).stdout
     total = int(re.search(r"^([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", report, re.M).group(1).replace(",", ""))
     native = sum(

@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -152,14 +151,30 @@ def measure(directory: pathlib.Path, seconds: float) -> dict[str, Any]:
     try:
         ports = []
         for i in range(3):
-            p = loadgen.track(subprocess.Popen(
-                [sys.executable, "-c", _REPLICA, str(directory / f"replica{i}"), str(FRAME), str(ACK), str(PREALLOCATED)],
-                stdout=subprocess.PIPE, text=True))
+            p = loadgen.track(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        _REPLICA,
+                        str(directory / f"replica{i}"),
+                        str(FRAME),
+                        str(ACK),
+                        str(PREALLOCATED),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
             procs.append(p)
             ports.append(_announced_port(p, f"replica {i}"))
-        relay = loadgen.track(subprocess.Popen(
-            [sys.executable, "-c", _RELAY_MAIN, str(pathlib.Path(__file__).resolve().parent), *ports],
-            stdout=subprocess.PIPE, text=True))
+        relay = loadgen.track(
+            subprocess.Popen(
+                [sys.executable, "-c", _RELAY_MAIN, str(pathlib.Path(__file__).resolve().parent), *ports],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
         procs.append(relay)
         port = int(_announced_port(relay, "relay"))
         frame, out = os.urandom(FRAME), []
@@ -178,8 +193,12 @@ def measure(directory: pathlib.Path, seconds: float) -> dict[str, Any]:
                 if t0 >= warm_until:
                     out.append(time.perf_counter() - t0)
         out.sort()
-        return {"p50_us": loadgen.percentile(out, 0.5) * 1e6, "p99_us": loadgen.percentile(out, 0.99) * 1e6,
-                "ops": len(out), "ops_per_s": len(out) / seconds}
+        return {
+            "p50_us": loadgen.percentile(out, 0.5) * 1e6,
+            "p99_us": loadgen.percentile(out, 0.99) * 1e6,
+            "ops": len(out),
+            "ops_per_s": len(out) / seconds,
+        }
     finally:
         for p in procs:
             loadgen.stop_process(p)
@@ -198,12 +217,20 @@ def main() -> int:
             rtt = loadgen.loopback_rtt_p50_us(3000)
             floor = measure(d / f"floor{r}", args.seconds)
             bound = 1.5 * (fsync["p50_us"] + 2 * rtt["p50_us"])
-            rows.append({"fdatasync_p50_us": fsync["p50_us"], "loopback_rtt_p50_us": rtt["p50_us"],
-                         "bound_us": bound, "floor": floor})
-            loadgen.log(f"round {r + 1}: write + fdatasync p50 {fsync['p50_us']:.0f} us, loopback round trip "
-                        f"p50 {rtt['p50_us']:.0f} us, bound 1.5 x ({fsync['p50_us']:.0f} + 2 x {rtt['p50_us']:.0f}) "
-                        f"= {bound:.0f} us; floor p50 {floor['p50_us']:.0f} us (p99 {floor['p99_us']:.0f}, "
-                        f"{floor['ops_per_s']:.0f} ops/s) = {floor['p50_us'] / bound:.2f} x the bound")
+            rows.append(
+                {
+                    "fdatasync_p50_us": fsync["p50_us"],
+                    "loopback_rtt_p50_us": rtt["p50_us"],
+                    "bound_us": bound,
+                    "floor": floor,
+                }
+            )
+            loadgen.log(
+                f"round {r + 1}: write + fdatasync p50 {fsync['p50_us']:.0f} us, loopback round trip "
+                f"p50 {rtt['p50_us']:.0f} us, bound 1.5 x ({fsync['p50_us']:.0f} + 2 x {rtt['p50_us']:.0f}) "
+                f"= {bound:.0f} us; floor p50 {floor['p50_us']:.0f} us (p99 {floor['p99_us']:.0f}, "
+                f"{floor['ops_per_s']:.0f} ops/s) = {floor['p50_us'] / bound:.2f} x the bound"
+            )
     if args.json:
         args.json.write_text(json.dumps({"rounds": rows}, indent=2) + "\n")
     return 0

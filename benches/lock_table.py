@@ -75,7 +75,11 @@ def run(kind: str, budget: int, ops: list[tuple[int, int, int]]) -> dict[str, fl
             failures += 1
             fp += not conflict
     seconds = time.perf_counter() - t0
-    return {"false_positive_rate": fp / len(ops), "failure_rate": failures / len(ops), "checks_per_s": len(ops) / seconds}
+    return {
+        "false_positive_rate": fp / len(ops),
+        "failure_rate": failures / len(ops),
+        "checks_per_s": len(ops) / seconds,
+    }
 
 
 def main() -> None:
@@ -90,9 +94,14 @@ def main() -> None:
         res = {k: run(k, budget, ops) for k in ("spec", "hybrid")}
         for k, v in res.items():
             rows.append({"budget": budget, "table": k, **v})
-            print(f"| {budget >> 10} KiB | {k} | {v['false_positive_rate']:.2%} | {v['failure_rate']:.2%} | {v['checks_per_s']:,.0f} |")
+            print(
+                f"| {budget >> 10} KiB | {k} | {v['false_positive_rate']:.2%} | {v['failure_rate']:.2%} | "
+                f"{v['checks_per_s']:,.0f} |"
+            )
         ratios[f"false_positives_hybrid_over_spec_{budget >> 10}k"] = (
-            res["hybrid"]["false_positive_rate"] / res["spec"]["false_positive_rate"] if res["spec"]["false_positive_rate"] else 0.0
+            res["hybrid"]["false_positive_rate"] / res["spec"]["false_positive_rate"]
+            if res["spec"]["false_positive_rate"]
+            else 0.0
         )
         ratios[f"speed_hybrid_over_spec_{budget >> 10}k"] = res["hybrid"]["checks_per_s"] / res["spec"]["checks_per_s"]
     if args.json:

@@ -25,7 +25,6 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tests"))
 
 from support.processes import start, stop, wait_http, write_config  # noqa: E402
-
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
 from waltz.server.store_session import StoreSession  # noqa: E402
@@ -56,13 +55,24 @@ def batch(n: int = BATCH) -> RecordBatch:
     return RecordBatch([(ReqId(1, 1, 0, i), 0, payload) for i in range(n)])
 
 
-async def pump(session: StoreSession, b: RecordBatch, stop_at: float | None, window: int, stamps: list[float], limit: int | None = None) -> int:
+async def pump(
+    session: StoreSession,
+    b: RecordBatch,
+    stop_at: float | None,
+    window: int,
+    stamps: list[float],
+    limit: int | None = None,
+) -> int:
     """Closed loop of `window` batches in flight until `stop_at` or `limit` transactions; returns how many committed."""
     committed = 0
 
     async def worker() -> None:
         nonlocal committed
-        while (stop_at is None or time.perf_counter() < stop_at) and (limit is None or committed < limit) and session.failed is None:
+        while (
+            (stop_at is None or time.perf_counter() < stop_at)
+            and (limit is None or committed < limit)
+            and session.failed is None
+        ):
             await session.append(b)
             committed += len(b)
             stamps.append(time.perf_counter())
@@ -87,7 +97,9 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
         nodes.append([config, ports, proc])
         meta.add_storage_node(f"127.0.0.1:{ports['port']}", ports["admin_port"], i)
         meta.assign_partition(f"127.0.0.1:{ports['port']}", 0)
-        async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=info.cluster_key, partition_count=1) as a:
+        async with await StorageAdminClient.connect(
+            "127.0.0.1", ports["admin_port"], cluster_key=info.cluster_key, partition_count=1
+        ) as a:
             await a.assign(0)
     out: dict[str, object] = {}
     try:
@@ -129,15 +141,19 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
         catch_up_s = time.perf_counter() - t0
         await session.close()
         await asyncio.gather(during, return_exceptions=True)
-        caught = (missed + len(stamps) * 10) * (RECORD + 44)  # record bytes on disk: data + 44 bytes of header and checksums
-        out.update({
-            "size_mb": size / 1e6,
-            "raw_sequential_write_mb_per_s": raw,
-            "fill_two_replicas_mb_per_s": missed * RECORD / fill_s / 1e6,
-            "catch_up_seconds": catch_up_s,
-            "catch_up_mb_per_s": caught / catch_up_s / 1e6,
-            "appends_committed_during_catch_up": len(stamps) * 10,
-        })
+        caught = (missed + len(stamps) * 10) * (
+            RECORD + 44
+        )  # record bytes on disk: data + 44 bytes of header and checksums
+        out.update(
+            {
+                "size_mb": size / 1e6,
+                "raw_sequential_write_mb_per_s": raw,
+                "fill_two_replicas_mb_per_s": missed * RECORD / fill_s / 1e6,
+                "catch_up_seconds": catch_up_s,
+                "catch_up_mb_per_s": caught / catch_up_s / 1e6,
+                "appends_committed_during_catch_up": len(stamps) * 10,
+            }
+        )
         out["ratios"] = {"catch_up_over_raw_write": out["catch_up_mb_per_s"] / raw}  # type: ignore[operator]
     finally:
         for _, _, proc in nodes:

@@ -40,13 +40,20 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from waltz._native import RecordBatch, Storage
 
 PARTITIONS = 4
 RECORD = 1024
-QUERY = ("count(*) AS n", "sum(length(data)) AS bytes", "sum(transaction_id) AS t", "sum(header) AS h",
-         "sum(client_id) AS c", "sum(generation) AS g", "sum(sequence) AS s", "sum(partition) AS p")
+QUERY = (
+    "count(*) AS n",
+    "sum(length(data)) AS bytes",
+    "sum(transaction_id) AS t",
+    "sum(header) AS h",
+    "sum(client_id) AS c",
+    "sum(generation) AS g",
+    "sum(sequence) AS s",
+    "sum(partition) AS p",
+)
 console = Console(stderr=True)
 
 
@@ -60,9 +67,12 @@ def default_dir() -> pathlib.Path:
 def write_log(path: pathlib.Path, n: int) -> None:
     per_batch = 2000
     payload = os.urandom(RECORD * per_batch + 4096)  # slices of it: incompressible, cheap to make
-    with Storage.create(path, uuid.uuid4(), PARTITIONS, segment_size=256 << 20) as storage, Progress(
-        TextColumn("writing the log"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-    ) as bar:
+    with (
+        Storage.create(path, uuid.uuid4(), PARTITIONS, segment_size=256 << 20) as storage,
+        Progress(
+            TextColumn("writing the log"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+        ) as bar,
+    ):
         task = bar.add_task("log", total=n)
         for p in range(PARTITIONS):
             storage.add_partition(p)
@@ -86,7 +96,6 @@ def write_log(path: pathlib.Path, n: int) -> None:
 def row_source() -> Any:
     """The `waltz` source with a row-at-a-time `read`: tuples instead of record batches."""
     from pyspark.sql.datasource import DataSourceReader, InputPartition
-
     from waltz.spark.datasource import WaltzDataSource
     from waltz.spark.options import Options
     from waltz.spark.source import RangePartition, WaltzReader
@@ -115,7 +124,6 @@ def row_source() -> Any:
 def ceiling_source(rows: int) -> Any:
     """A data source whose `read` only yields one prebuilt batch over and over."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
     from waltz.spark import SCHEMA
 
     class CeilingReader(DataSourceReader):
@@ -126,7 +134,6 @@ def ceiling_source(rows: int) -> Any:
             import struct
 
             import pyarrow as pa
-
             from waltz.spark.options import Options
 
             n, total = max(1, Options.batch_bytes // RECORD), partition.value  # the source's default batch
@@ -134,8 +141,15 @@ def ceiling_source(rows: int) -> Any:
             offsets = pa.py_buffer(struct.pack(f"={n + 1}i", *range(0, RECORD * (n + 1), RECORD)))
             i32 = pa.Array.from_buffers(pa.int32(), n, [None, zeros4])
             batch = pa.RecordBatch.from_arrays(
-                [i32, pa.Array.from_buffers(pa.int64(), n, [None, zeros8]), i32, i32, i32, i32,
-                 pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(os.urandom(RECORD * n))])],
+                [
+                    i32,
+                    pa.Array.from_buffers(pa.int64(), n, [None, zeros8]),
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                    pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(os.urandom(RECORD * n))]),
+                ],
                 names=["partition", "transaction_id", "header", "client_id", "generation", "sequence", "data"],
             )
             while total > 0:
@@ -184,8 +198,13 @@ def main() -> None:
     ap.add_argument("--json", type=pathlib.Path, help="results file (default benches/results/spark_scan[-quick].json)")
     ap.add_argument("--dir", type=pathlib.Path, default=default_dir(), help="where the log and the Parquet copy go")
     ap.add_argument("--batch-bytes", default="", help="comma-separated maxBytesPerBatch values to compare (a row each)")
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Spark setting for the session (repeatable), e.g. spark.python.unix.domain.socket.enabled=true")
+    ap.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session (repeatable), e.g. spark.python.unix.domain.socket.enabled=true",
+    )
     args = ap.parse_args()
     n = args.transactions or (300_000 if args.quick else 2_000_000)
     rounds = 1 if args.quick else 5
@@ -196,7 +215,6 @@ def main() -> None:
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
-
     from waltz.spark import register
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="waltz-spark-bench-", dir=args.dir))
@@ -204,9 +222,14 @@ def main() -> None:
     try:
         log_dir, parquet_dir = work / "log", work / "parquet"
         write_log(log_dir, n)
-        builder = (SparkSession.builder.master("local[2]").appName("waltz-spark-bench")
-                   .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.host", "127.0.0.1").config("spark.driver.memory", "2g"))
+        builder = (
+            SparkSession.builder.master("local[2]")
+            .appName("waltz-spark-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.memory", "2g")
+        )
         for key, value in settings.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
@@ -223,6 +246,7 @@ def main() -> None:
             "parquet": lambda: spark.read.parquet(str(parquet_dir)),
             "ceiling (arrow, no scan)": lambda: spark.read.format("waltz_ceiling").load(),
         }
+
         def batches_of(size: int) -> Any:
             return lambda: spark.read.format("waltz").option("maxBytesPerBatch", str(size)).load(str(log_dir))
 
@@ -230,7 +254,9 @@ def main() -> None:
             systems[f"waltz (arrow, batches of {size:,} B)"] = batches_of(size)
         results: dict[str, dict[str, float]] = {}
         expected = None
-        timed = interleaved({name: (lambda df=df: df().selectExpr(*QUERY).collect()) for name, df in systems.items()}, rounds)
+        timed = interleaved(
+            {name: (lambda df=df: df().selectExpr(*QUERY).collect()) for name, df in systems.items()}, rounds
+        )
         for name, (seconds, rows) in timed.items():
             got = tuple(rows[0])
             if name.startswith("ceiling"):
@@ -245,15 +271,31 @@ def main() -> None:
         for r in results.values():
             r["ratio_to_parquet"] = r["rows_per_s"] / base
         print(f"\n## Spark scan: {n:,} transactions of {RECORD} B, {PARTITIONS} partitions, local[2]\n")
-        print("| system | best of {} (s) | rows/s | MB/s | ÷ parquet |".format(rounds))
+        print(f"| system | best of {rounds} (s) | rows/s | MB/s | ÷ parquet |")
         print("|---|---|---|---|---|")
         for name, r in results.items():
-            print(f"| {name} | {r['seconds']:.2f} | {r['rows_per_s']:,.0f} | {r['mb_per_s']:,.0f} | {r['ratio_to_parquet']:.2f}× |")
+            print(
+                f"| {name} | {r['seconds']:.2f} | {r['rows_per_s']:,.0f} | {r['mb_per_s']:,.0f} | "
+                f"{r['ratio_to_parquet']:.2f}× |"
+            )
         met = results["waltz (arrow)"]["ratio_to_parquet"] >= 1.0
         print(f"\nTarget waltz (arrow) ≥ 1.0× parquet: {'MET' if met else 'MISSED'}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"transactions": n, "record_bytes": RECORD, "partitions": PARTITIONS, "rounds": rounds, "spark_conf": settings,
-                                   "results": results, "target_met": met}, indent=2) + "\n")
+        out.write_text(
+            json.dumps(
+                {
+                    "transactions": n,
+                    "record_bytes": RECORD,
+                    "partitions": PARTITIONS,
+                    "rounds": rounds,
+                    "spark_conf": settings,
+                    "results": results,
+                    "target_met": met,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         console.print(f"results: {out}")
     finally:
         if spark is not None:

@@ -29,26 +29,34 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
-
     from waltz.spark import register
 
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         cluster = LocalCluster.create(pathlib.Path(tmp) / "c", partitions=2, storage_nodes=3, servers=1)
         cluster.start()
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)
         try:
+
             def frame(n: int) -> object:
                 return spark.range(n, numPartitions=2).selectExpr(
-                    "CAST(id % 2 AS INT) AS partition", f"CAST(randstr({args.size}, 0) AS BINARY) AS data")
+                    "CAST(id % 2 AS INT) AS partition", f"CAST(randstr({args.size}, 0) AS BINARY) AS data"
+                )
 
             def write(n: int) -> float:
                 df = frame(n).cache()
                 df.count()
                 t = time.perf_counter()
-                df.write.format("waltz").option("metadata", str(cluster.metadata_url)).option("cluster", cluster.cluster).mode("append").save()
+                df.write.format("waltz").option("metadata", str(cluster.metadata_url)).option(
+                    "cluster", cluster.cluster
+                ).mode("append").save()
                 elapsed = time.perf_counter() - t
                 df.unpersist()
                 return n / elapsed

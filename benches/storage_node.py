@@ -14,13 +14,12 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-
-import socket
 
 from waltz._native import ResponseReader, encode_append, encode_request, raw_append_loop
 from waltz.storage import RecordBatch, ReqId, Storage, StorageClient, StorageNode
@@ -46,7 +45,9 @@ def in_process(path: pathlib.Path, batch: RecordBatch, seconds: float) -> float:
     return rate
 
 
-async def over_node(path: pathlib.Path, batch: RecordBatch, seconds: float, in_flight: int) -> tuple[float, list[float]]:
+async def over_node(
+    path: pathlib.Path, batch: RecordBatch, seconds: float, in_flight: int
+) -> tuple[float, list[float]]:
     key = uuid.uuid4()
     s = Storage.create(path, key, 1)
     s.add_partition(0)
@@ -129,13 +130,25 @@ def main(argv: list[str] | None = None) -> int:
     base = pathlib.Path(tempfile.mkdtemp(prefix="waltz-node-bench-", dir=args.dir))
     results: dict = {"cells": []}
     try:
-        for n, size, in_flight in ([(100, 1024, 8), (1, 1024, 1), (1, 1024, 16)] if args.quick else [(100, 1024, 8), (100, 1024, 32), (10, 1024, 16), (1, 1024, 1), (1, 1024, 16)]):
+        for n, size, in_flight in (
+            [(100, 1024, 8), (1, 1024, 1), (1, 1024, 16)]
+            if args.quick
+            else [(100, 1024, 8), (100, 1024, 32), (10, 1024, 16), (1, 1024, 1), (1, 1024, 16)]
+        ):
             batch = make_batch(n, size)
             local = in_process(base / f"local-{n}-{in_flight}", batch, seconds)
             remote, lat = asyncio.run(over_node(base / f"node-{n}-{in_flight}", batch, seconds, in_flight))
             results["cells"].append(
-                {"batch": n, "record": size, "in_flight": in_flight, "in_process_rec_s": local, "node_rec_s": remote,
-                 "ratio": remote / local, "p50_us": statistics.median(lat) * 1e6, "p99_us": sorted(lat)[int(len(lat) * 0.99)] * 1e6}
+                {
+                    "batch": n,
+                    "record": size,
+                    "in_flight": in_flight,
+                    "in_process_rec_s": local,
+                    "node_rec_s": remote,
+                    "ratio": remote / local,
+                    "p50_us": statistics.median(lat) * 1e6,
+                    "p99_us": sorted(lat)[int(len(lat) * 0.99)] * 1e6,
+                }
             )
         raw = raw_append_loop(str(base / "raw"), os.urandom(RECORD_OVERHEAD + 1024), 2000 if args.quick else 5000)
         raw_p50 = statistics.median(raw) / 1000
@@ -156,15 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     print("| batch | record | in flight | in-process rec/s | node rec/s | ÷ in-process | p50 µs | p99 µs |")
     print("|---|---|---|---|---|---|---|---|")
     for c in results["cells"]:
-        print(f"| {c['batch']} | {c['record']} | {c['in_flight']} | {c['in_process_rec_s']:,.0f} | {c['node_rec_s']:,.0f} | {c['ratio']:.2f} | {c['p50_us']:,.0f} | {c['p99_us']:,.0f} |")
+        print(
+            f"| {c['batch']} | {c['record']} | {c['in_flight']} | {c['in_process_rec_s']:,.0f} | "
+            f"{c['node_rec_s']:,.0f} | {c['ratio']:.2f} | {c['p50_us']:,.0f} | {c['p99_us']:,.0f} |"
+        )
     print()
     gap = thin_p50 - raw_p50
     print(f"raw write+fdatasync p50 (1 KiB): {raw_p50:.0f} µs")
-    print(f"single-record durable append round trip p50, thin blocking client: {thin_p50:.0f} µs "
-          f"(+{gap:.0f} µs, target <= 150): {'MET' if gap <= 150 else 'MISSED'}; "
-          f"a no-fsync request: {results['thin_client_no_fsync_request_p50_us']:.0f} µs")
-    print(f"the same through the asyncio StorageClient: {single['p50_us']:.0f} µs (+{single['p50_us'] - raw_p50:.0f} µs)")
-    print(f"node / in-process at batch 100 x 1 KiB: {main_cell['ratio']:.2f} (target >= 0.8): {'MET' if main_cell['ratio'] >= 0.8 else 'MISSED'}")
+    print(
+        f"single-record durable append round trip p50, thin blocking client: {thin_p50:.0f} µs "
+        f"(+{gap:.0f} µs, target <= 150): {'MET' if gap <= 150 else 'MISSED'}; "
+        f"a no-fsync request: {results['thin_client_no_fsync_request_p50_us']:.0f} µs"
+    )
+    print(
+        f"the same through the asyncio StorageClient: {single['p50_us']:.0f} µs (+{single['p50_us'] - raw_p50:.0f} µs)"
+    )
+    print(
+        f"node / in-process at batch 100 x 1 KiB: {main_cell['ratio']:.2f} (target >= 0.8): "
+        f"{'MET' if main_cell['ratio'] >= 0.8 else 'MISSED'}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

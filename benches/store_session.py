@@ -22,12 +22,10 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "tests"))
 
 from support.processes import start, stop, wait_http, write_config  # noqa: E402
-
 from waltz.cluster import open_store  # noqa: E402
 from waltz.cluster.metadata import ClusterMetadata  # noqa: E402
 from waltz.server.partition import AppendRequest, Committed, ServerPartition  # noqa: E402
@@ -104,7 +102,9 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
         mine = [q for q in range(partitions) if q % 2 == 0 or i == 0 or q >= 2 * len(CONFIGS)]
         for q in mine:
             meta.assign_partition(address, q)
-        async with await StorageAdminClient.connect("127.0.0.1", p["admin_port"], cluster_key=info.cluster_key, partition_count=partitions) as a:
+        async with await StorageAdminClient.connect(
+            "127.0.0.1", p["admin_port"], cluster_key=info.cluster_key, partition_count=partitions
+        ) as a:
             for q in mine:
                 await a.assign(q)
     pids = [os.getpid()] + [p.pid for p in procs]
@@ -120,7 +120,9 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
             await session.close()
             quorum = summarise(f"quorum 2 of 3, batch {b}, {window} in flight", committed, lat, elapsed, cpu)
 
-            client = await StorageClient.connect("127.0.0.1", ports[0]["port"], cluster_key=info.cluster_key, partition_count=partitions)
+            client = await StorageClient.connect(
+                "127.0.0.1", ports[0]["port"], cluster_key=info.cluster_key, partition_count=partitions
+            )
             nxt = 0
 
             async def one(x: RecordBatch, q: int = 2 * k + 1) -> None:
@@ -145,15 +147,20 @@ async def run(args: argparse.Namespace, root: pathlib.Path) -> dict[str, object]
 
             async def submit(_: object, part: ServerPartition = part) -> None:
                 s = next(seq)
-                r = await part.append(AppendRequest(ReqId(1, 1, part.partition_id, s), part.high_water_mark, 0, payload,
-                                                    write_locks=[s % 1000]))
+                r = await part.append(
+                    AppendRequest(
+                        ReqId(1, 1, part.partition_id, s), part.high_water_mark, 0, payload, write_locks=[s % 1000]
+                    )
+                )
                 assert isinstance(r, Committed), r
 
             c0, t0 = cpu_seconds(pids), time.perf_counter()
             committed, lat = await closed_loop(submit, make_batch(1), n, seconds)
             elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
             await part.close()
-            rows.append(summarise(f"partition, {n} appenders of single transactions, write locks", committed, lat, elapsed, cpu))
+            rows.append(
+                summarise(f"partition, {n} appenders of single transactions, write locks", committed, lat, elapsed, cpu)
+            )
     finally:
         for p in procs:
             stop(p)
@@ -170,7 +177,10 @@ def main() -> None:
         out = asyncio.run(run(args, pathlib.Path(d)))
     print("| run | tx/s | MB/s | p50 ms | p99 ms | CPU us/tx |\n|---|---|---|---|---|---|")
     for r in out["rows"]:  # type: ignore[attr-defined]
-        print(f"| {r['name']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_tx']:.0f} |")
+        print(
+            f"| {r['name']} | {r['tx_per_s']:,.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['cpu_us_per_tx']:.0f} |"
+        )
     for k, v in out["ratios"].items():  # type: ignore[attr-defined]
         print(f"{k}: {v:.2f}")
     if args.json:

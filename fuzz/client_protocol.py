@@ -41,7 +41,9 @@ def check_decode(msg_type: int, payload: bytes) -> cp.Message | None:
         return None
     assert m.TYPE == msg_type, (m, msg_type)
     again = m.payload()
-    if not (isinstance(m, cp.Failure) and int.from_bytes(payload[12:14], "big") not in cp.FailureKind._value2member_map_):
+    if not (
+        isinstance(m, cp.Failure) and int.from_bytes(payload[12:14], "big") not in cp.FailureKind._value2member_map_
+    ):
         assert again == payload, (m, payload, again)
     assert cp.decode(msg_type, again) == m, m
     return m

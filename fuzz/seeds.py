@@ -184,20 +184,29 @@ def client_seeds() -> list[bytes]:
     except ImportError:
         return []
     msgs: list[cp.Message] = [
-        cp.Hello(), cp.HelloOk(1), cp.Mount(1, 0, 7, -1, 1),
+        cp.Hello(),
+        cp.HelloOk(1),
+        cp.Mount(1, 0, 7, -1, 1),
         cp.MountResponse(1, 0, cp.MountStatus.READY, 10, 2),
         cp.Append((1, 2, 0, 3), 5, 0, b"payload", (1, 2), (3,), ()),
-        cp.LockFailure((1, 2, 0, 3), 9), cp.FeedRequest(2, 0, 5, 100),
+        cp.LockFailure((1, 2, 0, 3), 9),
+        cp.FeedRequest(2, 0, 5, 100),
         cp.FeedData(-1, 0, (cp.FeedEntry(6, (1, 2, 0, 3), 0), cp.FeedEntry(7, (1, 2, 0, 4), 1))),
-        cp.Flush(3, 0), cp.FlushResponse(3, 0, 7), cp.TransactionDataRequest(4, 0, 6),
-        cp.TransactionDataResponse(4, 0, 6, b"data"), cp.HighWaterMarkRequest(5, 0),
-        cp.HighWaterMarkResponse(5, 0, 7), cp.Failure(6, 0, cp.FailureKind.NOT_COMMITTED, "not yet"),
+        cp.Flush(3, 0),
+        cp.FlushResponse(3, 0, 7),
+        cp.TransactionDataRequest(4, 0, 6),
+        cp.TransactionDataResponse(4, 0, 6, b"data"),
+        cp.HighWaterMarkRequest(5, 0),
+        cp.HighWaterMarkResponse(5, 0, 7),
+        cp.Failure(6, 0, cp.FailureKind.NOT_COMMITTED, "not yet"),
     ]
     # Mode byte of fuzz/client_protocol.py (its docstring has the details): 0 = type and
     # payload to decode(); 1 = (type, length, payload) list framed and fed in chunks; 2 = raw
     # bytes to the MessageReader.
     seeds = [bytes([0, m.TYPE]) + m.payload() for m in msgs]
-    seeds.append(bytes([1, 7]) + b"".join(bytes([m.TYPE]) + struct.pack(">H", len(m.payload())) + m.payload() for m in msgs[:5]))
+    seeds.append(
+        bytes([1, 7]) + b"".join(bytes([m.TYPE]) + struct.pack(">H", len(m.payload())) + m.payload() for m in msgs[:5])
+    )
     seeds.append(bytes([2, 5]) + b"".join(m.frame() for m in msgs[5:9]))
     # Modes 3 and 4: storage and admin responses, (type, length, payload) each.
     for mode, frames in ((3, storage_frames()), (4, admin_frames())):

@@ -99,8 +99,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         check_engine(pathlib.Path(d) / "engine")
         check_client(pathlib.Path(d) / "cluster")
-    print(f"check_wheel: waltz {waltz.__version__} from {where} without extras: the engine appends, reopens and "
-          f"reads back; a client committed and applied {TRANSACTIONS} transactions through a local cluster")
+    print(
+        f"check_wheel: waltz {waltz.__version__} from {where} without extras: the engine appends, reopens and "
+        f"reads back; a client committed and applied {TRANSACTIONS} transactions through a local cluster"
+    )
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ def table() -> list[tuple[str, str, str]]:
 
 def blocks(rows: list[tuple[str, str, str]]) -> dict[tuple[pathlib.Path, str], str]:
     names = sorted(name for name, _, _ in rows)
-    imports = "from waltz._native import (\n" + "".join(f"    {n},\n" for n in names) + ")\n"
+    imports = "from waltz._native import (\n" + "".join(f"    {n},\n" for n in names) + ")\n\n"
     exports = "__all__ += [\n" + "".join(f'    "{n}",\n' for n in names) + "]\n"
-    stub = "".join(f'class {name}({base}):\n    """{doc}"""\n\n' for name, base, doc in rows).rstrip("\n") + "\n"
+    stub = "".join(f'class {name}({base}):\n    """{doc}"""\n\n' for name, base, doc in rows)
     return {(ERRORS, "imports"): imports, (ERRORS, "exports"): exports, (STUB, "classes"): stub}
 
 

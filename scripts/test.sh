@@ -11,6 +11,10 @@ echo "== cargo fmt --check (rustfmt.toml)"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
 
+echo "== ruff format --check, ruff check ([tool.ruff] in pyproject.toml)"
+.venv/bin/ruff format --check .
+.venv/bin/ruff check .
+
 echo "== cargo test (engine units)"
 cargo test --quiet --no-default-features
 

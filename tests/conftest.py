@@ -58,5 +58,7 @@ def metadata_url(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> str:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--seeds", type=int, default=300, help="seeds of the deterministic recovery simulation (tests/simulation)")
+    parser.addoption(
+        "--seeds", type=int, default=300, help="seeds of the deterministic recovery simulation (tests/simulation)"
+    )
     parser.addoption("--first-seed", type=int, default=0, help="the first simulation seed")

@@ -65,17 +65,43 @@ class EtcdCluster:
             d = self.directory / f"m{i}"
             d.mkdir(parents=True)
             with open(d / "etcd.log", "wb") as logf:
-                self.procs.append(track(subprocess.Popen(
-                    ["etcd", "--name", f"m{i}", "--data-dir", str(d / "data"),
-                     "--listen-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-                     "--advertise-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-                     "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                     "--initial-cluster", initial, "--initial-cluster-token", "waltz-bench",
-                     "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr",
-                     "--log-level", "warn"],
-                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
-                )))
+                self.procs.append(
+                    track(
+                        subprocess.Popen(
+                            [
+                                "etcd",
+                                "--name",
+                                f"m{i}",
+                                "--data-dir",
+                                str(d / "data"),
+                                "--listen-client-urls",
+                                f"http://127.0.0.1:{self.client_ports[i]}",
+                                "--advertise-client-urls",
+                                f"http://127.0.0.1:{self.client_ports[i]}",
+                                "--listen-peer-urls",
+                                f"http://127.0.0.1:{self.peer_ports[i]}",
+                                "--initial-advertise-peer-urls",
+                                f"http://127.0.0.1:{self.peer_ports[i]}",
+                                "--initial-cluster",
+                                initial,
+                                "--initial-cluster-token",
+                                "waltz-bench",
+                                "--initial-cluster-state",
+                                "new",
+                                "--logger",
+                                "zap",
+                                "--log-outputs",
+                                "stderr",
+                                "--log-level",
+                                "warn",
+                            ],
+                            stdin=subprocess.DEVNULL,
+                            stdout=logf,
+                            stderr=logf,
+                            start_new_session=True,
+                        )
+                    )
+                )
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
@@ -96,7 +122,9 @@ class EtcdCluster:
             leaders = {s.get("leader") for s in status}
             if all(h.get("health") == "true" for h in health) and len(leaders) == 1 and None not in leaders:
                 leader = leaders.pop()
-                self.leader_port = next(port for port, s in zip(self.client_ports, status) if s["header"]["member_id"] == leader)
+                self.leader_port = next(
+                    port for port, s in zip(self.client_ports, status) if s["header"]["member_id"] == leader
+                )
                 log(f"etcd {version()}: 3 members healthy, leader on :{self.leader_port}")
                 return
             last = f"health {health}, leaders {leaders}"
@@ -126,7 +154,9 @@ class EtcdSession:
         try:
             import aetcd
         except ImportError:
-            raise PeerUnavailable("the etcd client is missing: pip install --group bench (aetcd; scripts/setup.sh installs it)") from None
+            raise PeerUnavailable(
+                "the etcd client is missing: pip install --group bench (aetcd; scripts/setup.sh installs it)"
+            ) from None
         client = aetcd.Client(host="127.0.0.1", port=port, timeout=30)
         await client.connect()
         return cls(client, cid)

@@ -43,6 +43,7 @@ class PeerUnavailable(RuntimeError):
 
 # ---- processes ------------------------------------------------------------------------------
 
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads), 0 once it is gone."""
     try:
@@ -127,6 +128,7 @@ def ensure_installed(what: str, present: Callable[[], bool], apt_packages: list[
 
 # ---- the load generator ---------------------------------------------------------------------
 
+
 class Session(Protocol):
     async def op(self, payload: bytes) -> int:
         """One write, returning once it is committed; the number of retries it took."""
@@ -198,6 +200,7 @@ async def closed_loop(
 
 # ---- references measured in the same run ----------------------------------------------------
 
+
 def fdatasync_p50_us(directory: pathlib.Path, calls: int) -> dict[str, float]:
     """write + fdatasync of one 1 KiB record (its encoded size: 40 + 1024 bytes) in a native loop."""
     from waltz._native import raw_append_loop
@@ -221,7 +224,12 @@ def fdatasync_majority_p50_us(directory: pathlib.Path, calls: int, writers: int 
     with ThreadPoolExecutor(writers) as pool:  # the native loop runs without the GIL
         runs = list(pool.map(lambda i: raw_append_loop(str(directory / f"w{i}"), payload, calls), range(writers)))
     ns = sorted(x for r in runs for x in r)
-    return {"p50_us": percentile(ns, 0.5) / 1e3, "p99_us": percentile(ns, 0.99) / 1e3, "calls": calls, "writers": writers}
+    return {
+        "p50_us": percentile(ns, 0.5) / 1e3,
+        "p99_us": percentile(ns, 0.99) / 1e3,
+        "calls": calls,
+        "writers": writers,
+    }
 
 
 _ECHO = """

@@ -70,11 +70,25 @@ class ZooKeeperEnsemble:
                 "maxClientCnxns=0\n" + servers
             )
             with open(d / "zookeeper.log", "wb") as logf:
-                self.procs.append(track(subprocess.Popen(
-                    ["java", "-Xmx1g", "-Dzookeeper.root.logger=WARN,CONSOLE", "-cp", f"{CONF}:{JAR}",
-                     "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(d / "zoo.cfg")],
-                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
-                )))
+                self.procs.append(
+                    track(
+                        subprocess.Popen(
+                            [
+                                "java",
+                                "-Xmx1g",
+                                "-Dzookeeper.root.logger=WARN,CONSOLE",
+                                "-cp",
+                                f"{CONF}:{JAR}",
+                                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                                str(d / "zoo.cfg"),
+                            ],
+                            stdin=subprocess.DEVNULL,
+                            stdout=logf,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
+                )
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
@@ -87,11 +101,20 @@ class ZooKeeperEnsemble:
                     raise PeerUnavailable(f"ZooKeeper server {i + 1} exited: {self.log_tail(i)}")
             oks = [four_letter(port, "ruok") for port in self.client_ports]
             srvr = [four_letter(port, "srvr") for port in self.client_ports]
-            modes = [next((line.split(":", 1)[1].strip() for line in s.splitlines() if line.startswith("Mode:")), "") for s in srvr]
+            modes = [
+                next((line.split(":", 1)[1].strip() for line in s.splitlines() if line.startswith("Mode:")), "")
+                for s in srvr
+            ]
             if all(o == "imok" for o in oks) and sorted(modes) == ["follower", "follower", "leader"]:
                 self.leader_port = self.client_ports[modes.index("leader")]
-                self.version = next((line.split(":", 1)[1].split("-")[0].strip() for line in srvr[0].splitlines()
-                                     if line.startswith("Zookeeper version")), "?")
+                self.version = next(
+                    (
+                        line.split(":", 1)[1].split("-")[0].strip()
+                        for line in srvr[0].splitlines()
+                        if line.startswith("Zookeeper version")
+                    ),
+                    "?",
+                )
                 log(f"ZooKeeper {self.version}: ensemble of 3 healthy, leader on :{self.leader_port}")
                 return
             time.sleep(0.2)

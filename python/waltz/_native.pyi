@@ -256,6 +256,7 @@ class ResponseReader:
 @final
 class FrameReader:
     """Splits a byte stream into (message type, payload) frames of one protocol (magic)."""
+
     max_frame: int
     """The largest frame accepted, checked as soon as a frame's length arrives."""
     def __new__(cls, magic: int, max_frame: int = 64 << 20) -> FrameReader: ...
@@ -269,6 +270,7 @@ def encode_frame(magic: int, msg_type: int, payload: bytes) -> bytes:
 @final
 class RequestKind:
     """A storage-protocol request an encoder can build (Append has its own, `encode_append`)."""
+
     HELLO: ClassVar[RequestKind]
     OPEN: ClassVar[RequestKind]
     LAST_SESSION_INFO: ClassVar[RequestKind]
@@ -298,6 +300,7 @@ _RequestName = Literal[
 @final
 class AdminRequestKind:
     """An admin-protocol request an encoder can build (Append has its own, `encode_admin_append`)."""
+
     HELLO: ClassVar[AdminRequestKind]
     OPEN: ClassVar[AdminRequestKind]
     ASSIGN: ClassVar[AdminRequestKind]
@@ -513,5 +516,5 @@ class ProtocolError(WaltzError):
 
 class InternalError(WaltzError):
     """A bug: an invariant of the engine failed."""
-# END generated exceptions classes
 
+# END generated exceptions classes

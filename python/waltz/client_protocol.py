@@ -227,8 +227,14 @@ class Mount(Message):
     def payload(self) -> bytes:
         if len(self.client_token) != TOKEN_BYTES:
             raise ValueError(f"a client token is {TOKEN_BYTES} bytes, not {len(self.client_token)}")
-        return self.LAYOUT.pack(self.seq, self.partition, self.client_id, self.client_high_water_mark,
-                                self.connection_seq, self.client_token)
+        return self.LAYOUT.pack(
+            self.seq,
+            self.partition,
+            self.client_id,
+            self.client_high_water_mark,
+            self.connection_seq,
+            self.client_token,
+        )
 
     @classmethod
     def parse(cls, r: _Reader) -> Mount:
@@ -272,13 +278,22 @@ class Append(Message):
 
     def payload(self) -> bytes:
         if not (self.write_locks or self.read_locks or self.append_locks):  # a client's hot path
-            head = _LOCKLESS_APPEND.pack(*self.req_id, self.client_high_water_mark, 0, 0, 0, self.header, len(self.data))
+            head = _LOCKLESS_APPEND.pack(
+                *self.req_id, self.client_high_water_mark, 0, 0, 0, self.header, len(self.data)
+            )
             return b"".join((head, self.data, _U32.pack(zlib.crc32(self.data))))
-        return b"".join((
-            _REQ.pack(*self.req_id), _I64.pack(self.client_high_water_mark),
-            _locks(self.write_locks), _locks(self.read_locks), _locks(self.append_locks),
-            _I32.pack(self.header), _raw(self.data), _U32.pack(zlib.crc32(self.data)),
-        ))
+        return b"".join(
+            (
+                _REQ.pack(*self.req_id),
+                _I64.pack(self.client_high_water_mark),
+                _locks(self.write_locks),
+                _locks(self.read_locks),
+                _locks(self.append_locks),
+                _I32.pack(self.header),
+                _raw(self.data),
+                _U32.pack(zlib.crc32(self.data)),
+            )
+        )
 
     @classmethod
     def parse(cls, r: _Reader) -> Append:
@@ -289,7 +304,7 @@ class Append(Message):
             c, g, p, s, hwm, nw, nr, na, header, n = _LOCKLESS_APPEND.unpack_from(r.b)
             end = _LOCKLESS_APPEND.size + n
             if nw == nr == na == 0 and n >= 0 and end + 4 == len(r.b):
-                data = bytes(r.b[_LOCKLESS_APPEND.size:end])
+                data = bytes(r.b[_LOCKLESS_APPEND.size : end])
                 if zlib.crc32(data) == _U32.unpack_from(r.b, end)[0]:
                     r.i = len(r.b)
                     return cls((c, g, p, s), hwm, header, data)
@@ -417,7 +432,11 @@ class TransactionDataResponse(Message):
     data: bytes
 
     def payload(self) -> bytes:
-        return struct.pack(">qiq", self.seq, self.partition, self.transaction_id) + _raw(self.data) + _U32.pack(zlib.crc32(self.data))
+        return (
+            struct.pack(">qiq", self.seq, self.partition, self.transaction_id)
+            + _raw(self.data)
+            + _U32.pack(zlib.crc32(self.data))
+        )
 
     @classmethod
     def parse(cls, r: _Reader) -> TransactionDataResponse:
@@ -465,8 +484,23 @@ class Failure(Message):
 
 MESSAGES: dict[int, type[Message]] = {
     m.TYPE: m
-    for m in (Hello, HelloOk, Mount, MountResponse, Append, LockFailure, FeedRequest, FeedData, Flush, FlushResponse,
-              TransactionDataRequest, TransactionDataResponse, HighWaterMarkRequest, HighWaterMarkResponse, Failure)
+    for m in (
+        Hello,
+        HelloOk,
+        Mount,
+        MountResponse,
+        Append,
+        LockFailure,
+        FeedRequest,
+        FeedData,
+        Flush,
+        FlushResponse,
+        TransactionDataRequest,
+        TransactionDataResponse,
+        HighWaterMarkRequest,
+        HighWaterMarkResponse,
+        Failure,
+    )
 }
 
 

@@ -174,7 +174,7 @@ def _env_overrides(cls: type[Any], prefix: str, env: Mapping[str, str]) -> tuple
     tables: dict[str, dict[str, Any]] = {}
     used = sorted(name for name in env if name.upper().startswith(prefix))
     for variable in used:
-        section, sep, key = variable[len(prefix):].lower().partition("__")
+        section, sep, key = variable[len(prefix) :].lower().partition("__")
         if not sep or not key:
             raise ConfigError(f"{variable}: name a section and a key, as {prefix}<SECTION>__<KEY>")
         if section not in sections:
@@ -202,8 +202,15 @@ def _merge(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[st
 C = TypeVar("C")
 
 
-def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str = "", *,
-          env_prefix: str, env: Mapping[str, str] | None) -> tuple[C, str]:
+def _load(
+    path: pathlib.Path,
+    cls: type[C],
+    required: tuple[str, str],
+    hint: str = "",
+    *,
+    env_prefix: str,
+    env: Mapping[str, str] | None,
+) -> tuple[C, str]:
     """Reads a TOML file whose sections are the fields of `cls` (each a dataclass), with the
     `env_prefix` variables of `env` (the process's environment by default) over it. Returns the
     configuration and the name its errors go by: the file, and the variables when there are any."""
@@ -223,15 +230,18 @@ def _load(path: pathlib.Path, cls: type[C], required: tuple[str, str], hint: str
             raise ConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     config = cls(**values)
     level = config.logging.level  # type: ignore[attr-defined]
-    _requirer(where)(level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error")
+    _requirer(where)(
+        level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "[logging] level: one of debug, info, warning, error"
+    )
     return config, where
 
 
 def load_storage_node_config(path: str | pathlib.Path, env: Mapping[str, str] | None = None) -> StorageNodeConfig:
     """The file at `path` with the `WALTZ_STORAGE__<SECTION>__<KEY>` variables of `env` (default:
     the process's environment) over it."""
-    config, where = _load(pathlib.Path(path), StorageNodeConfig, ("storage", "directory"),
-                          env_prefix=STORAGE_ENV_PREFIX, env=env)
+    config, where = _load(
+        pathlib.Path(path), StorageNodeConfig, ("storage", "directory"), env_prefix=STORAGE_ENV_PREFIX, env=env
+    )
     _check_ranges(where, config)
     return config
 
@@ -306,29 +316,46 @@ class ServerConfig:
 def load_server_config(path: str | pathlib.Path, env: Mapping[str, str] | None = None) -> ServerConfig:
     """The file at `path` with the `WALTZ_SERVER__<SECTION>__<KEY>` variables of `env` (default:
     the process's environment) over it."""
-    config, where = _load(pathlib.Path(path), ServerConfig, ("server", "metadata"),
-                          " (zk://host:port/chroot or embedded:/path/metadata.db)", env_prefix=SERVER_ENV_PREFIX, env=env)
+    config, where = _load(
+        pathlib.Path(path),
+        ServerConfig,
+        ("server", "metadata"),
+        " (zk://host:port/chroot or embedded:/path/metadata.db)",
+        env_prefix=SERVER_ENV_PREFIX,
+        env=env,
+    )
     need = _requirer(where)
     need(0 <= config.server.port <= 65535, "[server] port must be between 0 and 65535")
     need(0 <= config.server.http_port <= 65535, "[server] http_port must be between 0 and 65535")
     need(0 < config.server.session_timeout <= 600, "[server] session_timeout must be between 0 and 600 seconds")
     if config.server.advertised_address:
         host, sep, port = config.server.advertised_address.rpartition(":")
-        need(bool(sep and host and port.isdigit() and 0 < int(port) < 65536), "[server] advertised_address must be host:port")
+        need(
+            bool(sep and host and port.isdigit() and 0 < int(port) < 65536),
+            "[server] advertised_address must be host:port",
+        )
     need(config.server.max_connections > 0, "[server] max_connections must be positive")
     need(0 < config.server.handshake_timeout <= 600, "[server] handshake_timeout must be between 0 and 600 seconds")
     need(config.server.mount_timeout > 0, "[server] mount_timeout must be positive")
-    need(1024 <= config.server.max_frame_before_mount <= CLIENT_FRAME_LIMIT,
-         f"[server] max_frame_before_mount must be between 1024 and {CLIENT_FRAME_LIMIT}")
-    need(config.server.event_loop in EVENT_LOOPS, f"[server] event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
+    need(
+        1024 <= config.server.max_frame_before_mount <= CLIENT_FRAME_LIMIT,
+        f"[server] max_frame_before_mount must be between 1024 and {CLIENT_FRAME_LIMIT}",
+    )
+    need(
+        config.server.event_loop in EVENT_LOOPS,
+        f"[server] event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}",
+    )
     for f in dataclasses.fields(PartitionSection):
         if f.name != "gather_turns":
             need(getattr(config.partition, f.name) > 0, f"[partition] {f.name} must be positive")
     need(0 <= config.partition.gather_turns <= 1000, "[partition] gather_turns must be between 0 and 1000")
     p = config.partition
     frame = p.max_batch_bytes + p.max_transaction_bytes + p.max_batch_records * RECORD_FRAMING + 1024
-    need(frame <= FRAME_LIMIT,
-         f"[partition] max_batch_bytes + max_transaction_bytes (+ {RECORD_FRAMING} bytes per record of max_batch_records) "
-         f"must fit one frame of {FRAME_LIMIT} bytes, the most a storage node takes ({frame} here): a batch gathers "
-         "transactions while under max_batch_bytes, so its last one may bring it to their sum")
+    need(
+        frame <= FRAME_LIMIT,
+        f"[partition] max_batch_bytes + max_transaction_bytes (+ {RECORD_FRAMING} bytes per record of "
+        "max_batch_records) "
+        f"must fit one frame of {FRAME_LIMIT} bytes, the most a storage node takes ({frame} here): a batch gathers "
+        "transactions while under max_batch_bytes, so its last one may bring it to their sum",
+    )
     return config

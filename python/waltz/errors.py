@@ -30,6 +30,7 @@ from waltz._native import (
     StorageLockedError,
     WaltzError,
 )
+
 # END generated exceptions imports
 
 

@@ -25,7 +25,9 @@ def loop_factory(name: str, setting: str) -> Callable[[], asyncio.AbstractEventL
     try:
         import uvloop
     except ImportError as e:
-        raise ConfigError(f'{setting} is "uvloop" but it cannot be imported ({e}): install uvloop, or set it to "asyncio"') from None
+        raise ConfigError(
+            f'{setting} is "uvloop" but it cannot be imported ({e}): install uvloop, or set it to "asyncio"'
+        ) from None
     return uvloop.new_event_loop
 
 

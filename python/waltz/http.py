@@ -97,12 +97,16 @@ class _BoundedServer(ThreadingHTTPServer):
             if self._open >= MAX_CONNECTIONS:
                 victim = min(self._reading, key=self._reading.__getitem__, default=None)
                 if victim is None:
-                    self.refusals.refuse("max_connections", f"{client_address}: {MAX_CONNECTIONS} requests are being answered")
+                    self.refusals.refuse(
+                        "max_connections", f"{client_address}: {MAX_CONNECTIONS} requests are being answered"
+                    )
                     self.shutdown_request(request)
                     return
                 age = time.monotonic() - self._reading.pop(victim)
                 self._evicted.add(victim)
-                self.refusals.refuse("evicted", f"a connection reading its request for {age:.1f} s made way for {client_address}")
+                self.refusals.refuse(
+                    "evicted", f"a connection reading its request for {age:.1f} s made way for {client_address}"
+                )
                 with contextlib.suppress(OSError):
                     victim.shutdown(socket.SHUT_RDWR)
             else:
@@ -134,19 +138,28 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 def serve_endpoint(
-    host: str, port: int, registry: CollectorRegistry, health: Health, *, timeout: float = REQUEST_TIMEOUT,
+    host: str,
+    port: int,
+    registry: CollectorRegistry,
+    health: Health,
+    *,
+    timeout: float = REQUEST_TIMEOUT,
 ) -> ThreadingHTTPServer:
     """Starts the endpoint on a daemon thread; `server.shutdown()` stops it. A connection whose
     request head has not arrived whole within `timeout` seconds is closed. Refusals are counted
     in `waltz_http_refusals_total` (by reason) of `registry` and logged."""
-    refused = Counter("waltz_http_refusals", "HTTP connections closed by a limit, by reason", ["reason"], registry=registry)
+    refused = Counter(
+        "waltz_http_refusals", "HTTP connections closed by a limit, by reason", ["reason"], registry=registry
+    )
     refusals = _CountedRefusals(refused)
 
     class Handler(BaseHTTPRequestHandler):
         def setup(self) -> None:
             super().setup()
             self.rfile.close()  # the socket's own file; ours reads under the request's deadline
-            self.rfile = io.BufferedReader(_DeadlineSocketReader(self.connection, time.monotonic() + timeout, self._timed_out))
+            self.rfile = io.BufferedReader(
+                _DeadlineSocketReader(self.connection, time.monotonic() + timeout, self._timed_out)
+            )
 
         def _timed_out(self) -> None:
             refusals.refuse("request_timeout", f"{self.client_address}: no whole request within {timeout:g} s")

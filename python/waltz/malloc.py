@@ -31,10 +31,18 @@ def release_large_blocks() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+        ok = bool(
+            libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+        )
     except (OSError, AttributeError) as e:
-        log.warning("could not set the allocator's thresholds (%s): memory freed after large records may stay with the process", e)
+        log.warning(
+            "could not set the allocator's thresholds (%s): memory freed after large records may stay with the process",
+            e,
+        )
         return False
     if not ok:
-        log.warning("mallopt refused the allocator thresholds: memory freed after large records may stay with the process")
+        log.warning(
+            "mallopt refused the allocator thresholds: memory freed after large records may stay with the process"
+        )
     return ok

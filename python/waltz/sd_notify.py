@@ -25,6 +25,8 @@ def notify(state: str) -> bool:
             s.connect(address)
             s.sendall(state.encode())
     except OSError as e:
-        log.warning("cannot notify the service manager at %s (%s): %s", os.environ["NOTIFY_SOCKET"], state.split("\n")[0], e)
+        log.warning(
+            "cannot notify the service manager at %s (%s): %s", os.environ["NOTIFY_SOCKET"], state.split("\n")[0], e
+        )
         return False
     return True

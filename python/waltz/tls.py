@@ -55,8 +55,9 @@ def check(values: Sequence[Path | None], names: Sequence[str] = _KEYS, where: st
         _load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), (ca, cert, key), names, where)
 
 
-def _load(context: ssl.SSLContext, files: tuple[Path, Path, Path], names: Sequence[str] = _KEYS,
-          where: str = "[tls]") -> ssl.SSLContext:
+def _load(
+    context: ssl.SSLContext, files: tuple[Path, Path, Path], names: Sequence[str] = _KEYS, where: str = "[tls]"
+) -> ssl.SSLContext:
     (ca, cert, key), (ca_name, cert_name, key_name) = files, names
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -67,7 +68,8 @@ def _load(context: ssl.SSLContext, files: tuple[Path, Path, Path], names: Sequen
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as e:
         raise ConfigError(
-            f"{where} {cert_name} = {str(cert)!r}, {key_name} = {str(key)!r}: not a PEM certificate and its private key ({e})"
+            f"{where} {cert_name} = {str(cert)!r}, {key_name} = {str(key)!r}: not a PEM certificate and its private "
+            f"key ({e})"
         ) from None
     return context
 
@@ -119,10 +121,23 @@ class TlsSection:
 
 # -- why a handshake failed ------------------------------------------------------------------
 
-_NOT_TLS = {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL",
-            "HTTP_REQUEST", "UNEXPECTED_RECORD", "RECORD_TOO_LARGE"}
-_CERT_REFUSED = {"TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
-                 "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_EXPIRED", "TLSV1_ALERT_DECRYPT_ERROR"}
+_NOT_TLS = {
+    "WRONG_VERSION_NUMBER",
+    "RECORD_LAYER_FAILURE",
+    "PACKET_LENGTH_TOO_LONG",
+    "UNKNOWN_PROTOCOL",
+    "HTTP_REQUEST",
+    "UNEXPECTED_RECORD",
+    "RECORD_TOO_LARGE",
+}
+_CERT_REFUSED = {
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "TLSV1_ALERT_DECRYPT_ERROR",
+}
 
 
 def describe(exc: BaseException, *, client: bool) -> str:
@@ -138,7 +153,10 @@ def describe(exc: BaseException, *, client: bool) -> str:
     if isinstance(exc, TimeoutError) or (isinstance(exc, ConnectionAbortedError) and "longer than" in str(exc)):
         return "no TLS handshake in time"
     if reason in _NOT_TLS:
-        return f"the {'peer' if client else 'client'} does not speak TLS: a plaintext {'port' if client else 'client on this TLS port'} [{reason}]"
+        return (
+            f"the {'peer' if client else 'client'} does not speak TLS: a plaintext "
+            f"{'port' if client else 'client on this TLS port'} [{reason}]"
+        )
     if client:
         if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
             return f"the peer requires a client certificate and we presented none [{reason}]"
@@ -146,15 +164,24 @@ def describe(exc: BaseException, *, client: bool) -> str:
             return f"the peer refused the handshake: it requires a client certificate (did we present one?) [{reason}]"
         if reason in _CERT_REFUSED:
             return f"the peer refused our certificate: it is not signed by a CA the peer trusts [{reason}]"
-        if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError)) or "EOF" in reason:
-            return ("the peer closed the connection during the handshake: a plaintext port, it refused our "
-                    "certificate, or it was at its connection limit (a storage node's [node] max_connections); its log says which")
+        if (
+            isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError))
+            or "EOF" in reason
+        ):
+            return (
+                "the peer closed the connection during the handshake: a plaintext port, it refused our "
+                "certificate, or it was at its connection limit (a storage node's [node] max_connections); its log "
+                "says which"
+            )
     else:
         if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
             return f"the client presented no certificate (mutual TLS requires one) [{reason}]"
         if reason in _CERT_REFUSED:
             return f"the client does not trust our certificate: it is not signed by the client's CA [{reason}]"
-        if isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError)) or "EOF" in reason:
+        if (
+            isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, EOFError, asyncio.IncompleteReadError))
+            or "EOF" in reason
+        ):
             return "the client closed the connection during the handshake (it may not trust our certificate)"
     return str(exc) or type(exc).__name__
 
@@ -174,8 +201,10 @@ def looks_like_tls(data: bytes) -> bool:
 
 def plaintext_refused(peer: str) -> TlsError:
     """For a plaintext connection of ours whose peer answered with TLS (an alert)."""
-    return TlsError(f"{peer} answered with TLS: it requires mutual TLS, and this connection is plaintext "
-                    "(configure the CA, certificate and key: [tls], tls_ca/tls_cert/tls_key or --tls-*)")
+    return TlsError(
+        f"{peer} answered with TLS: it requires mutual TLS, and this connection is plaintext "
+        "(configure the CA, certificate and key: [tls], tls_ca/tls_cert/tls_key or --tls-*)"
+    )
 
 
 # -- connecting and accepting ------------------------------------------------------------------
@@ -208,10 +237,12 @@ def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseExc
     if exc is None or isinstance(exc, (ssl.SSLEOFError, ConnectionResetError, ConnectionAbortedError, EOFError)):
         # Our side of the handshake succeeded, so the peer speaks TLS and we trust it: a close
         # without an alert (Python peers send none) is its refusal of our certificate.
-        error = TlsError(f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
-                         "refused our certificate (none, one not signed by a CA it trusts, or one without a role "
-                         "that port admits), or it was at its connection limit (a server's [server] "
-                         "max_connections); its log says which")
+        error = TlsError(
+            f"TLS with {peer} failed: the peer closed the connection right after the handshake: it "
+            "refused our certificate (none, one not signed by a CA it trusts, or one without a role "
+            "that port admits), or it was at its connection limit (a server's [server] "
+            "max_connections); its log says which"
+        )
         error.__cause__ = exc
         return error
     if isinstance(exc, ssl.SSLError):
@@ -236,7 +267,9 @@ async def start_server(
     if context is None:
         return await asyncio.start_server(on_client, host, port)
     # The loop's resolver (a thread), as asyncio.start_server does: a host name must not block the loop.
-    infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
     family, _, _, _, address = infos[0]
     return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout, roles)
 
@@ -286,7 +319,7 @@ class TlsListener:
             transport, _ = await loop.connect_accepted_socket(
                 lambda: protocol, conn, ssl=self._context, ssl_handshake_timeout=self._timeout
             )
-        except (*_HANDSHAKE_FAILURES, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, *_HANDSHAKE_FAILURES, OSError) as e:
             log.warning("TLS handshake with %s %s failed: %s", self._what, _address(peer), describe(e, client=False))
             conn.close()
             return
@@ -334,7 +367,7 @@ def peer_roles(peercert: dict[str, object] | None) -> set[str]:
     """The roles in a verified peer certificate (`SSLObject.getpeercert()`)."""
     names = (peercert or {}).get("subjectAltName") or ()
     return {
-        value[len(ROLE_URI_PREFIX):]
+        value[len(ROLE_URI_PREFIX) :]
         for kind, value in names  # type: ignore[attr-defined]
         if kind == "URI" and value.startswith(ROLE_URI_PREFIX)
     }
@@ -345,8 +378,11 @@ def refuse_role(peercert: dict[str, object] | None, allowed: frozenset[str]) -> 
     roles = peer_roles(peercert)
     if roles & allowed:
         return None
-    has = f"role {', '.join(sorted(roles))}" if roles else (
-        f"no role (no {ROLE_URI_PREFIX}<role> URI subject alternative name; reissue it with a role)")
+    has = (
+        f"role {', '.join(sorted(roles))}"
+        if roles
+        else (f"no role (no {ROLE_URI_PREFIX}<role> URI subject alternative name; reissue it with a role)")
+    )
     return f"the client's certificate has {has}; this port admits only {', '.join(sorted(allowed))}"
 
 
@@ -387,7 +423,10 @@ class DevCertificates:
 
 
 def generate_dev_certificates(
-    directory: str | os.PathLike[str], hosts: Sequence[str] = ("127.0.0.1", "localhost"), *, overwrite: bool = False,
+    directory: str | os.PathLike[str],
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    *,
+    overwrite: bool = False,
     days: int = 825,
 ) -> DevCertificates:
     """Writes a new CA and a certificate per role signed by it into `directory` (created if
@@ -405,14 +444,15 @@ def generate_dev_certificates(
         raise FileExistsError(f"certificate files already exist: {', '.join(existing)} (overwrite them explicitly)")
     private_dir(directory)
     private_dir(Path(directory) / CA_PRIVATE_DIR)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key, ca_cert = dev_certs.certificate_authority(now, days)
     sans = [_san(h) for h in hosts]
     written: list[tuple[Path, bytes, bool]] = [(files.ca, ca_cert, False), (files.ca_key, ca_key, True)]
     for role in ROLES:
         listens = role in ("storage", "server")
-        key, cert = dev_certs.leaf(ca_key, ca_cert, f"waltz {role}", sans if listens else [], role=role,
-                                   server=listens, now=now, days=days)
+        key, cert = dev_certs.leaf(
+            ca_key, ca_cert, f"waltz {role}", sans if listens else [], role=role, server=listens, now=now, days=days
+        )
         written += [(getattr(files, f"{role}_cert"), cert, False), (getattr(files, f"{role}_key"), key, True)]
     for path, data, secret in written:
         _write(path, data, 0o600 if secret else 0o644)

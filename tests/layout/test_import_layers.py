@@ -117,20 +117,26 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     ],
 )
 def test_the_walk_sees_every_kind_of_import(tmp_path: pathlib.Path, a_imports: str) -> None:
-    root = _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": a_imports,
-        "pkg/b/__init__.py": "from pkg.a import g\n",
-        "pkg/b/inner.py": "from pkg.a import g\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": a_imports,
+            "pkg/b/__init__.py": "from pkg.a import g\n",
+            "pkg/b/inner.py": "from pkg.a import g\n",
+        },
+    )
     assert cycles(import_graph(root)) != []
 
 
 def test_a_package_reexporting_its_modules_is_no_cycle(tmp_path: pathlib.Path) -> None:
-    root = _write(tmp_path, {
-        "pkg/__init__.py": "from pkg.a import f\nfrom pkg.b import g\n",
-        "pkg/a.py": "def f(): ...\n",
-        "pkg/b.py": "from pkg.a import f\ndef g(): ...\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import f\nfrom pkg.b import g\n",
+            "pkg/a.py": "def f(): ...\n",
+            "pkg/b.py": "from pkg.a import f\ndef g(): ...\n",
+        },
+    )
     assert import_graph(root)["pkg"] == {"pkg.a", "pkg.b"}
     assert cycles(import_graph(root)) == []

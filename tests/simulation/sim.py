@@ -207,7 +207,9 @@ class SimClient:
 
         def arrive() -> None:
             if node.epoch != self.epoch or not node.up:
-                loop.call_later(w.latency(node), _fail, fut, errors.StorageConnectionError(f"{node.address} closed the connection"))
+                loop.call_later(
+                    w.latency(node), _fail, fut, errors.StorageConnectionError(f"{node.address} closed the connection")
+                )
                 return
             try:
                 result = node.handle(op, session, args)
@@ -237,7 +239,9 @@ class SimClient:
                     if node.cuts != cuts:
                         # A truncation came first: like the real node, it fails the appends it cut
                         # (the simulation fails every append it overtook).
-                        loop.call_later(w.latency(node), _fail, fut, errors.StorageRequestError(f"{node.address}: append truncated"))
+                        loop.call_later(
+                            w.latency(node), _fail, fut, errors.StorageRequestError(f"{node.address}: append truncated")
+                        )
                         return
                     node.synced = max(node.synced, written)
                     reply()
@@ -280,7 +284,12 @@ class SimClient:
         await self._call("append", session, first, list(batch))
 
     def send_append(
-        self, partition: int, session: int, first: int, batch: SimBatch, listener: Callable[[asyncio.Future[None]], None] | None = None
+        self,
+        partition: int,
+        session: int,
+        first: int,
+        batch: SimBatch,
+        listener: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> asyncio.Future[None]:
         acked = asyncio.ensure_future(self._wait(self._send("append", session, first, list(batch))))
         if listener is not None:
@@ -362,7 +371,13 @@ class Result:
 
 class World:
     def __init__(
-        self, seed: int, *, replicas: int | None = None, duration: float = 6.0, faults: tuple[str, ...] | None = None, max_lag: int = 6,
+        self,
+        seed: int,
+        *,
+        replicas: int | None = None,
+        duration: float = 6.0,
+        faults: tuple[str, ...] | None = None,
+        max_lag: int = 6,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -373,7 +388,16 @@ class World:
         self.quorum = self.n // 2 + 1
         self.duration = duration
         self.max_lag = max_lag
-        self.kinds = faults or ("crash", "crash", "partition", "slow", "failover", "server-crash", "majority-crash", "wipe")
+        self.kinds = faults or (
+            "crash",
+            "crash",
+            "partition",
+            "slow",
+            "failover",
+            "server-crash",
+            "majority-crash",
+            "wipe",
+        )
         self.request_timeout = 0.25
         self.acked: dict[int, bytes] = {}
         self.trace: list[str] = []
@@ -416,10 +440,13 @@ class World:
             data = self.acked[txid]
             # A wiped replica is counted for what it may have held: the loss of its copies is the
             # fault injected, not the system's doing (the nemesis keeps every id on a majority but one).
-            holders = sum(1 for n in self.nodes if (txid < n.synced and n.log[txid].data == data) or txid <= n.lost_upto)
+            holders = sum(
+                1 for n in self.nodes if (txid < n.synced and n.log[txid].data == data) or txid <= n.lost_upto
+            )
             if holders < self.quorum:
                 raise SimulationError(
-                    f"seed {self.seed} ({where}): acknowledged transaction {txid} is durable on {holders} replicas only, "
+                    f"seed {self.seed} ({where}): acknowledged transaction {txid} is durable on {holders} replicas "
+                    "only, "
                     f"{self.quorum} needed"
                 )
 
@@ -428,7 +455,9 @@ class World:
             txid = first + i
             old = self.acked.get(txid)
             if old is not None and old != data:
-                raise SimulationError(f"seed {self.seed}: transaction {txid} acknowledged as {old!r} and as {data!r}: two writers")
+                raise SimulationError(
+                    f"seed {self.seed}: transaction {txid} acknowledged as {old!r} and as {data!r}: two writers"
+                )
             self.acked[txid] = data
         self.log(f"writer {writer} session {session}: acknowledged {first}..{first + len(batch) - 1}")
         # Only what was just acknowledged: the rest was checked then, and every event that can
@@ -439,8 +468,15 @@ class World:
     async def open(self, writer: int) -> StoreSession | None:
         try:
             s = await StoreSession.open(
-                self.metadata, 0, 1, timeout=self.request_timeout, max_lag=self.max_lag, recovery_timeout=1.0,
-                connect=self.connect, offload=self.offload, pack=SimBatch.pack,
+                self.metadata,
+                0,
+                1,
+                timeout=self.request_timeout,
+                max_lag=self.max_lag,
+                recovery_timeout=1.0,
+                connect=self.connect,
+                offload=self.offload,
+                pack=SimBatch.pack,
             )
         except errors.StoreSessionError as e:
             self.log(f"writer {writer}: open failed: {e}")
@@ -448,7 +484,9 @@ class World:
         self.sessions += 1
         top = max(self.acked, default=-1)
         if s.high_water_mark < top:
-            raise SimulationError(f"seed {self.seed}: session {s.session_id} starts at {s.high_water_mark} below acknowledged {top}")
+            raise SimulationError(
+                f"seed {self.seed}: session {s.session_id} starts at {s.high_water_mark} below acknowledged {top}"
+            )
         self.log(f"writer {writer}: session {s.session_id} open at {s.high_water_mark} on {s.replicas_in_write_path}")
         return s
 
@@ -462,7 +500,9 @@ class World:
             in_flight: list[asyncio.Future[Any]] = []
             try:
                 while self.running and s.failed is None and s.successor_wanted is None and self.failure is None:
-                    batch = SimBatch(((wid, seq + i), 0, f"w{wid}-{seq + i}".encode()) for i in range(self.rng.randint(1, 4)))
+                    batch = SimBatch(
+                        ((wid, seq + i), 0, f"w{wid}-{seq + i}".encode()) for i in range(self.rng.randint(1, 4))
+                    )
                     seq += len(batch)
                     try:
                         fut = s.append(batch)
@@ -558,14 +598,22 @@ class World:
 
         def forgot(n: SimNode) -> bool:
             st = meta.replicas.get(n.address)
-            return st is not None and st == ReplicaState(st.session_id, UNRESOLVED) and st.session_id == last and n.info[0] < st.session_id
+            return (
+                st is not None
+                and st == ReplicaState(st.session_id, UNRESOLVED)
+                and st.session_id == last
+                and n.info[0] < st.session_id
+            )
 
         out = []
         for v in self.nodes:
             if not v.up or sum(1 for n in self.nodes if n is v or forgot(n)) >= self.quorum:
                 continue
             others = [n for n in self.nodes if n is not v]
-            if all(sum(1 for n in others if txid < n.synced and n.log[txid].data == d) >= self.quorum - 1 for txid, d in self.acked.items()):
+            if all(
+                sum(1 for n in others if txid < n.synced and n.log[txid].data == d) >= self.quorum - 1
+                for txid, d in self.acked.items()
+            ):
                 out.append(v)
         return out
 
@@ -599,7 +647,10 @@ class World:
         try:
             while len(s.replicas_in_write_path) < self.n:
                 if s.failed is not None or loop.time() > deadline:
-                    raise SimulationError(f"seed {self.seed}: replicas never all joined after healing: {s.replicas_in_write_path} ({s.failed})")
+                    raise SimulationError(
+                        f"seed {self.seed}: replicas never all joined after healing: {s.replicas_in_write_path} "
+                        f"({s.failed})"
+                    )
                 await asyncio.sleep(0.05)
             final = await s.append(SimBatch([((-1, 0), 0, b"final")]))
             self.acknowledge(final[0], SimBatch([((-1, 0), 0, b"final")]), -1, s.session_id)
@@ -609,14 +660,18 @@ class World:
         logs = [n.durable() for n in self.nodes]
         for n, lg in zip(self.nodes, logs):
             if lg != logs[0]:
-                raise SimulationError(f"seed {self.seed}: {n.address} differs from {self.nodes[0].address} after healing")
+                raise SimulationError(
+                    f"seed {self.seed}: {n.address} differs from {self.nodes[0].address} after healing"
+                )
             if [r.txid for r in lg] != list(range(len(lg))):
                 raise SimulationError(f"seed {self.seed}: {n.address} has ids that are not dense")
         for txid, data in self.acked.items():
             if txid >= len(logs[0]) or logs[0][txid].data != data:
                 raise SimulationError(f"seed {self.seed}: acknowledged transaction {txid} is not in the final log")
         if len(logs[0]) != final[1] + 1:
-            raise SimulationError(f"seed {self.seed}: the log ends at {len(logs[0]) - 1}, the last commit was {final[1]}")
+            raise SimulationError(
+                f"seed {self.seed}: the log ends at {len(logs[0]) - 1}, the last commit was {final[1]}"
+            )
 
 
 def run(seed: int, **kw: Any) -> Result:
@@ -702,7 +757,10 @@ def main(argv: list[str] | None = None) -> int:
         except SimulationError as e:
             if args.verbose:
                 print("\n".join(getattr(e, "trace", [])))
-            print(f"FAILED: {e}\nreplay: python tests/simulation/sim.py --seeds 1 --first {seed} --verbose", file=sys.stderr)
+            print(
+                f"FAILED: {e}\nreplay: python tests/simulation/sim.py --seeds 1 --first {seed} --verbose",
+                file=sys.stderr,
+            )
             return 1
         acked += r.acknowledged
         sessions += r.sessions
@@ -711,8 +769,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             print("\n".join(r.trace))
     took = time.perf_counter() - started
-    print(f"{args.seeds} seeds ({args.first}..{args.first + args.seeds - 1}) passed in {took:.1f}s: "
-          f"{acked} acknowledged transactions, {sessions} sessions, faults {dict(sorted(faults.items()))}")
+    print(
+        f"{args.seeds} seeds ({args.first}..{args.first + args.seeds - 1}) passed in {took:.1f}s: "
+        f"{acked} acknowledged transactions, {sessions} sessions, faults {dict(sorted(faults.items()))}"
+    )
     return 0
 
 

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 import sim
 
 
@@ -32,7 +31,10 @@ def test_seeds(request: pytest.FixtureRequest) -> None:
         sessions += r.sessions
         for k, v in r.faults.items():
             faults[k] = faults.get(k, 0) + v
-    print(f"\n{count} seeds from {first} in {time.perf_counter() - started:.1f}s: {acked} acknowledged, {sessions} sessions, faults {faults}")
+    print(
+        f"\n{count} seeds from {first} in {time.perf_counter() - started:.1f}s: {acked} acknowledged, {sessions} "
+        f"sessions, faults {faults}"
+    )
     assert acked > count * 100 and sessions > count and faults.get("majority-crash", 0) > 0
 
 
@@ -56,7 +58,10 @@ def test_a_seed_replays_exactly() -> None:
     assert sim.run(8, duration=2.0).trace != a.trace
 
 
-@pytest.mark.parametrize(("mutant", "found"), [("guessing-vote", "acknowledged"), ("no-fence", "acknowledged"), ("trusting-lost-files", "acknowledged")])
+@pytest.mark.parametrize(
+    ("mutant", "found"),
+    [("guessing-vote", "acknowledged"), ("no-fence", "acknowledged"), ("trusting-lost-files", "acknowledged")],
+)
 def test_the_invariants_catch_a_broken_system(mutant: str, found: str) -> None:
     """Negative controls (in a process of their own: the mutant patches modules): a vote that
     ignores unreachable replicas, nodes that never fence an older session, and a recovery that
@@ -64,7 +69,11 @@ def test_the_invariants_catch_a_broken_system(mutant: str, found: str) -> None:
     acknowledged transactions within a few seeds, and the simulation says so with a replay line."""
     out = subprocess.run(
         [sys.executable, str(pathlib.Path(sim.__file__)), "--seeds", "40", "--duration", "3", "--mutant", mutant],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "FAILED: seed" in out.stderr and found in out.stderr and "replay: python tests/simulation/sim.py" in out.stderr
+    assert (
+        "FAILED: seed" in out.stderr and found in out.stderr and "replay: python tests/simulation/sim.py" in out.stderr
+    )

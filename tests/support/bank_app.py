@@ -10,7 +10,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from waltz.client import JSON, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext, WaltzClient, WaltzClientCallbacks
+from waltz.client import (
+    JSON,
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+    WaltzClientCallbacks,
+)
 
 
 class Bank(WaltzClientCallbacks):
@@ -45,8 +53,15 @@ class Transfer(TransactionContext):
     """Declines without the funds; `hold` (an event) makes the first execution wait after it read
     the balance, so another transfer can commit in between (a lock race made to happen)."""
 
-    def __init__(self, bank: Bank, src: int, dst: int, amount: int, hold: threading.Event | None = None,
-                 holding: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        bank: Bank,
+        src: int,
+        dst: int,
+        amount: int,
+        hold: threading.Event | None = None,
+        holding: threading.Event | None = None,
+    ) -> None:
         super().__init__()
         self.bank, self.src, self.dst, self.amount = bank, src, dst, amount
         self.hold, self.holding = hold, holding
@@ -79,8 +94,10 @@ def scenario(make_client: Callable[[Bank], WaltzClient]) -> dict[str, Any]:
     a_bank, b_bank = Bank(), Bank()
     out: dict[str, Any] = {}
     with make_client(a_bank) as a, make_client(b_bank) as b:
-        out["deposits"] = [a.append(0, {"account": 1, "deposit": 100}, serializer=JSON, append_locks=[account(1)]),
-                           b.append(0, {"account": 2, "deposit": 10}, serializer=JSON, append_locks=[account(2)])]
+        out["deposits"] = [
+            a.append(0, {"account": 1, "deposit": 100}, serializer=JSON, append_locks=[account(1)]),
+            b.append(0, {"account": 2, "deposit": 10}, serializer=JSON, append_locks=[account(2)]),
+        ]
         a.flush()
         b.flush()
         # B reads account 1's balance, then A moves money out of it before B's transfer is sent:

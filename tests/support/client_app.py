@@ -8,7 +8,14 @@ import threading
 import time
 from typing import Any
 
-from waltz.client import JSON, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext, WaltzClientCallbacks
+from waltz.client import (
+    JSON,
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClientCallbacks,
+)
 
 
 class MemoryApp(WaltzClientCallbacks):
@@ -36,7 +43,10 @@ class MemoryApp(WaltzClientCallbacks):
                 self.errors.append(f"partition {p}: {transaction.transaction_id} after {self.marks[p]}")
             if isinstance(data, dict) and "add" in data:
                 if data["seen"] != self.counters[p]:  # computed on stale state: the lock failed to protect it
-                    self.errors.append(f"partition {p}: transaction {transaction.transaction_id} saw {data['seen']}, counter is {self.counters[p]}")
+                    self.errors.append(
+                        f"partition {p}: transaction {transaction.transaction_id} saw {data['seen']}, counter is "
+                        f"{self.counters[p]}"
+                    )
                 self.counters[p] += data["add"]
             self.applied[p].append((transaction.transaction_id, data))
             self.applied_at[(p, transaction.transaction_id)] = time.perf_counter()
@@ -59,7 +69,9 @@ class AsyncMemoryApp(MemoryApp):
 class Write(TransactionContext):
     """Writes {"id": payload id, ...} to a partition, with optional write locks."""
 
-    def __init__(self, payload: str, partition: int = 0, locks: tuple[PartitionLocalLock, ...] = (), header: int = 0) -> None:
+    def __init__(
+        self, payload: str, partition: int = 0, locks: tuple[PartitionLocalLock, ...] = (), header: int = 0
+    ) -> None:
         super().__init__()
         self.payload, self.partition, self.locks, self.header = payload, partition, locks, header
         self.executions = 0

@@ -29,8 +29,12 @@ member: ServerMembership | None = None
 
 def deliver(partitions: dict[int, int]) -> None:
     # Logged when the change is complete: stops are logged after stopping, starts after starting.
-    line = {"t": time.monotonic(), "pid": os.getpid(), "server": member.server_id if member else None,
-            "serving": {str(k): v for k, v in partitions.items()}}
+    line = {
+        "t": time.monotonic(),
+        "pid": os.getpid(),
+        "server": member.server_id if member else None,
+        "serving": {str(k): v for k, v in partitions.items()},
+    }
     os.write(fd, (json.dumps(line) + "\n").encode())
 
 

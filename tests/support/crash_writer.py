@@ -19,10 +19,10 @@ import sys
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])  # tests/, for `support` when run as a script
 
-from support.chaos_payload import payload_for  # noqa: E402
-
 from waltz import errors  # noqa: E402
 from waltz.storage import ReqId, Storage  # noqa: E402
+
+from support.chaos_payload import payload_for  # noqa: E402
 
 
 def main() -> None:
@@ -57,7 +57,10 @@ def main() -> None:
             out.flush()
             continue
         count = rng.choice([1, 1, 2, 5, 20, 100])
-        batch = [(ReqId(1, epoch, 0, t), epoch, payload_for(t, epoch, rng.randrange(0, 3000))) for t in range(nxt, nxt + count)]
+        batch = [
+            (ReqId(1, epoch, 0, t), epoch, payload_for(t, epoch, rng.randrange(0, 3000)))
+            for t in range(nxt, nxt + count)
+        ]
         try:
             last = p.append(nxt, batch)
         except errors.WaltzError as e:

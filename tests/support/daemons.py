@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-
 from waltz.cli.main import main
 from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
@@ -55,7 +54,9 @@ class Node:
     """A storage node daemon; `sections` adds TOML sections ([tls]), `ssl` is the client context
     `run` and `admin` connect with."""
 
-    def __init__(self, directory: pathlib.Path, key: uuid.UUID, *, sections: dict[str, Any] | None = None, ssl: Any = None) -> None:
+    def __init__(
+        self, directory: pathlib.Path, key: uuid.UUID, *, sections: dict[str, Any] | None = None, ssl: Any = None
+    ) -> None:
         directory.mkdir()
         self.key = key
         self.ssl = ssl
@@ -110,16 +111,24 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
 
 
 def start_server(
-    tmp_path: pathlib.Path, url: str, name: str, http_port: int = 0, sections: dict[str, Any] | None = None,
-    event_loop: str = "uvloop", server: dict[str, Any] | None = None, file_limit: int | None = None,
+    tmp_path: pathlib.Path,
+    url: str,
+    name: str,
+    http_port: int = 0,
+    sections: dict[str, Any] | None = None,
+    event_loop: str = "uvloop",
+    server: dict[str, Any] | None = None,
+    file_limit: int | None = None,
 ) -> subprocess.Popen[str]:
     """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls]),
     `server` more [server] keys; `file_limit` is its RLIMIT_NOFILE (soft and hard)."""
     config = tmp_path / f"{name}.toml"
     config.write_text(
         f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n'
-        f'event_loop = "{event_loop}"\n' + "".join(f"{k} = {v}\n" for k, v in (server or {}).items())
-        + '\n[logging]\nlevel = "info"\n' + toml_sections(sections)
+        f'event_loop = "{event_loop}"\n'
+        + "".join(f"{k} = {v}\n" for k, v in (server or {}).items())
+        + '\n[logging]\nlevel = "info"\n'
+        + toml_sections(sections)
     )
     log = open(tmp_path / f"{name}.log", "a")
 
@@ -127,11 +136,17 @@ def start_server(
         if file_limit is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (file_limit, file_limit))
 
-    return subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)], stderr=log, text=True,
-                            preexec_fn=limit_files if file_limit is not None else None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+        stderr=log,
+        text=True,
+        preexec_fn=limit_files if file_limit is not None else None,
+    )
 
 
-def wait_served(meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0) -> tuple[str, int]:
+def wait_served(
+    meta: ClusterMetadata, partition: int, not_by: int | None = None, timeout: float = 60.0
+) -> tuple[str, int]:
     """(endpoint, generation) of the live server serving `partition` under its current generation."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

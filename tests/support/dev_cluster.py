@@ -15,11 +15,18 @@ from typing import Any
 WALTZ = [sys.executable, "-m", "waltz.cli.main"]
 
 
-def waltz(*args: str, env: dict[str, str] | None = None, ok: bool | None = True, input: bytes | None = None,
-          timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+def waltz(
+    *args: str,
+    env: dict[str, str] | None = None,
+    ok: bool | None = True,
+    input: bytes | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[bytes]:
     """Runs `waltz ARGS`; `ok` True expects exit 0, False a one-line error (exit 1, or 2 for a usage
     error), None either."""
-    done = subprocess.run([*WALTZ, *args], capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}, input=input)
+    done = subprocess.run(
+        [*WALTZ, *args], capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}, input=input
+    )
     if ok is not None:
         assert (done.returncode == 0) == ok, (done.stdout + done.stderr).decode(errors="replace")
     if ok is False:

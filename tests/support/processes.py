@@ -32,28 +32,36 @@ def toml_sections(sections: Mapping[str, Mapping[str, Any]] | None) -> str:
 
 
 def write_config(
-    tmp_path: pathlib.Path, key: uuid.UUID, partition_count: int = 2, *, sections: Mapping[str, Mapping[str, Any]] | None = None,
+    tmp_path: pathlib.Path,
+    key: uuid.UUID,
+    partition_count: int = 2,
+    *,
+    sections: Mapping[str, Mapping[str, Any]] | None = None,
     **extra: str,
 ) -> tuple[pathlib.Path, dict[str, int]]:
     """A storage node's TOML file; `extra` are more [logging] keys, `sections` whole sections ([tls])."""
     ports = {"port": free_port(), "admin_port": free_port(), "http_port": free_port()}
-    text = f"""
+    text = (
+        f"""
 [storage]
-directory = "{tmp_path / 'data'}"
+directory = "{tmp_path / "data"}"
 cluster_key = "{key}"
 partition_count = {partition_count}
 checkpoint_interval = 100
 
 [node]
 host = "127.0.0.1"
-port = {ports['port']}
-admin_port = {ports['admin_port']}
-http_port = {ports['http_port']}
+port = {ports["port"]}
+admin_port = {ports["admin_port"]}
+http_port = {ports["http_port"]}
 
 [logging]
 level = "info"
 json = true
-""" + "".join(f"{k} = {v}\n" for k, v in extra.items()) + toml_sections(sections)
+"""
+        + "".join(f"{k} = {v}\n" for k, v in extra.items())
+        + toml_sections(sections)
+    )
     path = tmp_path / "node.toml"
     path.write_text(text)
     return path, ports
@@ -123,8 +131,17 @@ class PostgresServer:
         data = self.directory / "data"
         self._run(str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", "waltz", "--no-sync")
         self._run(
-            str(self.bin / "pg_ctl"), "-D", str(data), "-l", str(self.directory / "log"), "-w", "-t", "60",
-            "-o", f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off", "start",
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(self.directory / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
         )
 
     def url(self, database: str = "postgres") -> str:

@@ -166,9 +166,7 @@ def read_control(path: os.PathLike[str] | str, *, require_valid: bool = True) ->
     _check_reserved(path, buf, _CTL_HEADER.size, HEADER_SIZE)
     expected = HEADER_SIZE + count * CTL_ENTRY_SIZE
     if len(buf) != expected:
-        raise SpecViolation(
-            path, None, f"control file is {len(buf)} bytes; {count} partitions need {expected}"
-        )
+        raise SpecViolation(path, None, f"control file is {len(buf)} bytes; {count} partitions need {expected}")
     entries: list[ControlEntry] = []
     seen: set[int] = set()
     for i in range(count):
@@ -272,9 +270,7 @@ def parse_record(path: Path, buf: bytes, off: int, expected_txid: int | None = N
     data_start = off + RECORD_PREFIX_SIZE
     data_end = data_start + length
     if data_end + 4 > len(buf):
-        raise SpecViolation(
-            path, off, f"data length {length} runs past end of file ({len(buf)} bytes)"
-        )
+        raise SpecViolation(path, off, f"data length {length} runs past end of file ({len(buf)} bytes)")
     data = bytes(buf[data_start:data_end])
     if crc32(data) != _u32(data_crc):
         raise SpecViolation(path, off, f"txid {txid}: data CRC mismatch")
@@ -332,9 +328,7 @@ def read_index(path: os.PathLike[str] | str) -> Index:
     prev = HEADER_SIZE - 1
     for i, v in enumerate(offsets):
         if v <= prev:
-            raise SpecViolation(
-                path, HEADER_SIZE + 8 * i, f"entry {i} offset {v} not increasing (previous {prev})"
-            )
+            raise SpecViolation(path, HEADER_SIZE + 8 * i, f"entry {i} offset {v} not increasing (previous {prev})")
         prev = v
     if offsets and offsets[0] != HEADER_SIZE:
         raise SpecViolation(path, HEADER_SIZE, f"first entry {offsets[0]} is not {HEADER_SIZE}")
@@ -344,9 +338,7 @@ def read_index(path: os.PathLike[str] | str) -> Index:
 def check_index_matches(segment: Segment, index: Index) -> None:
     """The index header equals the data file header and its entries are the record offsets."""
     if index.header != segment.header:
-        raise SpecViolation(
-            index.path, 0, f"index header {index.header} differs from data header {segment.header}"
-        )
+        raise SpecViolation(index.path, 0, f"index header {index.header} differs from data header {segment.header}")
     actual = [r.offset for r in segment.records]
     if index.offsets != actual:
         for i, (a, b) in enumerate(zip(index.offsets, actual)):
@@ -445,9 +437,7 @@ def read_partition(
             raise SpecViolation(seg.path, seg.records_end, "a sealed segment must end at its last record")
         idx = read_index(idxs[first])
         if pid is not None and seg.header.partition_id != pid:
-            raise SpecViolation(
-                seg.path, 28, f"partition id {seg.header.partition_id} in folder {path.name}"
-            )
+            raise SpecViolation(seg.path, 28, f"partition id {seg.header.partition_id} in folder {path.name}")
         if key is None:
             key = seg.header.cluster_key
         elif seg.header.cluster_key != key:
@@ -456,8 +446,7 @@ def read_partition(
             raise SpecViolation(
                 seg.path,
                 None,
-                f"segment starts at {first}, previous segment ends before "
-                f"{segments[-1].next_txid}: ids not dense",
+                f"segment starts at {first}, previous segment ends before {segments[-1].next_txid}: ids not dense",
             )
         if check_index:
             check_index_matches(seg, idx)

@@ -55,7 +55,9 @@ class Proxy:
             return
         self._writers.update((writer, up_writer))
         try:
-            await asyncio.gather(self._upstream(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+            await asyncio.gather(
+                self._upstream(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            )
         finally:
             for w in (writer, up_writer):
                 self._writers.discard(w)

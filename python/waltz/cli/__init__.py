@@ -9,7 +9,6 @@ from waltz.cli.exit_codes import MISSING_EXTRA_EXIT
 from waltz.errors import MissingExtraError
 
 
-
 def waltz() -> None:
     """The `waltz` console script. Without the `cli` extra, one line naming it, never a traceback."""
     try:

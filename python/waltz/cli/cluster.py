@@ -31,8 +31,13 @@ def cluster() -> None:
 @click.option("--name", help="Cluster name (default: the --cluster option).")
 @click.option("--partitions", type=click.IntRange(1, 1 << 20), required=True, help="Number of partitions.")
 @click.option("--replicas", type=click.IntRange(1, 64), required=True, help="Replicas per partition.")
-@click.option("--key", "cluster_key", type=click.UUID, envvar="WALTZ_CLUSTER_KEY",
-              help="The cluster key to create it with (env WALTZ_CLUSTER_KEY; default: a new one).")
+@click.option(
+    "--key",
+    "cluster_key",
+    type=click.UUID,
+    envvar="WALTZ_CLUSTER_KEY",
+    help="The cluster key to create it with (env WALTZ_CLUSTER_KEY; default: a new one).",
+)
 @pass_output
 @user_errors
 def create(out: Output, name: str | None, partitions: int, replicas: int, cluster_key: uuid.UUID | None) -> None:
@@ -41,7 +46,13 @@ def create(out: Output, name: str | None, partitions: int, replicas: int, cluste
     with cluster_metadata(name) as meta:
         info, created = meta.create(name, partitions, replicas, cluster_key)
     out.emit(
-        {"created": created, "name": info.name, "cluster_key": str(info.cluster_key), "partitions": info.partitions, "replicas": info.replicas},
+        {
+            "created": created,
+            "name": info.name,
+            "cluster_key": str(info.cluster_key),
+            "partitions": info.partitions,
+            "replicas": info.replicas,
+        },
         lambda: out.line(
             f"{'created' if created else 'exists already:'} cluster {info.name} "
             f"(key {info.cluster_key}, {info.partitions} partitions, {info.replicas} replicas)"
@@ -63,14 +74,16 @@ def show(out: Output) -> None:
         for p in range(info.partitions):
             pm, _ = meta.partition_metadata(p)
             a = assignment.get(p)
-            parts.append({
-                "partition": p,
-                "server": a.server if a else None,
-                "endpoint": servers[a.server].endpoint if a and a.server in servers else None,
-                "generation": a.generation if a else 0,
-                "store_session": pm.session_id,
-                "replicas": [n.address for n in nodes if p in n.partitions],
-            })
+            parts.append(
+                {
+                    "partition": p,
+                    "server": a.server if a else None,
+                    "endpoint": servers[a.server].endpoint if a and a.server in servers else None,
+                    "generation": a.generation if a else 0,
+                    "store_session": pm.session_id,
+                    "replicas": [n.address for n in nodes if p in n.partitions],
+                }
+            )
     doc = {
         "name": info.name,
         "cluster_key": str(info.cluster_key),
@@ -78,19 +91,44 @@ def show(out: Output) -> None:
         "replicas": info.replicas,
         "root": meta.paths.root,
         "metadata": meta.store.description,
-        "storage_nodes": [{"address": n.address, "admin_port": n.admin_port, "group": n.group, "partitions": list(n.partitions)} for n in nodes],
-        "servers": [{"id": s.server_id, "endpoint": s.endpoint, "serving": sorted(s.serving)} for s in servers.values()],
+        "storage_nodes": [
+            {"address": n.address, "admin_port": n.admin_port, "group": n.group, "partitions": list(n.partitions)}
+            for n in nodes
+        ],
+        "servers": [
+            {"id": s.server_id, "endpoint": s.endpoint, "serving": sorted(s.serving)} for s in servers.values()
+        ],
         "assignment": parts,
     }
 
     def human() -> None:
-        out.kv(f"cluster {info.name}", [("cluster key", info.cluster_key), ("partitions", info.partitions),
-                                        ("replicas", info.replicas), ("metadata", f"{meta.store.description} {meta.paths.root}")])
-        out.table("storage nodes", ["address", "admin port", "group", "partitions"],
-                  [(n.address, n.admin_port, n.group, _ranges(n.partitions)) for n in nodes])
-        out.table("servers", ["id", "endpoint", "serving"], [(s.server_id, s.endpoint, _ranges(sorted(s.serving))) for s in servers.values()])
-        out.table("partitions", ["partition", "server", "generation", "store session", "replicas"],
-                  [(x["partition"], x["endpoint"] or "-", x["generation"], x["store_session"], ", ".join(x["replicas"])) for x in parts])
+        out.kv(
+            f"cluster {info.name}",
+            [
+                ("cluster key", info.cluster_key),
+                ("partitions", info.partitions),
+                ("replicas", info.replicas),
+                ("metadata", f"{meta.store.description} {meta.paths.root}"),
+            ],
+        )
+        out.table(
+            "storage nodes",
+            ["address", "admin port", "group", "partitions"],
+            [(n.address, n.admin_port, n.group, _ranges(n.partitions)) for n in nodes],
+        )
+        out.table(
+            "servers",
+            ["id", "endpoint", "serving"],
+            [(s.server_id, s.endpoint, _ranges(sorted(s.serving))) for s in servers.values()],
+        )
+        out.table(
+            "partitions",
+            ["partition", "server", "generation", "store session", "replicas"],
+            [
+                (x["partition"], x["endpoint"] or "-", x["generation"], x["store_session"], ", ".join(x["replicas"]))
+                for x in parts
+            ],
+        )
 
     out.emit(doc, human)
 
@@ -113,7 +151,9 @@ def delete(out: Output, yes: bool, force: bool) -> None:
         if not yes:
             if out.as_json:
                 raise Failed("deleting a cluster needs --yes when printing JSON")
-            click.confirm(f"Delete cluster {info.name} (key {info.cluster_key}) from {meta.store.description}?", abort=True)
+            click.confirm(
+                f"Delete cluster {info.name} (key {info.cluster_key}) from {meta.store.description}?", abort=True
+            )
         meta.delete()
     out.emit({"deleted": True, "name": info.name}, lambda: out.line(f"deleted cluster {info.name}"))
 
@@ -130,7 +170,11 @@ def verify(out: Output, timeout: float) -> None:
 
     def human() -> None:
         colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
-        out.table("cluster verify", ["check", "status", "detail"], [(c["check"], Text(c["status"], style=colour[c["status"]]), c["detail"]) for c in checks])
+        out.table(
+            "cluster verify",
+            ["check", "status", "detail"],
+            [(c["check"], Text(c["status"], style=colour[c["status"]]), c["detail"]) for c in checks],
+        )
         out.line("[red]FAILED[/]" if failed else "[green]all checks passed[/]", markup=True)
 
     out.emit({"ok": not failed, "checks": checks}, human)
@@ -145,7 +189,9 @@ class _Checks:
         self.rows: list[dict[str, Any]] = []
 
     def add(self, check: str, ok: bool | None, detail: str) -> None:
-        self.rows.append({"check": check, "status": "PASS" if ok else ("WARN" if ok is None else "FAIL"), "detail": detail})
+        self.rows.append(
+            {"check": check, "status": "PASS" if ok else ("WARN" if ok is None else "FAIL"), "detail": detail}
+        )
 
 
 def _verify(meta: ClusterMetadata, timeout: float) -> list[dict[str, Any]]:
@@ -165,25 +211,42 @@ def _check_replica_assignment(checks: _Checks, info: ClusterInfo, nodes: list[St
     for p in range(info.partitions):
         holders = [n.address for n in nodes if p in n.partitions]
         if len(holders) < info.replicas:
-            checks.add(f"partition {p} replicas", False, f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})")
+            checks.add(
+                f"partition {p} replicas",
+                False,
+                f"{len(holders)} of {info.replicas} assigned ({', '.join(holders) or 'none'})",
+            )
         elif len(holders) > info.replicas:
-            checks.add(f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured")
+            checks.add(
+                f"partition {p} replicas", None, f"{len(holders)} assigned, more than the {info.replicas} configured"
+            )
     # One storage node under two names counts as one replica.
     seen_at: dict[tuple[Any, ...], str] = {}
     for n in nodes:
         try:
-            resolved = tuple(sorted({ai[4][:2] for ai in socket.getaddrinfo(n.host, int(n.address.rsplit(":", 1)[1]), type=socket.SOCK_STREAM)}))
+            resolved = tuple(
+                sorted(
+                    {
+                        ai[4][:2]
+                        for ai in socket.getaddrinfo(n.host, int(n.address.rsplit(":", 1)[1]), type=socket.SOCK_STREAM)
+                    }
+                )
+            )
         except OSError:
             continue
         for other, addr in seen_at.items():
             if set(other) & set(resolved):
-                checks.add(f"storage {n.address} replicas", False, f"the same endpoint as {addr}: one node counted twice")
+                checks.add(
+                    f"storage {n.address} replicas", False, f"the same endpoint as {addr}: one node counted twice"
+                )
         seen_at[resolved] = n.address
     if len(checks.rows) == found:
         checks.add("replica assignment", True, f"every partition has {info.replicas} replicas assigned")
 
 
-def _check_storage_nodes(checks: _Checks, meta: ClusterMetadata, nodes: list[StorageNodeInfo], timeout: float) -> dict[str, set[int]]:
+def _check_storage_nodes(
+    checks: _Checks, meta: ClusterMetadata, nodes: list[StorageNodeInfo], timeout: float
+) -> dict[str, set[int]]:
     """Each storage node reachable, holding what it is assigned, healthy; returns the healthy
     partitions of each node."""
     healthy: dict[str, set[int]] = {}
@@ -209,20 +272,34 @@ def _check_storage_nodes(checks: _Checks, meta: ClusterMetadata, nodes: list[Sto
             problems.append(f"failed: {broken}")
         if closed:
             problems.append(f"marked unavailable: {closed}")
-        checks.add(f"storage {n.address}", not problems, "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy")
+        checks.add(
+            f"storage {n.address}",
+            not problems,
+            "; ".join(problems) or f"reachable, {len(n.partitions)} partitions healthy",
+        )
         if extra:
-            checks.add(f"storage {n.address} extra", None, f"holds partitions {extra} it is not assigned (`waltz storage remove-partition`)")
+            checks.add(
+                f"storage {n.address} extra",
+                None,
+                f"holds partitions {extra} it is not assigned (`waltz storage remove-partition`)",
+            )
     return healthy
 
 
-def _check_quorums(checks: _Checks, info: ClusterInfo, nodes: list[StorageNodeInfo], healthy: dict[str, set[int]]) -> None:
+def _check_quorums(
+    checks: _Checks, info: ClusterInfo, nodes: list[StorageNodeInfo], healthy: dict[str, set[int]]
+) -> None:
     quorum = info.replicas // 2 + 1
     short = []
     for p in range(info.partitions):
         ok = sum(1 for n in nodes if p in healthy.get(n.address, set()))
         if ok < quorum:
             short.append(f"{p} ({ok}/{quorum})")
-    checks.add("quorums", not short, f"without a healthy quorum: {', '.join(short)}" if short else f"every partition has {quorum}+ healthy replicas")
+    checks.add(
+        "quorums",
+        not short,
+        f"without a healthy quorum: {', '.join(short)}" if short else f"every partition has {quorum}+ healthy replicas",
+    )
 
 
 def _check_servers(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, timeout: float) -> None:
@@ -245,14 +322,20 @@ def _check_servers(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, ti
         p for p, a in assignment.items() if a.server in servers and servers[a.server].serving.get(p) != a.generation
     ]
     intruders = sorted(
-        f"{p} by server {s.server_id}" for s in servers.values() for p in s.serving
+        f"{p} by server {s.server_id}"
+        for s in servers.values()
+        for p in s.serving
         if p not in assignment or assignment[p].server != s.server_id or assignment[p].session != s.session
     )
     if servers:
-        checks.add("partition assignment", not orphans and not mismatched and not intruders,
-                   (f"unassigned: {orphans}. " if orphans else "") + (f"assigned but not (yet) served: {mismatched}. " if mismatched else "")
-                   + (f"served without being assigned: {', '.join(intruders)}" if intruders else "")
-                   or "every partition is served by a live server under its current generation")
+        checks.add(
+            "partition assignment",
+            not orphans and not mismatched and not intruders,
+            (f"unassigned: {orphans}. " if orphans else "")
+            + (f"assigned but not (yet) served: {mismatched}. " if mismatched else "")
+            + (f"served without being assigned: {', '.join(intruders)}" if intruders else "")
+            or "every partition is served by a live server under its current generation",
+        )
 
 
 def _check_recovery(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, nodes: list[StorageNodeInfo]) -> None:
@@ -265,16 +348,29 @@ def _check_recovery(checks: _Checks, meta: ClusterMetadata, info: ClusterInfo, n
             never.append(p)
             continue
         lagging = [
-            r for r in (n.address for n in nodes if p in n.partitions)
-            if r not in pm.replicas or pm.replicas[r].session_id != pm.session_id or pm.replicas[r].closing_high_water_mark != UNRESOLVED
+            r
+            for r in (n.address for n in nodes if p in n.partitions)
+            if r not in pm.replicas
+            or pm.replicas[r].session_id != pm.session_id
+            or pm.replicas[r].closing_high_water_mark != UNRESOLVED
         ]
         if lagging:
             pending.append(f"{p}: {', '.join(lagging)}")
     if never:
-        checks.add("recovery", None if not pending else False, f"no store session yet for partitions {_ranges(never)}"
-                   + (f"; not recovered: {'; '.join(pending)}" if pending else ""))
+        checks.add(
+            "recovery",
+            None if not pending else False,
+            f"no store session yet for partitions {_ranges(never)}"
+            + (f"; not recovered: {'; '.join(pending)}" if pending else ""),
+        )
     else:
-        checks.add("recovery", not pending, f"replicas not in the current session: {'; '.join(pending)}" if pending else "every replica is in its partition's current store session")
+        checks.add(
+            "recovery",
+            not pending,
+            f"replicas not in the current session: {'; '.join(pending)}"
+            if pending
+            else "every replica is in its partition's current store session",
+        )
 
 
 def _tls_handshake(sock: socket.socket, context: ssl.SSLContext, host: str, peer: str) -> None:

@@ -13,11 +13,11 @@ from typing import TypeVar
 import click
 
 from waltz import errors
-from waltz.tls import TlsSection, check
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo
 from waltz.storage.client import StorageAdminClient
+from waltz.tls import TlsSection, check
 
 T = TypeVar("T")
 
@@ -60,7 +60,10 @@ def cluster_metadata(name: str | None = None) -> Iterator[ClusterMetadata]:
 
 
 def admin_call(
-    meta: ClusterMetadata, node: StorageNodeInfo, call: Callable[[StorageAdminClient], Awaitable[T]], timeout: float = 10.0
+    meta: ClusterMetadata,
+    node: StorageNodeInfo,
+    call: Callable[[StorageAdminClient], Awaitable[T]],
+    timeout: float = 10.0,
 ) -> T:
     """Opens the node's admin port with the cluster's key, runs `call`, closes."""
     if not node.admin_port:
@@ -70,7 +73,12 @@ def admin_call(
 
     async def run() -> T:
         async with await StorageAdminClient.connect(
-            host, port, cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout, ssl=tls_context()
+            host,
+            port,
+            cluster_key=info.cluster_key,
+            partition_count=info.partitions,
+            timeout=timeout,
+            ssl=tls_context(),
         ) as client:
             return await call(client)
 

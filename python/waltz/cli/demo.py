@@ -18,20 +18,38 @@ from waltz.cli.output import Failed, user_errors
 
 
 @click.command()
-@click.option("--directory", type=click.Path(file_okay=False, path_type=pathlib.Path),
-              help="Where the cluster keeps its data and logs (must not hold a cluster yet). Default: a new temporary directory.")
-@click.option("--zookeeper", metavar="HOST:PORT[,...]", help="Run against this ZooKeeper instead of the embedded metadata store.")
+@click.option(
+    "--directory",
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    help="Where the cluster keeps its data and logs (must not hold a cluster yet). Default: a new temporary directory.",
+)
+@click.option(
+    "--zookeeper", metavar="HOST:PORT[,...]", help="Run against this ZooKeeper instead of the embedded metadata store."
+)
 @click.option("--clients", type=click.IntRange(1, 16), default=3, show_default=True, help="Client processes.")
 @click.option("--transfers", type=click.IntRange(1), default=1000, show_default=True, help="Transfers per client.")
 @click.option("--partitions", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--short", is_flag=True, help="A quick run (150 transfers per client), as CI runs it.")
 @click.option("--no-chaos", is_flag=True, help="Do not kill a storage node and a server midway.")
 @click.option("--tls", is_flag=True, help="Generate certificates and run every link over mutual TLS.")
-@click.option("--result", "result_path", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help="Also write the verification as JSON to this file.")
+@click.option(
+    "--result",
+    "result_path",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    help="Also write the verification as JSON to this file.",
+)
 @user_errors
-def demo(directory: pathlib.Path | None, zookeeper: str | None, clients: int, transfers: int, partitions: int,
-         short: bool, no_chaos: bool, tls: bool, result_path: pathlib.Path | None) -> None:
+def demo(
+    directory: pathlib.Path | None,
+    zookeeper: str | None,
+    clients: int,
+    transfers: int,
+    partitions: int,
+    short: bool,
+    no_chaos: bool,
+    tls: bool,
+    result_path: pathlib.Path | None,
+) -> None:
     """Run a bank ledger on a local cluster and verify that nothing acknowledged was lost.
 
     Starts 3 storage nodes and 2 servers as processes on 127.0.0.1, runs client processes that

@@ -18,8 +18,12 @@ if TYPE_CHECKING:
 DEFAULT_DIRECTORY = pathlib.Path.home() / ".waltz" / "dev"
 
 DIRECTORY = click.option(
-    "--directory", type=click.Path(file_okay=False, path_type=pathlib.Path), envvar="WALTZ_DEV_DIRECTORY",
-    default=DEFAULT_DIRECTORY, show_default=True, help="The cluster's directory (env WALTZ_DEV_DIRECTORY).",
+    "--directory",
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    envvar="WALTZ_DEV_DIRECTORY",
+    default=DEFAULT_DIRECTORY,
+    show_default=True,
+    help="The cluster's directory (env WALTZ_DEV_DIRECTORY).",
 )
 
 
@@ -33,12 +37,21 @@ def dev() -> None:
 @click.option("--partitions", type=click.IntRange(1, 1024), default=4, show_default=True, help="On creation only.")
 @click.option("--storage-nodes", type=click.IntRange(3, 16), default=3, show_default=True, help="On creation only.")
 @click.option("--servers", type=click.IntRange(1, 16), default=2, show_default=True, help="On creation only.")
-@click.option("--zookeeper", metavar="HOST:PORT[,...]", help="On creation only: metadata in this ZooKeeper instead of embedded.")
+@click.option(
+    "--zookeeper", metavar="HOST:PORT[,...]", help="On creation only: metadata in this ZooKeeper instead of embedded."
+)
 @click.option("--tls", is_flag=True, help="On creation only: generate certificates, mutual TLS on every link.")
 @pass_output
 @user_errors
-def up(out: Output, directory: pathlib.Path, partitions: int, storage_nodes: int, servers: int,
-       zookeeper: str | None, tls: bool) -> None:
+def up(
+    out: Output,
+    directory: pathlib.Path,
+    partitions: int,
+    storage_nodes: int,
+    servers: int,
+    zookeeper: str | None,
+    tls: bool,
+) -> None:
     """Create the cluster (first time) and start whatever is not running; waits until served."""
     from waltz.local import LocalCluster
     from waltz.local.cluster import STATE_FILE
@@ -47,8 +60,9 @@ def up(out: Output, directory: pathlib.Path, partitions: int, storage_nodes: int
         cluster = LocalCluster.open(directory)
     else:
         metadata = f"zk://{zookeeper}/waltz-dev" if zookeeper else None
-        cluster = LocalCluster.create(directory, metadata=metadata, partitions=partitions, storage_nodes=storage_nodes,
-                                      servers=servers, tls=tls)
+        cluster = LocalCluster.create(
+            directory, metadata=metadata, partitions=partitions, storage_nodes=storage_nodes, servers=servers, tls=tls
+        )
     try:
         cluster.start(step=lambda s: None if out.as_json else out.line(f"  {s}"))
     except (errors.WaltzError, KeyboardInterrupt):
@@ -73,7 +87,8 @@ def down(out: Output, directory: pathlib.Path, purge: bool) -> None:
     out.emit(
         {"stopped": [m.name for m in cluster.members], "killed": killed, "purged": purge},
         lambda: out.line(
-            f"stopped {len(cluster.members)} members" + (f" (killed {', '.join(killed)})" if killed else "")
+            f"stopped {len(cluster.members)} members"
+            + (f" (killed {', '.join(killed)})" if killed else "")
             + (f"; deleted {cluster.directory}" if purge else "")
         ),
     )
@@ -111,8 +126,11 @@ def _print_status(out: Output, cluster: LocalCluster, footer: bool) -> list[Memb
     }
 
     def human() -> None:
-        out.table(f"local cluster in {cluster.directory}", ["member", "pid", "address", "http", "health"],
-                  [(s.name, s.pid or "-", s.address, s.http, s.health) for s in statuses])
+        out.table(
+            f"local cluster in {cluster.directory}",
+            ["member", "pid", "address", "http", "health"],
+            [(s.name, s.pid or "-", s.address, s.http, s.health) for s in statuses],
+        )
         if footer:
             out.line("use it (the waltz commands and the README's client example read these):")
             for k, v in cluster.environment().items():

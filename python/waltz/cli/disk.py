@@ -50,14 +50,17 @@ def disk() -> None:
 
 def _time(ms: int) -> str:
     try:
-        t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+        t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return f"{ms} ({t.isoformat(timespec='milliseconds')})"
 
 
 def _struct(s: _ControlStruct) -> list[str]:
-    return [f"{s['session_id']} / {s['low_water_mark']} / {s['local_low_water_mark']}", "ok" if s["checksum_ok"] else "BAD"]
+    return [
+        f"{s['session_id']} / {s['low_water_mark']} / {s['local_low_water_mark']}",
+        "ok" if s["checksum_ok"] else "BAD",
+    ]
 
 
 @disk.command("dump-control")
@@ -85,7 +88,13 @@ def dump_control(out: Output, path: pathlib.Path, as_json: bool) -> None:
             "Partitions (struct: session id / low-water mark / local low-water mark)",
             ["partition", "stored id", "current", "struct 1", "checksum 1", "struct 2", "checksum 2"],
             [
-                [e["partition"], e["stored_partition_id"], e["current"] or "none", *_struct(e["structs"][0]), *_struct(e["structs"][1])]
+                [
+                    e["partition"],
+                    e["stored_partition_id"],
+                    e["current"] or "none",
+                    *_struct(e["structs"][0]),
+                    *_struct(e["structs"][1]),
+                ]
                 for e in r["partitions"]
             ],
         )
@@ -162,7 +171,11 @@ def dump_segment(out: Output, path: pathlib.Path, limit: int, max_record_size: i
             ("records", r["record_count"]),
             ("transaction ids", span),
             ("valid records end at", r["valid_end"]),
-            *((("preallocated (zeros after the records)", r["preallocated_bytes"]),) if r["preallocated_bytes"] else ()),
+            *(
+                (("preallocated (zeros after the records)", r["preallocated_bytes"]),)
+                if r["preallocated_bytes"]
+                else ()
+            ),
             *(("problem", p) for p in _header_problems(r)),
         ]
         if r["problem"] is not None:
@@ -189,7 +202,16 @@ def dump_segment(out: Output, path: pathlib.Path, limit: int, max_record_size: i
             f"Records (first {len(shown)} of {r['record_count']})",
             ["offset", "txid", "client", "gen", "partition", "seq", "header", "length"],
             [
-                [x["offset"], x["txid"], x["client_id"], x["generation"], x["partition_id"], x["sequence"], x["header"], x["data_length"]]
+                [
+                    x["offset"],
+                    x["txid"],
+                    x["client_id"],
+                    x["generation"],
+                    x["partition_id"],
+                    x["sequence"],
+                    x["header"],
+                    x["data_length"],
+                ]
                 for x in shown
             ],
         )
@@ -289,7 +311,9 @@ def _check_files(part_dir: pathlib.Path, pid: int, cluster_key: str, max_record_
         last = n == len(firsts) - 1
         # After a bad record (already reported) the count is short: the chain is not checked.
         if expected_first is not None and first != expected_first:
-            row.problems.append(f"{rel} starts at transaction {first}, the previous segment ends at {expected_first - 1}")
+            row.problems.append(
+                f"{rel} starts at transaction {first}, the previous segment ends at {expected_first - 1}"
+            )
         try:
             r = inspect_segment(segs[first], 0, max_record_size=max_record_size)
         except errors.WaltzError as e:
@@ -398,7 +422,12 @@ def verify(out: Output, path: pathlib.Path, max_record_size: int, as_json: bool)
         "cluster_key": ctl["cluster_key"],
         "partition_count": ctl["partition_count"],
         "ok": failures == 0,
-        "control": {"path": ctl["path"], "result": control.result.lower(), "problems": control.problems, "warnings": control.warnings},
+        "control": {
+            "path": ctl["path"],
+            "result": control.result.lower(),
+            "problems": control.problems,
+            "warnings": control.warnings,
+        },
         "partitions": [r.document() for r in rows],
     }
 
@@ -410,12 +439,17 @@ def verify(out: Output, path: pathlib.Path, max_record_size: int, as_json: bool)
 
         def findings(r: _Row) -> str:
             n, w = len(r.problems), len(r.warnings)
-            return ", ".join(x for x in (n and f"{n} problem{'s' * (n != 1)}", w and f"{w} warning{'s' * (w != 1)}") if x)
+            return ", ".join(
+                x for x in (n and f"{n} problem{'s' * (n != 1)}", w and f"{w} warning{'s' * (w != 1)}") if x
+            )
 
         out.table(
             f"Storage {path} (cluster {ctl['cluster_key']}, {ctl['partition_count']} partitions)",
             ["partition", "result", "segments", "records", "txids", "low-water mark", "findings"],
-            [[r.name, r.result, r.segments, r.records, txids(r), r.low_water_mark, findings(r)] for r in [control, *rows]],
+            [
+                [r.name, r.result, r.segments, r.records, txids(r), r.low_water_mark, findings(r)]
+                for r in [control, *rows]
+            ],
         )
         # Whole lines, never wrapped into a table cell: they name files and offsets.
         for r in [control, *rows]:

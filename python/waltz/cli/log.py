@@ -45,13 +45,19 @@ def _root(name: str) -> Any:
 @click.option("--data", metavar="TEXT", help="The transaction's data (UTF-8).")
 @click.option("--file", "path", type=click.File("rb"), help="Read the data from this file ('-': standard input).")
 @click.argument("stdin", required=False, metavar="[-]")
-@click.option("--header", type=click.IntRange(-(2**31), 2**31 - 1), default=0, show_default=True, help="The 32-bit header.")
+@click.option(
+    "--header", type=click.IntRange(-(2**31), 2**31 - 1), default=0, show_default=True, help="The 32-bit header."
+)
 @pass_output
 @user_errors
-def append(out: Output, partition: int, data: str | None, path: BinaryIO | None, stdin: str | None, header: int) -> None:
+def append(
+    out: Output, partition: int, data: str | None, path: BinaryIO | None, stdin: str | None, header: int
+) -> None:
     """Commit one transaction: --data TEXT, --file F, or - for standard input. Prints its id."""
     if stdin not in (None, "-"):
-        raise click.UsageError(f"unexpected argument {stdin!r}: the data comes from --data, --file or - (standard input)")
+        raise click.UsageError(
+            f"unexpected argument {stdin!r}: the data comes from --data, --file or - (standard input)"
+        )
     given = [x for x in (data, path, stdin) if x is not None]
     if len(given) != 1:
         raise click.UsageError("give the data in exactly one way: --data TEXT, --file F, or - (standard input)")
@@ -60,8 +66,10 @@ def append(out: Output, partition: int, data: str | None, path: BinaryIO | None,
         txid = _append(_metadata(), cluster_name(), partition, payload, header)
     except ValueError as e:  # a partition the cluster does not have
         raise Failed(str(e)) from e
-    out.emit({"partition": partition, "transaction_id": txid, "bytes": len(payload)},
-             lambda: out.line(f"partition {partition}: committed transaction {txid} ({len(payload)} bytes)"))
+    out.emit(
+        {"partition": partition, "transaction_id": txid, "bytes": len(payload)},
+        lambda: out.line(f"partition {partition}: committed transaction {txid} ({len(payload)} bytes)"),
+    )
 
 
 def _append(metadata: str, cluster: str, partition: int, payload: bytes, header: int) -> int:
@@ -93,9 +101,17 @@ def _append(metadata: str, cluster: str, partition: int, payload: bytes, header:
 
 @log.command()
 @PARTITION
-@click.option("--from", "start", default="earliest", show_default=True, metavar="earliest|latest|ID",
-              help="The first transaction: the oldest one held, the next one to commit, or an id.")
-@click.option("--to", "end", type=click.IntRange(0), help="The last transaction (default: the newest, or none with --follow).")
+@click.option(
+    "--from",
+    "start",
+    default="earliest",
+    show_default=True,
+    metavar="earliest|latest|ID",
+    help="The first transaction: the oldest one held, the next one to commit, or an id.",
+)
+@click.option(
+    "--to", "end", type=click.IntRange(0), help="The last transaction (default: the newest, or none with --follow)."
+)
 @click.option("--follow", "-f", is_flag=True, help="Go on printing transactions as they commit (Ctrl-C ends).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per transaction (JSON Lines).")
 @pass_output
@@ -126,7 +142,9 @@ def _read(out: Output, partition: int, start: str, end: int | None, follow: bool
         raise Failed(str(e)) from e
 
 
-async def _print_range(out: Output, metadata: str, cluster: str, partition: int, start: str, end: int | None, follow: bool) -> None:
+async def _print_range(
+    out: Output, metadata: str, cluster: str, partition: int, start: str, end: int | None, follow: bool
+) -> None:
     from waltz.client.log_reader import LogReader
 
     async with LogReader(metadata, cluster, ssl=tls_context()) as reader:

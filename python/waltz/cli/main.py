@@ -29,14 +29,30 @@ from waltz.cli.torture import torture
     metavar="URL",
     help="Metadata store: zk://host:port[/chroot] or embedded:/path/to/metadata.db (env WALTZ_METADATA).",
 )
-@click.option("--cluster", envvar="WALTZ_CLUSTER", default="default", show_default=True, help="Cluster name (env WALTZ_CLUSTER).")
-@click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the metadata store.")
-@click.option("--tls-ca", envvar="WALTZ_TLS_CA", metavar="PEM", help="CA that storage nodes' and servers' certificates must chain to (env WALTZ_TLS_CA).")
-@click.option("--tls-cert", envvar="WALTZ_TLS_CERT", metavar="PEM", help="Client certificate for mutual TLS (env WALTZ_TLS_CERT).")
+@click.option(
+    "--cluster", envvar="WALTZ_CLUSTER", default="default", show_default=True, help="Cluster name (env WALTZ_CLUSTER)."
+)
+@click.option(
+    "--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for the metadata store."
+)
+@click.option(
+    "--tls-ca",
+    envvar="WALTZ_TLS_CA",
+    metavar="PEM",
+    help="CA that storage nodes' and servers' certificates must chain to (env WALTZ_TLS_CA).",
+)
+@click.option(
+    "--tls-cert", envvar="WALTZ_TLS_CERT", metavar="PEM", help="Client certificate for mutual TLS (env WALTZ_TLS_CERT)."
+)
 @click.option("--tls-key", envvar="WALTZ_TLS_KEY", metavar="PEM", help="Private key of --tls-cert (env WALTZ_TLS_KEY).")
 def main(
-    as_json: bool, metadata: str | None, cluster: str, connect_timeout: float,
-    tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+    as_json: bool,
+    metadata: str | None,
+    cluster: str,
+    connect_timeout: float,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
     """Administer a Waltz cluster."""
 

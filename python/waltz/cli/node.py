@@ -15,13 +15,20 @@ from waltz.cli.exit_codes import MISSING_EXTRA_EXIT
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(
-            {"time": self.formatTime(record), "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+            {
+                "time": self.formatTime(record),
+                "level": record.levelname,
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
         )
 
 
 def _setup_logging(level: str, as_json: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        _JsonFormatter() if as_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -57,7 +64,9 @@ def _run_daemon(name: str, config_path: str) -> None:
         sys.exit(MISSING_EXTRA_EXIT if isinstance(e, errors.MissingExtraError) else 1)
 
 
-CONFIG = click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file")
+CONFIG = click.option(
+    "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="TOML configuration file"
+)
 
 
 @main.command()

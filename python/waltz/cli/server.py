@@ -38,8 +38,20 @@ def list_(out: Output) -> None:
         def fmt(d: dict[int, int]) -> str:
             return ", ".join(f"{p}@{g}" for p, g in d.items()) or "-"
 
-        out.table("servers (partition@generation)", ["id", "endpoint", "assigned", "serving", "preferred"],
-                  [(r["id"], r["endpoint"], fmt(r["assigned"]), fmt(r["serving"]), ", ".join(map(str, r["preferred"])) or "-") for r in rows])
+        out.table(
+            "servers (partition@generation)",
+            ["id", "endpoint", "assigned", "serving", "preferred"],
+            [
+                (
+                    r["id"],
+                    r["endpoint"],
+                    fmt(r["assigned"]),
+                    fmt(r["serving"]),
+                    ", ".join(map(str, r["preferred"])) or "-",
+                )
+                for r in rows
+            ],
+        )
         if not rows:
             out.line("no server is registered")
 

@@ -21,8 +21,18 @@ from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo, parse_address
 from waltz.storage.client import StorageAdminClient
 
-NODE = click.option("--storage", "address", required=True, metavar="HOST:PORT", help="Storage node (its storage-protocol address).")
-PARTITIONS = click.option("--partition", "-p", "partitions", type=click.IntRange(0), multiple=True, required=True, help="Partition id (repeatable).")
+NODE = click.option(
+    "--storage", "address", required=True, metavar="HOST:PORT", help="Storage node (its storage-protocol address)."
+)
+PARTITIONS = click.option(
+    "--partition",
+    "-p",
+    "partitions",
+    type=click.IntRange(0),
+    multiple=True,
+    required=True,
+    help="Partition id (repeatable).",
+)
 
 
 @click.group()
@@ -42,7 +52,10 @@ def _partition_status(meta: ClusterMetadata, node: StorageNodeInfo, partition: i
 
 
 def _changed(out: Output, changed: bool, what: str, doc: dict[str, Any] | None = None) -> None:
-    out.emit({"changed": changed, **(doc or {})}, lambda: out.line(what if changed else f"{what} (already so; nothing changed)"))
+    out.emit(
+        {"changed": changed, **(doc or {})},
+        lambda: out.line(what if changed else f"{what} (already so; nothing changed)"),
+    )
 
 
 # -- metadata: membership and replica assignment --------------------------------------------
@@ -79,7 +92,12 @@ def assign(out: Output, address: str, partitions: tuple[int, ...]) -> None:
     """Assign replicas of partitions to a storage node in the metadata (idempotent)."""
     with cluster_metadata() as meta:
         changed = [p for p in partitions if meta.assign_partition(address, p)]
-    _changed(out, bool(changed), f"assigned partitions {sorted(partitions)} to {parse_address(address)}", {"partitions": changed})
+    _changed(
+        out,
+        bool(changed),
+        f"assigned partitions {sorted(partitions)} to {parse_address(address)}",
+        {"partitions": changed},
+    )
 
 
 @storage.command()
@@ -91,7 +109,12 @@ def unassign(out: Output, address: str, partitions: tuple[int, ...]) -> None:
     """Take replicas of partitions away from a storage node in the metadata (idempotent)."""
     with cluster_metadata() as meta:
         changed = [p for p in partitions if meta.unassign_partition(address, p)]
-    _changed(out, bool(changed), f"unassigned partitions {sorted(partitions)} from {parse_address(address)}", {"partitions": changed})
+    _changed(
+        out,
+        bool(changed),
+        f"unassigned partitions {sorted(partitions)} from {parse_address(address)}",
+        {"partitions": changed},
+    )
 
 
 @storage.command("auto-assign")
@@ -105,7 +128,11 @@ def auto_assign(out: Output, group: int) -> None:
         placement = meta.auto_assign(group)
     out.emit(
         {"group": group, "placement": placement},
-        lambda: out.table(f"group {group}", ["storage node", "partitions"], [(a, ", ".join(map(str, ps)) or "-") for a, ps in placement.items()]),
+        lambda: out.table(
+            f"group {group}",
+            ["storage node", "partitions"],
+            [(a, ", ".join(map(str, ps)) or "-") for a, ps in placement.items()],
+        ),
     )
 
 
@@ -118,7 +145,12 @@ def list_(out: Output, with_status: bool) -> None:
     rows: list[dict[str, Any]] = []
     with cluster_metadata() as meta:
         for n in meta.storage_nodes():
-            row: dict[str, Any] = {"address": n.address, "admin_port": n.admin_port, "group": n.group, "partitions": list(n.partitions)}
+            row: dict[str, Any] = {
+                "address": n.address,
+                "admin_port": n.admin_port,
+                "group": n.group,
+                "partitions": list(n.partitions),
+            }
             if with_status:
                 try:
                     row["status"] = admin_call(meta, n, lambda c: c.status())
@@ -136,12 +168,15 @@ def list_(out: Output, with_status: bool) -> None:
                 if not r["reachable"]:
                     line.append(f"unreachable: {r['error']}")
                 else:
-                    line.append("; ".join(
-                        f"{s['partition']}: max {s['max_transaction_id']} lwm {s['low_water_mark']}"
-                        + ("" if s["readable"] and s["writable"] else " (unavailable)")
-                        + (f" FAILED {s['failure']}" if s["failure"] else "")
-                        for s in r["status"]
-                    ) or "no partitions")
+                    line.append(
+                        "; ".join(
+                            f"{s['partition']}: max {s['max_transaction_id']} lwm {s['low_water_mark']}"
+                            + ("" if s["readable"] and s["writable"] else " (unavailable)")
+                            + (f" FAILED {s['failure']}" if s["failure"] else "")
+                            for s in r["status"]
+                        )
+                        or "no partitions"
+                    )
             table.append(line)
         out.table("storage nodes", cols, table)
 
@@ -169,7 +204,9 @@ def add_partition(out: Output, address: str, partitions: tuple[int, ...]) -> Non
             return [p for p in partitions if p not in present]
 
         added = admin_call(meta, node, run)
-    _changed(out, bool(added), f"storage node {node.address} holds partitions {sorted(partitions)}", {"partitions": added})
+    _changed(
+        out, bool(added), f"storage node {node.address} holds partitions {sorted(partitions)}", {"partitions": added}
+    )
 
 
 @storage.command("remove-partition")
@@ -185,15 +222,22 @@ def remove_partition(out: Output, address: str, partitions: tuple[int, ...], del
         node = _node(meta, address)
         still = [p for p in partitions if p in node.partitions]
         if still and not force:
-            raise Failed(f"partitions {still} are still assigned to {node.address}; run `waltz storage unassign` first (or --force)")
+            raise Failed(
+                f"partitions {still} are still assigned to {node.address}; run `waltz storage unassign` first (or "
+                "--force)"
+            )
 
         async def run(c: StorageAdminClient) -> None:
             for p in partitions:
                 await c.unassign(p, delete_files=delete_files)
 
         admin_call(meta, node, run)
-    _changed(out, True, f"storage node {node.address} no longer serves partitions {sorted(partitions)}"
-             + (" (files deleted)" if delete_files else " (files parked)"))
+    _changed(
+        out,
+        True,
+        f"storage node {node.address} no longer serves partitions {sorted(partitions)}"
+        + (" (files deleted)" if delete_files else " (files parked)"),
+    )
 
 
 @storage.command()
@@ -203,7 +247,9 @@ def remove_partition(out: Output, address: str, partitions: tuple[int, ...], del
 @click.option("--writable/--unwritable", default=None, help="Accept writes of the partition from servers.")
 @pass_output
 @user_errors
-def availability(out: Output, address: str, partitions: tuple[int, ...], readable: bool | None, writable: bool | None) -> None:
+def availability(
+    out: Output, address: str, partitions: tuple[int, ...], readable: bool | None, writable: bool | None
+) -> None:
     """Mark partitions on a node readable/unreadable and writable/unwritable (kept until the node restarts)."""
     with cluster_metadata() as meta:
         node = _node(meta, address)
@@ -221,8 +267,14 @@ def availability(out: Output, address: str, partitions: tuple[int, ...], readabl
             return done
 
         result = admin_call(meta, node, run)
-    out.emit(result, lambda: out.table(f"availability on {node.address}", ["partition", "readable", "writable"],
-                                       [(d["partition"], d["readable"], d["writable"]) for d in result]))
+    out.emit(
+        result,
+        lambda: out.table(
+            f"availability on {node.address}",
+            ["partition", "readable", "writable"],
+            [(d["partition"], d["readable"], d["writable"]) for d in result],
+        ),
+    )
 
 
 @storage.command("max-transaction-id")
@@ -234,15 +286,19 @@ def max_transaction_id(out: Output, address: str, partition: int) -> None:
     """The highest transaction id a node holds for a partition (-1 when empty)."""
     with cluster_metadata() as meta:
         s = _partition_status(meta, _node(meta, address), partition)
-    out.emit({"partition": partition, "max_transaction_id": s["max_transaction_id"], "low_water_mark": s["low_water_mark"]},
-             lambda: out.line(str(s["max_transaction_id"])))
+    out.emit(
+        {"partition": partition, "max_transaction_id": s["max_transaction_id"], "low_water_mark": s["low_water_mark"]},
+        lambda: out.line(str(s["max_transaction_id"])),
+    )
 
 
 @storage.command("recover-partition")
 @click.option("--source", required=True, metavar="HOST:PORT", help="Healthy storage node to copy from.")
 @click.option("--destination", required=True, metavar="HOST:PORT", help="Storage node to fill.")
 @click.option("--partition", "-p", type=click.IntRange(0), required=True)
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Records per request.")
+@click.option(
+    "--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True, help="Records per request."
+)
 @pass_output
 @user_errors
 def recover_partition(out: Output, source: str, destination: str, partition: int, batch_size: int) -> None:
@@ -261,23 +317,39 @@ def recover_partition(out: Output, source: str, destination: str, partition: int
             raise Failed(f"partition {partition} is not assigned to {dst.address}; run `waltz storage assign` first")
         info = meta.info()
         result = asyncio.run(_recover(out, info.cluster_key, info.partitions, src, dst, partition, batch_size))
-    out.emit(result, lambda: out.line(
-        f"partition {partition}: copied {result['copied']} records from {src.address} to {dst.address}; "
-        f"destination now ends at {result['destination_max']} with low-water mark {result['low_water_mark']}"
-        + ("" if result["writable"] else
-           f". It was unwritable before this run and stays so: `waltz storage availability --storage {dst.address} -p {partition} --writable`")
-    ))
+    out.emit(
+        result,
+        lambda: out.line(
+            f"partition {partition}: copied {result['copied']} records from {src.address} to {dst.address}; "
+            f"destination now ends at {result['destination_max']} with low-water mark {result['low_water_mark']}"
+            + (
+                ""
+                if result["writable"]
+                else ". It was unwritable before this run and stays so: `waltz storage availability --storage "
+                f"{dst.address} -p {partition} --writable`"
+            )
+        ),
+    )
 
 
 async def _recover(
     out: Output, key: Any, count: int, src: StorageNodeInfo, dst: StorageNodeInfo, partition: int, batch_size: int
 ) -> dict[str, Any]:
     ssl = tls_context()
-    async with await StorageAdminClient.connect(src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl) as s, \
-            await StorageAdminClient.connect(dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl) as d:
+    async with (
+        await StorageAdminClient.connect(
+            src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+        ) as s,
+        await StorageAdminClient.connect(
+            dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+        ) as d,
+    ):
         before = {x["partition"]: x for x in await d.status()}.get(partition)
         if before is None:
-            raise Failed(f"destination {dst.address} does not hold partition {partition}; run `waltz storage add-partition` first")
+            raise Failed(
+                f"destination {dst.address} does not hold partition {partition}; run `waltz storage add-partition` "
+                "first"
+            )
         # Servers are kept out first; only then is the destination's state read, so nothing a
         # server does can make it stale.
         await d.set_availability(partition, readable=before["readable"], writable=False)
@@ -308,26 +380,46 @@ async def _recover(
                     # Not a difference: the source ends first. The destination may hold
                     # acknowledged transactions the source lacks, so it must not be wiped for this.
                     raise Failed(
-                        f"source {src.address} ends before transaction {nxt}, which the destination {dst.address} holds; "
+                        f"source {src.address} ends before transaction {nxt}, which the destination {dst.address} "
+                        "holds; "
                         f"pick a source that holds at least up to {d_max}"
                     )
                 if not ours or not theirs or diff is not None:
                     raise Failed(
-                        f"destination {dst.address} differs from the source at transaction {diff if diff is not None else nxt}; "
-                        f"remove the destination's files (`waltz storage remove-partition --delete-files --force`), add it again, and rerun"
+                        f"destination {dst.address} differs from the source at transaction "
+                        f"{diff if diff is not None else nxt}; "
+                        "remove the destination's files (`waltz storage remove-partition --delete-files --force`), "
+                        "add it again, and rerun"
                     )
                 nxt = ours[min(len(ours), len(theirs)) - 1].txid + 1
             if d_max < 0 and s_status["first_transaction_id"] > 0 and target >= 0:
-                raise Failed(f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty replica cannot be filled from it")
+                raise Failed(
+                    f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty "
+                    "replica cannot be filled from it"
+                )
 
-            with Progress(TextColumn("partition {task.fields[p]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                          console=Console(stderr=True), disable=out.as_json or target <= d_max, transient=True) as bar:
+            with Progress(
+                TextColumn("partition {task.fields[p]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                disable=out.as_json or target <= d_max,
+                transient=True,
+            ) as bar:
                 task = bar.add_task("copy", total=max(0, target - d_max), p=partition)
                 nxt = d_max + 1
                 while nxt <= target:
-                    batch = [r for r in await s.records(partition, nxt, min(batch_size, target - nxt + 1)) if r.txid <= target]
+                    batch = [
+                        r
+                        for r in await s.records(partition, nxt, min(batch_size, target - nxt + 1))
+                        if r.txid <= target
+                    ]
                     if not batch:
-                        raise Failed(f"source {src.address} returned no record at transaction {nxt} (below its low-water mark {target})")
+                        raise Failed(
+                            f"source {src.address} returned no record at transaction {nxt} (below its low-water mark "
+                            f"{target})"
+                        )
                     await d.append(partition, batch)
                     copied += len(batch)
                     nxt = batch[-1].txid + 1
@@ -340,7 +432,8 @@ async def _recover(
         except Failed as e:
             raise Failed(
                 f"{e.message}. The destination partition stays unwritable for servers until "
-                f"`waltz storage availability --storage {dst.address} -p {partition} --writable` or until its node restarts "
+                f"`waltz storage availability --storage {dst.address} -p {partition} --writable` or until its node "
+                "restarts "
                 "(availability is not kept across restarts; what was copied is committed, and the low-water mark "
                 "is raised only after a whole copy)"
             ) from e
@@ -364,7 +457,9 @@ async def _recover(
 @storage.command("reset-fence")
 @NODE
 @click.option("--partition", "-p", type=click.IntRange(0), required=True)
-@click.option("--to", "session", type=click.IntRange(0), required=True, metavar="SESSION", help="The fence's new value.")
+@click.option(
+    "--to", "session", type=click.IntRange(0), required=True, metavar="SESSION", help="The fence's new value."
+)
 @pass_output
 @user_errors
 def reset_fence(out: Output, address: str, partition: int, session: int) -> None:
@@ -374,8 +469,14 @@ def reset_fence(out: Output, address: str, partition: int, session: int) -> None
     with cluster_metadata() as meta:
         issued = meta.partition_metadata(partition)[0].session_id
         if session < issued:
-            raise Failed(f"partition {partition}: the cluster metadata issued session {issued}; the fence cannot go below it")
+            raise Failed(
+                f"partition {partition}: the cluster metadata issued session {issued}; the fence cannot go below it"
+            )
         node = _node(meta, address)
         admin_call(meta, node, lambda c: c.reset_fence(partition, session))
-    _changed(out, True, f"partition {partition} on {node.address}: fence lowered to session {session}",
-             {"partition": partition, "fence": session})
+    _changed(
+        out,
+        True,
+        f"partition {partition} on {node.address}: fence lowered to session {session}",
+        {"partition": partition, "fence": session},
+    )

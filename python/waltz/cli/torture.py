@@ -28,16 +28,32 @@ def _seconds(value: str) -> float:
 
 @click.command()
 @click.option("--duration", default="60s", show_default=True, help="How long faults are injected (90s, 10m, 1h).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the schedule and the workload: a run replays from it.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seeds the schedule and the workload: a run replays from it."
+)
 @click.option("--clients", type=click.IntRange(1, 32), default=3, show_default=True, help="Client processes.")
 @click.option("--partitions", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--faults", metavar="KIND,...", help="Only these faults (default: all). `--faults none` runs without faults.")
-@click.option("--zookeeper", is_flag=True, help="Keep the metadata in a real ZooKeeper (Debian package) that is killed too.")
-@click.option("--directory", type=click.Path(file_okay=False, path_type=pathlib.Path),
-              help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.")
+@click.option(
+    "--faults", metavar="KIND,...", help="Only these faults (default: all). `--faults none` runs without faults."
+)
+@click.option(
+    "--zookeeper", is_flag=True, help="Keep the metadata in a real ZooKeeper (Debian package) that is killed too."
+)
+@click.option(
+    "--directory",
+    type=click.Path(file_okay=False, path_type=pathlib.Path),
+    help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.",
+)
 @user_errors
-def torture(duration: str, seed: int, clients: int, partitions: int, faults: str | None, zookeeper: bool,
-            directory: pathlib.Path | None) -> None:
+def torture(
+    duration: str,
+    seed: int,
+    clients: int,
+    partitions: int,
+    faults: str | None,
+    zookeeper: bool,
+    directory: pathlib.Path | None,
+) -> None:
     """Run clients against a local cluster while faults strike, then check every history.
 
     Starts 3 storage nodes and 2 servers behind fault-injecting proxies, client processes that
@@ -57,14 +73,23 @@ def torture(duration: str, seed: int, clients: int, partitions: int, faults: str
     console = Console(stderr=True)
     console.print(f"[bold]Waltz torture[/] in {d}")
     result = run_torture(
-        TortureOptions(d, duration=_seconds(duration), seed=seed, clients=clients, partitions=partitions,
-                       faults=kinds, zookeeper=zookeeper),
+        TortureOptions(
+            d,
+            duration=_seconds(duration),
+            seed=seed,
+            clients=clients,
+            partitions=partitions,
+            faults=kinds,
+            zookeeper=zookeeper,
+        ),
         say=lambda s: console.print(f"  {s}", highlight=False),
     )
     print(result.report.render())
-    print(f"transactions committed: {result.transactions}; faults: "
-          + (", ".join(f"{k} {n}" for k, n in result.faults.items()) or "none")
-          + f"; {result.seconds:.0f} s")
+    print(
+        f"transactions committed: {result.transactions}; faults: "
+        + (", ".join(f"{k} {n}" for k, n in result.faults.items()) or "none")
+        + f"; {result.seconds:.0f} s"
+    )
     for p in result.problems:
         print(f"PROBLEM {p}")
     print("PASSED" if result.passed else "FAILED", f"(report: {d / 'report.json'})")

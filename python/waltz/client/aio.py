@@ -35,9 +35,9 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
 from waltz.client.network import Link
-from waltz.client.serializers import BYTES, Serializer
 from waltz.client.partition import ClientPartition, Unavailable
 from waltz.client.retry import Backoff
+from waltz.client.serializers import BYTES, Serializer
 from waltz.client.stats import ClientStats
 from waltz.client.submission import Executed, TransactionLife
 from waltz.client.transaction import Transaction
@@ -93,9 +93,11 @@ class AsyncWaltzClient:
         # Proves to servers that this instance holds its client ids: while one of its connections
         # has a partition mounted, a Mount of it under the same id with another token is refused.
         self.client_token = (
-            hashlib.blake2b(config.client_secret.encode(), digest_size=cp.TOKEN_BYTES, person=b"waltz-client-id")
-            .digest()
-            if config.client_secret else secrets.token_bytes(cp.TOKEN_BYTES)
+            hashlib.blake2b(
+                config.client_secret.encode(), digest_size=cp.TOKEN_BYTES, person=b"waltz-client-id"
+            ).digest()
+            if config.client_secret
+            else secrets.token_bytes(cp.TOKEN_BYTES)
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -131,15 +133,22 @@ class AsyncWaltzClient:
             wanted = self.config.partitions if self.config.partitions is not None else range(self.num_partitions)
             beyond = [p for p in wanted if p >= self.num_partitions]
             if beyond:
-                raise errors.ConfigError(f"client config: partitions {beyond} do not exist: cluster {self.config.cluster} "
-                                         f"has {self.num_partitions} (0 to {self.num_partitions - 1})")
+                raise errors.ConfigError(
+                    f"client config: partitions {beyond} do not exist: cluster {self.config.cluster} "
+                    f"has {self.num_partitions} (0 to {self.num_partitions - 1})"
+                )
             self._parts.update((p, ClientPartition(self, self._life, p, self.client_id)) for p in wanted)
             for part in self._parts.values():
                 part.start()
             self.spawn(self._settle_loop())
             await self._first_mounts()
-            log.info("client %d: mounted %d of %d partition(s) of cluster %s", self.client_id,
-                     sum(p.mounted.is_set() for p in self._parts.values()), len(self._parts), self.config.cluster)
+            log.info(
+                "client %d: mounted %d of %d partition(s) of cluster %s",
+                self.client_id,
+                sum(p.mounted.is_set() for p in self._parts.values()),
+                len(self._parts),
+                self.config.cluster,
+            )
         except BaseException:
             await self.close()
             raise
@@ -151,7 +160,9 @@ class AsyncWaltzClient:
         await asyncio.to_thread(self._store.start, self.config.mount_timeout)
         self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
         info = await asyncio.to_thread(metadata.info)
-        client_id = self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
+        client_id = (
+            self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
+        )
         loop = self.loop
 
         def on_assignment(a: Assignment) -> None:  # a store thread
@@ -177,9 +188,13 @@ class AsyncWaltzClient:
                 return
             if time.monotonic() >= deadline or all(p.unavailable is not None for p in waiting):
                 if len(waiting) < len(self._parts):
-                    log.warning("client %d: started without partition(s) %s, not mounted within %g s (still trying: %s)",
-                                self.client_id, [p.pid for p in waiting], self.config.mount_timeout,
-                                "; ".join(sorted({p.last_error for p in waiting})))
+                    log.warning(
+                        "client %d: started without partition(s) %s, not mounted within %g s (still trying: %s)",
+                        self.client_id,
+                        [p.pid for p in waiting],
+                        self.config.mount_timeout,
+                        "; ".join(sorted({p.last_error for p in waiting})),
+                    )
                     return
                 unavailable = next((p.unavailable for p in waiting if p.unavailable is not None), None)
                 if unavailable is not None:
@@ -211,7 +226,9 @@ class AsyncWaltzClient:
         if self._closed:
             raise errors.ClientClosedError("the client is closed")
         if not self._parts:
-            raise errors.ClientError("the client is not started: use `async with AsyncWaltzClient(...)` or `await client.start()`")
+            raise errors.ClientError(
+                "the client is not started: use `async with AsyncWaltzClient(...)` or `await client.start()`"
+            )
 
     # -- the API ---------------------------------------------------------------------------
     @property
@@ -238,15 +255,32 @@ class AsyncWaltzClient:
         await self._life.submit(Work(part.pid, context, future, self.deadline_of(context), part.slots.release))
         return future
 
-    async def append(self, partition: int, data: Any, *, locks: Iterable[PartitionLocalLock] = (),
-                     read_locks: Iterable[PartitionLocalLock] = (), append_locks: Iterable[PartitionLocalLock] = (),
-                     header: int = 0, serializer: Serializer[Any] = BYTES, timeout: float | None = None) -> int:
+    async def append(
+        self,
+        partition: int,
+        data: Any,
+        *,
+        locks: Iterable[PartitionLocalLock] = (),
+        read_locks: Iterable[PartitionLocalLock] = (),
+        append_locks: Iterable[PartitionLocalLock] = (),
+        header: int = 0,
+        serializer: Serializer[Any] = BYTES,
+        timeout: float | None = None,
+    ) -> int:
         """Appends `data` (bytes, or what `serializer` takes) to the partition with these write,
         read and append locks, without a context of your own; returns the committed
         transaction's id once it committed, raises what `submit`'s future raises otherwise.
         See `waltz.client.context.Append`."""
-        context = Append(partition, data, serializer=serializer, header=header, locks=locks, read_locks=read_locks,
-                         append_locks=append_locks, timeout=timeout)
+        context = Append(
+            partition,
+            data,
+            serializer=serializer,
+            header=header,
+            locks=locks,
+            read_locks=read_locks,
+            append_locks=append_locks,
+            timeout=timeout,
+        )
         await (await self.submit(context))
         return context.committed_transaction_id
 
@@ -258,11 +292,15 @@ class AsyncWaltzClient:
             raise TypeError(f"submit takes a TransactionContext, not {type(context).__name__}")
         pid = context.partition_id(self.num_partitions)
         if not isinstance(pid, int) or not 0 <= pid < self.num_partitions:
-            raise ValueError(f"{type(context).__name__}.partition_id({self.num_partitions}) returned {pid!r}, not a partition id")
+            raise ValueError(
+                f"{type(context).__name__}.partition_id({self.num_partitions}) returned {pid!r}, not a partition id"
+            )
         part = self._parts.get(pid)
         if part is None:
             raise errors.PartitionNotMountedError(
-                f"partition {pid} is not mounted by this client (it mounts partitions {list(self._parts)}: ClientConfig.partitions)")
+                f"partition {pid} is not mounted by this client (it mounts partitions {list(self._parts)}: "
+                "ClientConfig.partitions)"
+            )
         refused = part.error or part.unavailable
         if refused is not None:
             raise refused
@@ -385,8 +423,15 @@ class AsyncWaltzClient:
             return link
 
     def _new_link(self, endpoint: str, kind: str, connection_seq: int) -> Link:
-        return Link(endpoint, kind, self._on_push, self._on_closed, connection_seq=connection_seq,
-                    max_frame=self.config.max_frame, ssl=self._ssl)
+        return Link(
+            endpoint,
+            kind,
+            self._on_push,
+            self._on_closed,
+            connection_seq=connection_seq,
+            max_frame=self.config.max_frame,
+            ssl=self._ssl,
+        )
 
     def _on_push(self, link: Link, msg: cp.Message) -> None:
         if isinstance(msg, cp.FeedData):
@@ -435,7 +480,9 @@ class AsyncWaltzClient:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise errors.RequestTimeoutError(f"partition {partition}: no answer within {self.config.request_timeout} s ({last})")
+                raise errors.RequestTimeoutError(
+                    f"partition {partition}: no answer within {self.config.request_timeout} s ({last})"
+                )
             try:
                 current = part.link if part is not None and part.mounted.is_set() else None
                 endpoint = current.endpoint if current is not None else (await self.locate(partition))[0]
@@ -445,6 +492,6 @@ class AsyncWaltzClient:
                 if e.kind not in ("partition_not_here", "store_unavailable"):
                     raise
                 last = str(e)
-            except (Unavailable, errors.MetadataError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, Unavailable, errors.MetadataError, ConnectionError, OSError) as e:
                 last = str(e) or type(e).__name__
             await backoff.sleep(deadline - time.monotonic())

@@ -10,7 +10,6 @@ from waltz.config import ConfigError, _read_toml, _requirer, _section
 from waltz.event_loop import EVENT_LOOPS
 from waltz.tls import TlsSection, check
 
-
 _WHERE = "client config"
 
 
@@ -68,23 +67,38 @@ class ClientConfig:
     def __post_init__(self) -> None:
         need = _requirer(pathlib.Path(_WHERE))
         need(bool(self.metadata), "metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
-        need(self.client_id == -1 or 0 <= self.client_id < 2**31, "client_id must be -1 (a new id) or a non-negative 32-bit id")
+        need(
+            self.client_id == -1 or 0 <= self.client_id < 2**31,
+            "client_id must be -1 (a new id) or a non-negative 32-bit id",
+        )
         need(not self.client_secret or self.client_id >= 0, "client_secret needs a fixed client_id")
         need(not self.client_secret or len(self.client_secret) >= 16, "client_secret must be at least 16 characters")
         for name in ("max_pending", "callback_threads", "max_frame"):
             need(getattr(self, name) > 0, f"{name} must be positive")
-        for name in ("mount_timeout", "request_timeout", "transaction_timeout", "settle_after", "reconnect_backoff",
-                     "reconnect_backoff_max", "metadata_session_timeout"):
+        for name in (
+            "mount_timeout",
+            "request_timeout",
+            "transaction_timeout",
+            "settle_after",
+            "reconnect_backoff",
+            "reconnect_backoff_max",
+            "metadata_session_timeout",
+        ):
             need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
         need(self.event_loop in EVENT_LOOPS, f"event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
-        need(self.reconnect_backoff <= self.reconnect_backoff_max, "reconnect_backoff must not exceed reconnect_backoff_max")
+        need(
+            self.reconnect_backoff <= self.reconnect_backoff_max,
+            "reconnect_backoff must not exceed reconnect_backoff_max",
+        )
         if self.partitions is not None:
             if not isinstance(self.partitions, (list, tuple, set, frozenset)):
                 need(False, "partitions must be a list of partition ids (or absent: every partition)")
             parts = tuple(sorted(set(self.partitions)))
             need(bool(parts), "partitions must name at least one partition (or be absent: every partition)")
-            need(all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts),
-                 "partitions must be non-negative partition ids")
+            need(
+                all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts),
+                "partitions must be non-negative partition ids",
+            )
             object.__setattr__(self, "partitions", parts)
         for name in ("tls_ca", "tls_cert", "tls_key"):
             if isinstance(getattr(self, name), str):
@@ -101,7 +115,9 @@ class ClientConfig:
         path = pathlib.Path(path)
         raw = _read_toml(path, {"client"})
         if "metadata" not in raw.get("client", {}):
-            raise ConfigError(f"{path}: [client] metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)")
+            raise ConfigError(
+                f"{path}: [client] metadata is required (zk://host:port/chroot or embedded:/path/metadata.db)"
+            )
         try:
             return _section(ClientConfig, raw["client"], f"{path} [client]")
         except ConfigError as e:

@@ -126,9 +126,18 @@ class Append(TransactionContext):
     reading anything (a context that reads state to decide must be a `TransactionContext` of
     its own)."""
 
-    def __init__(self, partition: int, data: Any, *, serializer: Serializer[Any] = BYTES, header: int = 0,
-                 locks: Iterable[PartitionLocalLock] = (), read_locks: Iterable[PartitionLocalLock] = (),
-                 append_locks: Iterable[PartitionLocalLock] = (), timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        partition: int,
+        data: Any,
+        *,
+        serializer: Serializer[Any] = BYTES,
+        header: int = 0,
+        locks: Iterable[PartitionLocalLock] = (),
+        read_locks: Iterable[PartitionLocalLock] = (),
+        append_locks: Iterable[PartitionLocalLock] = (),
+        timeout: float | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
             raise ValueError(f"partition must be a partition id, not {partition!r}")

@@ -148,7 +148,9 @@ class LogReader:
                             last = f"{address} holds nothing at {nxt}"
                             break
                         if records[0].txid != nxt:
-                            raise errors.ProtocolError(f"{address} answered a read at {nxt} with transaction {records[0].txid}")
+                            raise errors.ProtocolError(
+                                f"{address} answered a read at {nxt} with transaction {records[0].txid}"
+                            )
                         nxt = records[-1].txid + 1
                         progressed = True
                         yield records
@@ -166,9 +168,13 @@ class LogReader:
                     return
             if replicas and len(gone) == len(replicas):
                 # Every replica that can serve it has dropped it: waiting cannot bring it back.
-                raise errors.BelowLogStartError(f"partition {partition}: transaction {nxt} is held by no replica any more ({'; '.join(gone)})")
+                raise errors.BelowLogStartError(
+                    f"partition {partition}: transaction {nxt} is held by no replica any more ({'; '.join(gone)})"
+                )
             if time.monotonic() > deadline:
-                raise errors.RequestTimeoutError(f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})")
+                raise errors.RequestTimeoutError(
+                    f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})"
+                )
             if progressed:
                 backoff.reset()
             else:
@@ -215,7 +221,9 @@ class LogReader:
                 return firsts
             if time.monotonic() > deadline:
                 missing = sorted(set(wanted) - set(firsts))
-                raise errors.RequestTimeoutError(f"partition {missing[0]}: no replica answered within {self.timeout} s ({last})")
+                raise errors.RequestTimeoutError(
+                    f"partition {missing[0]}: no replica answered within {self.timeout} s ({last})"
+                )
             await backoff.sleep()
 
     async def _status(self, address: str) -> dict[int, dict[str, Any]]:
@@ -235,8 +243,12 @@ class LogReader:
             if not node.admin_port:
                 raise errors.StorageConnectionError(f"storage node {address} has no admin port in the metadata")
             admin = await StorageAdminClient.connect(
-                node.host, node.admin_port, cluster_key=self.info.cluster_key, partition_count=self.info.partitions,
-                timeout=self.timeout, ssl=self._ssl,
+                node.host,
+                node.admin_port,
+                cluster_key=self.info.cluster_key,
+                partition_count=self.info.partitions,
+                timeout=self.timeout,
+                ssl=self._ssl,
             )
             self._admins[address] = admin
         return admin
@@ -253,6 +265,7 @@ class LogReader:
 
     async def sessions(self) -> dict[int, int]:
         """Partition → its current store session id (-1 before its first)."""
+
         def read() -> dict[int, int]:
             return {p: self.metadata.partition_metadata(p)[0].session_id for p in range(self.info.partitions)}
 

@@ -31,7 +31,9 @@ from waltz.client.sync import WaltzClient
 
 
 class ClientCollector(Collector):
-    def __init__(self, client: WaltzClient | AsyncWaltzClient, *, lag_timeout: float = 2.0, prefix: str = "waltz_client") -> None:
+    def __init__(
+        self, client: WaltzClient | AsyncWaltzClient, *, lag_timeout: float = 2.0, prefix: str = "waltz_client"
+    ) -> None:
         self.client, self.lag_timeout, self.prefix = client, lag_timeout, prefix
 
     def _core(self) -> AsyncWaltzClient:
@@ -57,11 +59,19 @@ class ClientCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         core = self._core()
         rows = core.status() if core._parts else []
-        pending = GaugeMetricFamily(f"{self.prefix}_pending", "Contexts submitted and not yet completed.", labels=["partition"])
-        applied = GaugeMetricFamily(f"{self.prefix}_applied_high_water_mark",
-                                    "The newest transaction the application applied.", labels=["partition"])
-        lag = GaugeMetricFamily(f"{self.prefix}_feed_lag",
-                                "The partition's high-water mark on its server minus the applied one.", labels=["partition"])
+        pending = GaugeMetricFamily(
+            f"{self.prefix}_pending", "Contexts submitted and not yet completed.", labels=["partition"]
+        )
+        applied = GaugeMetricFamily(
+            f"{self.prefix}_applied_high_water_mark",
+            "The newest transaction the application applied.",
+            labels=["partition"],
+        )
+        lag = GaugeMetricFamily(
+            f"{self.prefix}_feed_lag",
+            "The partition's high-water mark on its server minus the applied one.",
+            labels=["partition"],
+        )
         marks = self._cluster_marks(core, [r["partition"] for r in rows]) if rows and not core._closed else {}
         for r in rows:
             p = str(r["partition"])
@@ -74,9 +84,15 @@ class ClientCollector(Collector):
         yield pending
         yield applied
         yield lag
-        yield CounterMetricFamily(f"{self.prefix}_commits", "Contexts whose transaction committed.", value=stats.commits)
-        yield CounterMetricFamily(f"{self.prefix}_retries", "Executions again after a failed attempt.", value=stats.retries)
-        yield CounterMetricFamily(f"{self.prefix}_lock_failures", "Attempts that lost a lock race.", value=stats.lock_failures)
+        yield CounterMetricFamily(
+            f"{self.prefix}_commits", "Contexts whose transaction committed.", value=stats.commits
+        )
+        yield CounterMetricFamily(
+            f"{self.prefix}_retries", "Executions again after a failed attempt.", value=stats.retries
+        )
+        yield CounterMetricFamily(
+            f"{self.prefix}_lock_failures", "Attempts that lost a lock race.", value=stats.lock_failures
+        )
 
     def describe(self) -> Iterator[Metric]:
         """Registering must not scrape the client (it may not be started yet)."""

@@ -45,8 +45,13 @@ FEED_CHUNK = 1000
 
 def mock_config(**overrides: object) -> ClientConfig:
     """A configuration for mock clients: quick retries (nothing to wait for in memory)."""
-    values: dict[str, object] = {"metadata": "mock:", "cluster": "mock", "reconnect_backoff": 0.001,
-                                 "reconnect_backoff_max": 0.02, "mount_timeout": 10.0}
+    values: dict[str, object] = {
+        "metadata": "mock:",
+        "cluster": "mock",
+        "reconnect_backoff": 0.001,
+        "reconnect_backoff_max": 0.02,
+        "mount_timeout": 10.0,
+    }
     values.update(overrides)
     return ClientConfig(**values)  # type: ignore[arg-type]
 
@@ -122,7 +127,9 @@ class MockCluster:
             pid = msg.req_id[2] if isinstance(msg, cp.Append) else getattr(msg, "partition", -1)
             seq = getattr(msg, "seq", -1)
             if not 0 <= pid < len(self._parts):
-                link.deliver(cp.Failure(seq, pid, cp.FailureKind.BAD_REQUEST, f"no partition {pid} in the mock cluster"))
+                link.deliver(
+                    cp.Failure(seq, pid, cp.FailureKind.BAD_REQUEST, f"no partition {pid} in the mock cluster")
+                )
                 return
             part = self._parts[pid]
             if isinstance(msg, cp.Mount):
@@ -135,28 +142,42 @@ class MockCluster:
                 link.deliver(cp.HighWaterMarkResponse(msg.seq, pid, part.high_water_mark))
             elif isinstance(msg, cp.TransactionDataRequest):
                 if 0 <= msg.transaction_id <= part.high_water_mark:
-                    link.deliver(cp.TransactionDataResponse(msg.seq, pid, msg.transaction_id, part.data[msg.transaction_id]))
+                    link.deliver(
+                        cp.TransactionDataResponse(msg.seq, pid, msg.transaction_id, part.data[msg.transaction_id])
+                    )
                 else:
-                    link.deliver(cp.Failure(msg.seq, pid, cp.FailureKind.NOT_COMMITTED,
-                                            f"partition {pid}: no committed transaction {msg.transaction_id}"))
+                    link.deliver(
+                        cp.Failure(
+                            msg.seq,
+                            pid,
+                            cp.FailureKind.NOT_COMMITTED,
+                            f"partition {pid}: no committed transaction {msg.transaction_id}",
+                        )
+                    )
             else:
-                link.deliver(cp.Failure(seq, pid, cp.FailureKind.BAD_REQUEST, f"the mock cluster does not take {type(msg).__name__}"))
+                link.deliver(
+                    cp.Failure(
+                        seq, pid, cp.FailureKind.BAD_REQUEST, f"the mock cluster does not take {type(msg).__name__}"
+                    )
+                )
 
     def _mount(self, link: MockLink, part: _Partition, msg: cp.Mount) -> None:
         mark = part.high_water_mark
         if msg.client_high_water_mark > mark:
             link.deliver(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.CLIENT_AHEAD, mark, self.generation))
             return
-        backlog = part.entries[msg.client_high_water_mark + 1:]
+        backlog = part.entries[msg.client_high_water_mark + 1 :]
         for i in range(0, len(backlog), FEED_CHUNK):
-            link.deliver(cp.FeedData(-1, msg.partition, tuple(backlog[i:i + FEED_CHUNK])))
+            link.deliver(cp.FeedData(-1, msg.partition, tuple(backlog[i : i + FEED_CHUNK])))
         part.mounted.add(link)
         link.deliver(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.READY, mark, self.generation))
 
     def _append(self, link: MockLink, part: _Partition, msg: cp.Append) -> None:
         pid = msg.req_id[2]
         if link not in part.mounted:
-            link.deliver(cp.Failure(-1, pid, cp.FailureKind.PARTITION_NOT_HERE, f"partition {pid} is not mounted on this link"))
+            link.deliver(
+                cp.Failure(-1, pid, cp.FailureKind.PARTITION_NOT_HERE, f"partition {pid} is not mounted on this link")
+            )
             return
         if self._forced_lock_failures:
             self._forced_lock_failures -= 1
@@ -168,10 +189,14 @@ class MockCluster:
             # As when a server's store session ends: the client mounts again, and READY tells it
             # that its pending appends failed.
             part.mounted.discard(link)
-            link.deliver(cp.Failure(-1, pid, cp.FailureKind.STORE_UNAVAILABLE, "forced failure (MockCluster failure_rate)"))
+            link.deliver(
+                cp.Failure(-1, pid, cp.FailureKind.STORE_UNAVAILABLE, "forced failure (MockCluster failure_rate)")
+            )
             return
         txid = part.high_water_mark + 1
-        failed = part.locks.check_and_update(msg.client_high_water_mark, txid, msg.write_locks, msg.read_locks, msg.append_locks)
+        failed = part.locks.check_and_update(
+            msg.client_high_water_mark, txid, msg.write_locks, msg.read_locks, msg.append_locks
+        )
         if failed is not None:
             self.lock_failures += 1
             link.deliver(cp.LockFailure(msg.req_id, failed.transaction_id))
@@ -192,8 +217,15 @@ class MockLink(Link):
     """A client's connection to a `MockCluster`: what it sends is handled at once; what comes
     back is dispatched on the client's loop, in the order the cluster queued it."""
 
-    def __init__(self, cluster: MockCluster, endpoint: str, kind: str, on_push: Callable[[Link, cp.Message], None],
-                 on_closed: Callable[[Link, BaseException | None], None], connection_seq: int) -> None:
+    def __init__(
+        self,
+        cluster: MockCluster,
+        endpoint: str,
+        kind: str,
+        on_push: Callable[[Link, cp.Message], None],
+        on_closed: Callable[[Link, BaseException | None], None],
+        connection_seq: int,
+    ) -> None:
         super().__init__(endpoint, kind, on_push, on_closed, connection_seq=connection_seq)
         self.cluster = cluster
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -228,7 +260,9 @@ class MockLink(Link):
 class AsyncMockWaltzClient(AsyncWaltzClient):
     """`AsyncWaltzClient` on a `MockCluster`: `async with AsyncMockWaltzClient(app, cluster) as c`."""
 
-    def __init__(self, callbacks: WaltzClientCallbacks, cluster: MockCluster, config: ClientConfig | None = None) -> None:
+    def __init__(
+        self, callbacks: WaltzClientCallbacks, cluster: MockCluster, config: ClientConfig | None = None
+    ) -> None:
         super().__init__(callbacks, config if config is not None else mock_config())
         self.cluster = cluster
 
@@ -253,7 +287,9 @@ class AsyncMockWaltzClient(AsyncWaltzClient):
 class MockWaltzClient(WaltzClient):
     """`WaltzClient` on a `MockCluster`: `with MockWaltzClient(app, cluster) as c`."""
 
-    def __init__(self, callbacks: WaltzClientCallbacks, cluster: MockCluster, config: ClientConfig | None = None) -> None:
+    def __init__(
+        self, callbacks: WaltzClientCallbacks, cluster: MockCluster, config: ClientConfig | None = None
+    ) -> None:
         self.cluster = cluster
         super().__init__(callbacks, config if config is not None else mock_config())
 

@@ -50,7 +50,9 @@ class Link:
         """Connects (through mutual TLS when the link has an SSL context) and shakes hands; a
         failed TLS handshake, or a TLS peer of a plaintext link, raises `TlsError`."""
         host, _, port = self.endpoint.rpartition(":")
-        reader, writer = await tls.open_connection(host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}")
+        reader, writer = await tls.open_connection(
+            host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}"
+        )
         self._writer = writer
         writer.write(cp.Hello().frame())
         try:

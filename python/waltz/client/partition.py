@@ -132,7 +132,7 @@ class ClientPartition:
                     # Closing: also when close()'s cancellation was lost (asyncio.wait_for in 3.11
                     # drops it when the awaited call ends at the same moment).
                     return
-                except (Unavailable, errors.WaltzError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+                except (TimeoutError, Unavailable, errors.WaltzError, ConnectionError, OSError) as e:
                     # A TLS failure is a configuration to fix, not a passing outage: said once, loudly.
                     refused = isinstance(e, errors.RequestFailedError) and e.kind == "client_refused"
                     if (isinstance(e, errors.TlsError) or refused) and str(e) != self.last_error:
@@ -150,7 +150,9 @@ class ClientPartition:
         if self.received == -2:
             mark = await self.client.call(self.client.callbacks.get_client_high_water_mark, self.pid)
             if not isinstance(mark, int) or mark < -1:
-                raise errors.ApplicationStateError(f"get_client_high_water_mark({self.pid}) returned {mark!r}, not an id >= -1")
+                raise errors.ApplicationStateError(
+                    f"get_client_high_water_mark({self.pid}) returned {mark!r}, not an id >= -1"
+                )
             self.received = self.applied = mark
         endpoint, server_id, _ = await self.client.locate(self.pid)
         link = await self.client.link(endpoint, "stream")
@@ -160,12 +162,15 @@ class ClientPartition:
             before = self.received
             try:
                 resp = await link.request(
-                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq, token), cfg.mount_timeout
+                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq, token),
+                    cfg.mount_timeout,
                 )
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self.received == before or self.link is not link:
-                    raise Unavailable(f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s") from None
+                    raise Unavailable(
+                        f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s"
+                    ) from None
                 # The feed is replaying a long way: the mount is making progress, ask again.
         assert isinstance(resp, cp.MountResponse)
         if self.link is not link or self._remount.is_set():
@@ -182,7 +187,9 @@ class ClientPartition:
         # everything committed; whatever is still pending failed.
         for attempt in self.monitor.fail_all():
             self.owner.retry(attempt.work)
-        log.debug("partition %d: mounted on %s, generation %d, from %d", self.pid, endpoint, resp.generation, self.received)
+        log.debug(
+            "partition %d: mounted on %s, generation %d, from %d", self.pid, endpoint, resp.generation, self.received
+        )
         return True
 
     def _timed_out(self) -> None:
@@ -190,18 +197,28 @@ class ClientPartition:
             f"partition {self.pid} could not be mounted within {self.client.config.mount_timeout} s: {self.last_error}"
         )
         for attempt in self.monitor.fail_all():
-            self.finish(attempt.work, errors.MountTimeoutError(
-                f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the feed)",
-                outcome_unknown=True,
-            ))
+            self.finish(
+                attempt.work,
+                errors.MountTimeoutError(
+                    f"{self.unavailable}; whether its transaction committed is unknown (if it did, it arrives in the "
+                    "feed)",
+                    outcome_unknown=True,
+                ),
+            )
         while self.outbox:
-            self.finish(self.outbox.popleft()[0], errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent"))
+            self.finish(
+                self.outbox.popleft()[0], errors.MountTimeoutError(f"{self.unavailable}; the transaction was not sent")
+            )
 
     def _refuse(self, e: BaseException) -> None:
         log.error("%s", e)
         self.error = e
         # Those already sent may still commit (then they arrive in the feed of a later client).
-        sent = type(e)(f"{e}; it was sent and may still commit", outcome_unknown=True) if isinstance(e, errors.ClientError) else e
+        sent = (
+            type(e)(f"{e}; it was sent and may still commit", outcome_unknown=True)
+            if isinstance(e, errors.ClientError)
+            else e
+        )
         for attempt in self.monitor.fail_all():
             self.finish(attempt.work, sent)
         while self.outbox:
@@ -217,16 +234,30 @@ class ClientPartition:
         if refused is not None:
             self.finish(work, refused)
             return
-        self.outbox.append((work, (
-            builder.client_high_water_mark, builder.header, builder.data,
-            tuple(lk.hash for lk in builder.write_locks), tuple(lk.hash for lk in builder.read_locks),
-            tuple(lk.hash for lk in builder.append_locks),
-        )))
+        self.outbox.append(
+            (
+                work,
+                (
+                    builder.client_high_water_mark,
+                    builder.header,
+                    builder.data,
+                    tuple(lk.hash for lk in builder.write_locks),
+                    tuple(lk.hash for lk in builder.read_locks),
+                    tuple(lk.hash for lk in builder.append_locks),
+                ),
+            )
+        )
         self._send_outbox()
 
     def _send_outbox(self) -> None:
         link, server = self.link, self.server
-        if not self.mounted.is_set() or link is None or server is None or self.error is not None or self._mounted_as != self.client_id:
+        if (
+            not self.mounted.is_set()
+            or link is None
+            or server is None
+            or self.error is not None
+            or self._mounted_as != self.client_id
+        ):
             return
         generation = server[1]
         now = time.monotonic()
@@ -268,8 +299,12 @@ class ClientPartition:
                     log.warning("partition %d: a new client id could not be taken (retrying): %s", self.pid, e)
                     await backoff.sleep()
             assert not len(self.monitor), "appends were sent while the client id was being renewed"
-            log.info("partition %d: every sequence number of client id %d was used; appending as client id %d from 1",
-                     self.pid, self.client_id, new)
+            log.info(
+                "partition %d: every sequence number of client id %d was used; appending as client id %d from 1",
+                self.pid,
+                self.client_id,
+                new,
+            )
             self.client_id, self.seq, self._flush, self._mounted_as = new, 0, None, None
             self.request_remount(f"client id {new}")
         finally:
@@ -361,14 +396,21 @@ class ClientPartition:
         feed passes the mark the Flush reports, everything sent before it is settled."""
         oldest = self.monitor.oldest()
         link, newest = self.link, self.monitor.newest_seq()
-        if (self._flushing or self._flush is not None or oldest is None or newest is None or link is None
-                or not self.mounted.is_set() or time.monotonic() - oldest.sent_at < self.client.config.settle_after):
+        if (
+            self._flushing
+            or self._flush is not None
+            or oldest is None
+            or newest is None
+            or link is None
+            or not self.mounted.is_set()
+            or time.monotonic() - oldest.sent_at < self.client.config.settle_after
+        ):
             return
         self._flushing = True
         resp: cp.Message | None = None
         try:
             resp = await link.request(lambda seq: cp.Flush(seq, self.pid), self.client.config.request_timeout)
-        except (errors.WaltzError, ConnectionError, asyncio.TimeoutError) as e:
+        except (TimeoutError, errors.WaltzError, ConnectionError) as e:
             log.debug("partition %d: flush failed: %s", self.pid, e)
         finally:
             self._flushing = False
@@ -402,25 +444,39 @@ class ClientPartition:
             self._apply_wakeup.clear()
             while self._apply_queue:
                 batch = [self._apply_queue.popleft() for _ in range(min(APPLY_BATCH, len(self._apply_queue)))]
-                txns = [Transaction(self.pid, e.transaction_id, e.header, e.req_id, self.client.transaction_data, self.client.loop)
-                        for e in batch]
+                txns = [
+                    Transaction(
+                        self.pid, e.transaction_id, e.header, e.req_id, self.client.transaction_data, self.client.loop
+                    )
+                    for e in batch
+                ]
                 i = 0
                 while i < len(txns):
                     done, exc = await self.client.apply(txns[i:])
                     if done:
                         # Our own contexts' `on_application` hooks, before the transactions count
                         # as applied (so `flush` returns after them).
-                        await self.owner.applied([w for t in txns[i : i + done]
-                                                  if (w := self._to_apply.pop(t.transaction_id, None)) is not None])
+                        await self.owner.applied(
+                            [
+                                w
+                                for t in txns[i : i + done]
+                                if (w := self._to_apply.pop(t.transaction_id, None)) is not None
+                            ]
+                        )
                         self._applied_through(txns[i + done - 1].transaction_id)
                         i += done
                         backoff.reset()
                     if exc is not None:
                         try:
-                            await self.client.call(self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc)
+                            await self.client.call(
+                                self.client.callbacks.uncaught_exception, self.pid, txns[i].transaction_id, exc
+                            )
                         except Exception:  # the handler's own failure must not end applying for good
-                            log.exception("partition %d: uncaught_exception raised for transaction %d (applying it again)",
-                                          self.pid, txns[i].transaction_id)
+                            log.exception(
+                                "partition %d: uncaught_exception raised for transaction %d (applying it again)",
+                                self.pid,
+                                txns[i].transaction_id,
+                            )
                         await backoff.sleep()
 
     def _applied_through(self, txid: int) -> None:
@@ -455,8 +511,9 @@ class ClientPartition:
     def close(self, why: BaseException) -> None:
         for t in self.tasks:
             t.cancel()
-        sent = errors.ClientClosedError(f"{why}; it was sent and may still commit (if it did, it arrives in the feed)",
-                                        outcome_unknown=True)
+        sent = errors.ClientClosedError(
+            f"{why}; it was sent and may still commit (if it did, it arrives in the feed)", outcome_unknown=True
+        )
         for attempt in self.monitor.fail_all():
             self.finish(attempt.work, sent)
         self.outbox.clear()
@@ -468,5 +525,13 @@ class ClientPartition:
                 fut.set_exception(why)
 
     def describe(self) -> dict[str, Any]:
-        return {"partition": self.pid, "mounted": self.mounted.is_set() and self.error is None, "received": self.received,
-                "applied": self.applied, "in_flight": len(self.works), "pending": len(self.monitor), "queued": len(self.outbox), "error": self.last_error}
+        return {
+            "partition": self.pid,
+            "mounted": self.mounted.is_set() and self.error is None,
+            "received": self.received,
+            "applied": self.applied,
+            "in_flight": len(self.works),
+            "pending": len(self.monitor),
+            "queued": len(self.outbox),
+            "error": self.last_error,
+        }

@@ -88,7 +88,9 @@ class SqlCallbacks(WaltzClientCallbacks):
         t, txid = self.table, transaction.transaction_id
         with self.engine.begin() as conn:
             moved = conn.execute(
-                t.update().where(self._row(transaction.partition), t.c.high_water_mark == txid - 1).values(high_water_mark=txid)
+                t.update()
+                .where(self._row(transaction.partition), t.c.high_water_mark == txid - 1)
+                .values(high_water_mark=txid)
             ).rowcount
             if moved == 1:
                 self._apply(conn, transaction)

@@ -101,15 +101,26 @@ class TransactionLife:
 
     def _built(self, work: Work, builder: TransactionBuilder, ok: object) -> None:
         if not isinstance(ok, bool):
-            self.host.spawn(self._execution_failed(work, TypeError(
-                f"{type(work.context).__name__}.execute must return True (submit) or False (drop), not {ok!r}"
-            )))
+            self.host.spawn(
+                self._execution_failed(
+                    work,
+                    TypeError(
+                        f"{type(work.context).__name__}.execute must return True (submit) or False (drop), not {ok!r}"
+                    ),
+                )
+            )
         elif not ok:
             self.host.spawn(self._declined(work))
         elif len(builder.data) > self.host.config.max_frame - FRAME_OVERHEAD:
-            self.host.spawn(self._execution_failed(work, ValueError(
-                f"transaction data of {len(builder.data)} bytes does not fit in a frame (max_frame {self.host.config.max_frame})"
-            )))
+            self.host.spawn(
+                self._execution_failed(
+                    work,
+                    ValueError(
+                        f"transaction data of {len(builder.data)} bytes does not fit in a frame (max_frame "
+                        f"{self.host.config.max_frame})"
+                    ),
+                )
+            )
         else:
             self.parts[work.pid].enqueue(work, builder)
 
@@ -152,9 +163,12 @@ class TransactionLife:
 
     async def _expire(self, work: Work) -> None:
         await self._hook(work.context, "on_expiration")
-        self.parts[work.pid].finish(work, errors.TransactionExpiredError(
-            f"{type(work.context).__name__} expired after {work.executions} execution(s) without committing"
-        ))
+        self.parts[work.pid].finish(
+            work,
+            errors.TransactionExpiredError(
+                f"{type(work.context).__name__} expired after {work.executions} execution(s) without committing"
+            ),
+        )
 
     async def _after_lock_failure(self, work: Work, transaction_id: int) -> None:
         """Lost a lock race to `transaction_id`: re-execute once the application has seen it."""
@@ -164,7 +178,7 @@ class TransactionLife:
         wait = min(work.deadline - time.monotonic(), max(5.0, 4 * self.host.config.settle_after))
         try:
             await asyncio.wait_for(self.parts[work.pid].applied_through(transaction_id), max(0.0, wait))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await self.execute(work)  # expires it if the deadline passed
 

@@ -120,13 +120,30 @@ class WaltzClient:
     def stats(self) -> ClientStats:
         return self._core.stats
 
-    def append(self, partition: int, data: Any, *, locks: Iterable[PartitionLocalLock] = (),
-               read_locks: Iterable[PartitionLocalLock] = (), append_locks: Iterable[PartitionLocalLock] = (),
-               header: int = 0, serializer: Serializer[Any] = BYTES, timeout: float | None = None) -> int:
+    def append(
+        self,
+        partition: int,
+        data: Any,
+        *,
+        locks: Iterable[PartitionLocalLock] = (),
+        read_locks: Iterable[PartitionLocalLock] = (),
+        append_locks: Iterable[PartitionLocalLock] = (),
+        header: int = 0,
+        serializer: Serializer[Any] = BYTES,
+        timeout: float | None = None,
+    ) -> int:
         """Appends `data` to the partition with these locks and blocks until it committed;
         returns the transaction's id (see `AsyncWaltzClient.append`)."""
-        context = Append(partition, data, serializer=serializer, header=header, locks=locks, read_locks=read_locks,
-                         append_locks=append_locks, timeout=timeout)
+        context = Append(
+            partition,
+            data,
+            serializer=serializer,
+            header=header,
+            locks=locks,
+            read_locks=read_locks,
+            append_locks=append_locks,
+            timeout=timeout,
+        )
         self.submit(context).result()
         return context.committed_transaction_id
 
@@ -180,4 +197,3 @@ async def _cancel_the_rest() -> None:
     for t in rest:
         t.cancel()
     await asyncio.gather(*rest, return_exceptions=True)
-

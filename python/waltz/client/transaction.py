@@ -16,8 +16,15 @@ from waltz.client_protocol import ReqIdTuple
 class Transaction:
     __slots__ = ("partition", "transaction_id", "header", "req_id", "_fetch", "_loop", "_data")
 
-    def __init__(self, partition: int, transaction_id: int, header: int, req_id: ReqIdTuple,
-                 fetch: Callable[[int, int], Coroutine[Any, Any, bytes]], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        partition: int,
+        transaction_id: int,
+        header: int,
+        req_id: ReqIdTuple,
+        fetch: Callable[[int, int], Coroutine[Any, Any, bytes]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.partition = partition
         self.transaction_id = transaction_id
         self.header = header
@@ -27,7 +34,10 @@ class Transaction:
         self._data: bytes | None = None
 
     def __repr__(self) -> str:
-        return f"Transaction(partition={self.partition}, id={self.transaction_id}, header={self.header}, req_id={self.req_id})"
+        return (
+            f"Transaction(partition={self.partition}, id={self.transaction_id}, header={self.header}, "
+            f"req_id={self.req_id})"
+        )
 
     def data(self, serializer: Serializer[Any] = BYTES) -> Any:
         """The data, deserialized; blocks the calling thread while it is fetched. In `async`
@@ -38,8 +48,12 @@ class Transaction:
             except RuntimeError:
                 running = None
             if running is self._loop:
-                raise RuntimeError("Transaction.data() would block the client's event loop: use `await transaction.data_async()`")
-            self._data = self._wait(asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop))
+                raise RuntimeError(
+                    "Transaction.data() would block the client's event loop: use `await transaction.data_async()`"
+                )
+            self._data = self._wait(
+                asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop)
+            )
         return serializer.deserialize(self._data)
 
     def _wait(self, future: concurrent.futures.Future[bytes]) -> bytes:

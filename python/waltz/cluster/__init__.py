@@ -25,7 +25,9 @@ def open_store(url: str, *, session_timeout: float = DEFAULT_SESSION_TIMEOUT) ->
         if not path:
             raise errors.MetadataError("embedded metadata URL needs a file: embedded:/path/to/metadata.db")
         return EmbeddedStore(os.path.expanduser(path), session_timeout=session_timeout)
-    raise errors.MetadataError(f"unknown metadata store {url!r}: use zk://host:port[/chroot] or embedded:/path/to/file.db")
+    raise errors.MetadataError(
+        f"unknown metadata store {url!r}: use zk://host:port[/chroot] or embedded:/path/to/file.db"
+    )
 
 
 __all__ = ["DEFAULT_SESSION_TIMEOUT", "MetadataStore", "open_store"]

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from waltz import errors
-from waltz.private_files import create_private
 from waltz.cluster.store import (
     Check,
     Create,
@@ -39,11 +38,12 @@ from waltz.cluster.store import (
     SessionState,
     SetData,
     Stat,
-    WatchEvent,
     Watcher,
+    WatchEvent,
     check_path,
     parent_of,
 )
+from waltz.private_files import create_private
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +85,21 @@ _COLUMNS = "data, version, cversion, owner, ctime_ms, mtime_ms, (SELECT count(*)
 
 def _stat(row: Sequence[Any]) -> Stat:
     return Stat(
-        version=row[1], cversion=row[2], ephemeral_owner=row[3], created_ms=row[4], modified_ms=row[5], num_children=row[6]
+        version=row[1],
+        cversion=row[2],
+        ephemeral_owner=row[3],
+        created_ms=row[4],
+        modified_ms=row[5],
+        num_children=row[6],
     )
 
 
 class EmbeddedStore(MetadataStore):
     """`EmbeddedStore(path)`: the metadata tree in the SQLite file at `path` (created if absent)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, session_timeout: float = 10.0, poll_interval: float = 0.05) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, session_timeout: float = 10.0, poll_interval: float = 0.05
+    ) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.session_timeout = session_timeout
@@ -127,7 +134,9 @@ class EmbeddedStore(MetadataStore):
     def start(self, timeout: float = 15.0) -> None:
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
-            raise errors.MetadataUnavailableError(f"embedded metadata store {self.path}: folder {directory} does not exist")
+            raise errors.MetadataUnavailableError(
+                f"embedded metadata store {self.path}: folder {directory} does not exist"
+            )
         try:
             db = self._connect()
             # Every statement is idempotent, so processes starting together need no lock here.
@@ -164,7 +173,9 @@ class EmbeddedStore(MetadataStore):
                 with _immediate(db):
                     self._end_session(db, self._session)
             except sqlite3.DatabaseError as e:
-                log.warning("%s: could not end session %d cleanly (it expires by itself): %s", self.path, self._session, e)
+                log.warning(
+                    "%s: could not end session %d cleanly (it expires by itself): %s", self.path, self._session, e
+                )
             db.close()
         self._state = SessionState.LOST
         if self._events is not None:
@@ -203,7 +214,9 @@ class EmbeddedStore(MetadataStore):
         return cur.lastrowid
 
     def _end_session(self, db: sqlite3.Connection, session: int) -> None:
-        for (path,) in db.execute("SELECT path FROM nodes WHERE owner = ? ORDER BY length(path) DESC", (session,)).fetchall():
+        for (path,) in db.execute(
+            "SELECT path FROM nodes WHERE owner = ? ORDER BY length(path) DESC", (session,)
+        ).fetchall():
             self._remove(db, path)
         db.execute("DELETE FROM sessions WHERE id = ?", (session,))
 
@@ -220,7 +233,10 @@ class EmbeddedStore(MetadataStore):
                 last_attempt = now
                 self._renew()
             # _renew can block for the lease connection's busy timeout: read the clock again.
-            if self._state is SessionState.CONNECTED and time.monotonic() - self._last_renewal >= self.session_timeout / 2:
+            if (
+                self._state is SessionState.CONNECTED
+                and time.monotonic() - self._last_renewal >= self.session_timeout / 2
+            ):
                 self._set_state(SessionState.SUSPENDED)
             try:
                 self._poll()
@@ -242,7 +258,8 @@ class EmbeddedStore(MetadataStore):
                     session = self._new_session(db)
                 else:
                     db.execute(
-                        "UPDATE sessions SET expires = ? WHERE id = ?", (time.time() + self.session_timeout, self._session)
+                        "UPDATE sessions SET expires = ? WHERE id = ?",
+                        (time.time() + self.session_timeout, self._session),
                     )
                 db.execute("DELETE FROM events WHERE at < ?", (time.time() - _EVENT_RETENTION,))
         except sqlite3.DatabaseError as e:
@@ -387,7 +404,13 @@ class EmbeddedStore(MetadataStore):
 
     # -- the interface ---------------------------------------------------------------------
     def create(
-        self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False, make_parents: bool = False
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = False,
     ) -> str:
         with self._writing() as db:
             return self._create(db, Create(path, data, ephemeral, sequential), make_parents)
@@ -449,7 +472,9 @@ class EmbeddedStore(MetadataStore):
                 except errors.MetadataError as e:
                     db.execute("ROLLBACK TO multi")
                     db.execute("RELEASE multi")
-                    raise errors.MetadataTransactionError(f"transaction failed at operation {i} ({op}): {e}", i, e) from e
+                    raise errors.MetadataTransactionError(
+                        f"transaction failed at operation {i} ({op}): {e}", i, e
+                    ) from e
             db.execute("RELEASE multi")
             return results
 
@@ -497,7 +522,12 @@ class EmbeddedStore(MetadataStore):
         with self._watch_lock:
             if rows[0][0] > self._processed + 1:
                 # Events we never saw were pruned: fire everything, receivers re-read.
-                log.warning("%s: missed metadata events %d..%d; firing all watches", self.path, self._processed + 1, rows[0][0] - 1)
+                log.warning(
+                    "%s: missed metadata events %d..%d; firing all watches",
+                    self.path,
+                    self._processed + 1,
+                    rows[0][0] - 1,
+                )
                 for (_kind, path), entries in self._watches.items():
                     for _, fn in entries:
                         self._events.submit(fn, WatchEvent(EventType.CHANGED, path))

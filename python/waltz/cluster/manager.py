@@ -150,7 +150,9 @@ class ServerMembership:
     def _info(self) -> bytes:
         """The registration: what is served, plus what is being claimed (never under-reported)."""
         reported = {**self._serving, **self._claiming}
-        return encode(ServerInfo(self.server_id, self.host, self.port, self.preferred, reported, self._started_ms).to_json())
+        return encode(
+            ServerInfo(self.server_id, self.host, self.port, self.preferred, reported, self._started_ms).to_json()
+        )
 
     def start(self) -> None:
         self.metadata.info()  # a clear error now if the cluster does not exist
@@ -231,7 +233,8 @@ class ServerMembership:
             else:
                 session = self.store.session_id
                 partitions = {
-                    p: g for p, g in partitions.items()
+                    p: g
+                    for p, g in partitions.items()
                     if p not in added or current.get(p) == PartitionAssignment(self.server_id, g, session)
                 }
         try:

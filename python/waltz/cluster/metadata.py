@@ -58,7 +58,10 @@ class PartitionMetadata:
         return PartitionMetadata(
             generation=int(d["generation"]),
             session_id=int(d["session_id"]),
-            replicas={k: ReplicaState(int(v["session_id"]), int(v["closing_high_water_mark"])) for k, v in d["replicas"].items()},
+            replicas={
+                k: ReplicaState(int(v["session_id"]), int(v["closing_high_water_mark"]))
+                for k, v in d["replicas"].items()
+            },
             members=tuple(str(m) for m in d.get("members", ())),
         )
 
@@ -143,7 +146,8 @@ def assignment_to_json(a: Assignment) -> dict[str, Any]:
 
 def assignment_from_json(d: dict[str, Any]) -> Assignment:
     return {
-        int(p): PartitionAssignment(v["server"], int(v["generation"]), int(v.get("session", 0))) for p, v in d["partitions"].items()
+        int(p): PartitionAssignment(v["server"], int(v["generation"]), int(v.get("session", 0)))
+        for p, v in d["partitions"].items()
     }
 
 
@@ -165,8 +169,9 @@ class ClusterMetadata:
     def exists(self) -> bool:
         return self.store.exists(self.paths.store) is not None
 
-    def create(self, name: str, partitions: int, replicas: int,
-               cluster_key: uuid.UUID | None = None) -> tuple[ClusterInfo, bool]:
+    def create(
+        self, name: str, partitions: int, replicas: int, cluster_key: uuid.UUID | None = None
+    ) -> tuple[ClusterInfo, bool]:
         """Creates the cluster (with `cluster_key`, or a new one) with everything under it in one
         transaction. Returns (info, created); an existing cluster with the same shape (and key,
         when one is given) is returned as is. A deployment names the key so that its storage
@@ -187,15 +192,28 @@ class ClusterMetadata:
         p = self.paths
         self.store.ensure_path(p.root)
         ops: list[Any] = [
-            Create(p.store, encode({"format": FORMAT, "name": name, "cluster_key": str(info.cluster_key),
-                                    "partitions": partitions, "replicas": replicas, "created_ms": info.created_ms})),
+            Create(
+                p.store,
+                encode(
+                    {
+                        "format": FORMAT,
+                        "name": name,
+                        "cluster_key": str(info.cluster_key),
+                        "partitions": partitions,
+                        "replicas": replicas,
+                        "created_ms": info.created_ms,
+                    }
+                ),
+            ),
             Create(p.partitions),
             *[Create(p.partition(i), encode(PartitionMetadata().to_json())) for i in range(partitions)],
             Create(p.replica_assignment, encode({"replicas": replicas, "nodes": {}})),
             Create(p.groups, encode({})),
             Create(p.connections, encode({})),
             Create(p.servers),
-            Create(p.assignment, encode(assignment_to_json({i: PartitionAssignment(None, 0) for i in range(partitions)}))),
+            Create(
+                p.assignment, encode(assignment_to_json({i: PartitionAssignment(None, 0) for i in range(partitions)}))
+            ),
             Create(p.manager),
             Create(p.counters),
             Create(p.counter("client"), encode(0)),
@@ -211,7 +229,9 @@ class ClusterMetadata:
 
     def info(self) -> ClusterInfo:
         d = self._read(self.paths.store)[0]
-        return ClusterInfo(d["name"], uuid.UUID(d["cluster_key"]), int(d["partitions"]), int(d["replicas"]), int(d["created_ms"]))
+        return ClusterInfo(
+            d["name"], uuid.UUID(d["cluster_key"]), int(d["partitions"]), int(d["replicas"]), int(d["created_ms"])
+        )
 
     def delete(self) -> None:
         self.store.delete(self.paths.root, recursive=True)
@@ -238,7 +258,9 @@ class ClusterMetadata:
     def _check_partition(self, partition_id: int) -> None:
         n = self.info().partitions
         if not 0 <= partition_id < n:
-            raise errors.ClusterError(f"partition {partition_id} does not exist (the cluster has partitions 0..{n - 1})")
+            raise errors.ClusterError(
+                f"partition {partition_id} does not exist (the cluster has partitions 0..{n - 1})"
+            )
 
     # -- storage nodes: replica assignment, groups, admin endpoints ---------------------------
     def storage_nodes(self) -> list[StorageNodeInfo]:
@@ -253,7 +275,9 @@ class ClusterMetadata:
         for n in self.storage_nodes():
             if n.address == address:
                 return n
-        raise errors.ClusterError(f"storage node {address} is not part of the cluster (add it with `waltz storage add-node`)")
+        raise errors.ClusterError(
+            f"storage node {address} is not part of the cluster (add it with `waltz storage add-node`)"
+        )
 
     def replicas_of(self, partition_id: int) -> list[StorageNodeInfo]:
         return [n for n in self.storage_nodes() if partition_id in n.partitions]
@@ -272,11 +296,13 @@ class ClusterMetadata:
             if not change(ra, groups, conns):
                 return False
             try:
-                self.store.transaction([
-                    SetData(p.replica_assignment, encode(ra), ra_stat.version),
-                    SetData(p.groups, encode(groups), g_stat.version),
-                    SetData(p.connections, encode(conns), c_stat.version),
-                ])
+                self.store.transaction(
+                    [
+                        SetData(p.replica_assignment, encode(ra), ra_stat.version),
+                        SetData(p.groups, encode(groups), g_stat.version),
+                        SetData(p.connections, encode(conns), c_stat.version),
+                    ]
+                )
                 return True
             except errors.MetadataTransactionError as e:
                 if isinstance(e.cause, errors.MetadataVersionError):
@@ -328,7 +354,9 @@ class ClusterMetadata:
 
         def change(ra: dict[str, Any], groups: dict[str, Any], conns: dict[str, Any]) -> bool:
             if address not in conns:
-                raise errors.ClusterError(f"storage node {address} is not part of the cluster (add it with `waltz storage add-node`)")
+                raise errors.ClusterError(
+                    f"storage node {address} is not part of the cluster (add it with `waltz storage add-node`)"
+                )
             held = ra["nodes"][address]
             if partition_id in held:
                 return False

@@ -206,7 +206,13 @@ class MetadataStore(ABC):
     # -- the tree --------------------------------------------------------------------------
     @abstractmethod
     def create(
-        self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False, make_parents: bool = False
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = False,
     ) -> str:
         """Creates an entry and returns its path (with the counter when sequential)."""
 
@@ -351,7 +357,9 @@ class EphemeralRegistration:
 
     def _create(self) -> str:
         try:
-            return self._store.create(self._base, self._data, ephemeral=True, sequential=self._sequential, make_parents=True)
+            return self._store.create(
+                self._base, self._data, ephemeral=True, sequential=self._sequential, make_parents=True
+            )
         except errors.MetadataExistsError:
             # Ours from before a reconnect (same session), or a leftover of an expired one that the
             # store has not purged yet: replace it only if it is not another live session's.

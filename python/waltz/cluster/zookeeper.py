@@ -4,7 +4,8 @@ Reads and writes are retried across connection loss (kazoo's command retry), not
 session expiry. A write retried after a lost answer may report a conflict for its own write (a
 create: exists; a compare-and-set: version changed): callers re-read, which `MetadataStore.update`
 does (a counter bumped this way may skip a value, never repeat one). A recursive delete is not
-atomic on ZooKeeper (children first, then the entry with its version). Multi-operation transactions are not retried (their
+atomic on ZooKeeper (children first, then the entry with its version). Multi-operation
+transactions are not retried (their
 outcome after a lost answer is unknown, reported as `MetadataUnavailableError`).
 
 Session states come from kazoo's listener: SUSPENDED when the connection drops (kazoo notices
@@ -44,8 +45,8 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType as KazooEvent
-from kazoo.retry import RetryFailedError
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
+from kazoo.retry import RetryFailedError
 from kazoo.security import make_digest_acl
 
 from waltz import errors
@@ -60,8 +61,8 @@ from waltz.cluster.store import (
     SessionState,
     SetData,
     Stat,
-    WatchEvent,
     Watcher,
+    WatchEvent,
     check_path,
 )
 
@@ -71,7 +72,11 @@ _EVENTS = {
     KazooEvent.DELETED: EventType.DELETED,
     KazooEvent.CHILD: EventType.CHILD,
 }
-_STATES = {KazooState.CONNECTED: SessionState.CONNECTED, KazooState.SUSPENDED: SessionState.SUSPENDED, KazooState.LOST: SessionState.LOST}
+_STATES = {
+    KazooState.CONNECTED: SessionState.CONNECTED,
+    KazooState.SUSPENDED: SessionState.SUSPENDED,
+    KazooState.LOST: SessionState.LOST,
+}
 
 
 def _stat(s: ZnodeStat) -> Stat:
@@ -137,7 +142,9 @@ class _Wrapped:
 class ZooKeeperStore(MetadataStore):
     """`ZooKeeperStore("host:port[,host:port]/chroot")`, or with `user:secret@` credentials."""
 
-    def __init__(self, hosts: str, *, session_timeout: float = 10.0, user: str | None = None, secret: str | None = None) -> None:
+    def __init__(
+        self, hosts: str, *, session_timeout: float = 10.0, user: str | None = None, secret: str | None = None
+    ) -> None:
         super().__init__()
         self.hosts = hosts
         self.session_timeout = session_timeout
@@ -152,7 +159,12 @@ class ZooKeeperStore(MetadataStore):
             # ignore_expire=False: an expired session fails the call (as in the embedded store)
             # instead of silently continuing under a new session.
             command_retry={
-                "max_tries": 20, "delay": 0.1, "backoff": 2, "max_delay": 2.0, "deadline": session_timeout * 2, "ignore_expire": False,
+                "max_tries": 20,
+                "delay": 0.1,
+                "backoff": 2,
+                "max_delay": 2.0,
+                "deadline": session_timeout * 2,
+                "ignore_expire": False,
             },
             **kwargs,
         )
@@ -247,13 +259,21 @@ class ZooKeeperStore(MetadataStore):
         return _Wrapped(watch, self._events)
 
     def create(
-        self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False, make_parents: bool = False
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = False,
     ) -> str:
         check_path(path)
         with _mapped(f"create {path}"):
             if sequential:
                 # Not retried: a retry after a lost answer would create a second entry.
-                return str(self._zk.create(path, bytes(data), ephemeral=ephemeral, sequence=True, makepath=make_parents))
+                return str(
+                    self._zk.create(path, bytes(data), ephemeral=ephemeral, sequence=True, makepath=make_parents)
+                )
             return str(self._zk.retry(self._zk.create, path, bytes(data), ephemeral=ephemeral, makepath=make_parents))
 
     def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes, Stat]:

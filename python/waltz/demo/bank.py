@@ -60,7 +60,9 @@ def apply_transfer(conn: sa.Connection, txn: Transaction) -> None:
     t = txn.data(JSON)
     conn.execute(accounts.update().where(accounts.c.id == t["from"]).values(balance=accounts.c.balance - t["amount"]))
     conn.execute(accounts.update().where(accounts.c.id == t["to"]).values(balance=accounts.c.balance + t["amount"]))
-    conn.execute(transfers.insert().values(transfer=t["id"], partition_id=txn.partition, transaction_id=txn.transaction_id))
+    conn.execute(
+        transfers.insert().values(transfer=t["id"], partition_id=txn.partition, transaction_id=txn.transaction_id)
+    )
 
 
 class Stats:
@@ -79,8 +81,16 @@ class Transfer(TransactionContext):
     """Moves a random amount (at most the source's balance, as this client's database shows it)
     from one account to another of the same partition."""
 
-    def __init__(self, transfer: str, partition: int, source: int, target: int, engine: sa.Engine, stats: Stats,
-                 completed: Callable[[str, bool], None]) -> None:
+    def __init__(
+        self,
+        transfer: str,
+        partition: int,
+        source: int,
+        target: int,
+        engine: sa.Engine,
+        stats: Stats,
+        completed: Callable[[str, bool], None],
+    ) -> None:
         super().__init__()
         self.transfer, self.partition, self.source, self.target = transfer, partition, source, target
         self.engine, self.stats, self.completed = engine, stats, completed
@@ -98,7 +108,9 @@ class Transfer(TransactionContext):
         amount = self.rng.randint(1, min(balance, 200))
         # `seen` lets the verification tell a transfer computed on a stale balance: with the
         # locks working, it is the source's balance where the transfer lands in the log.
-        builder.set_data({"id": self.transfer, "from": self.source, "to": self.target, "amount": amount, "seen": balance}, JSON)
+        builder.set_data(
+            {"id": self.transfer, "from": self.source, "to": self.target, "amount": amount, "seen": balance}, JSON
+        )
         builder.add_write_locks(PartitionLocalLock("account", self.source), PartitionLocalLock("account", self.target))
         return True
 

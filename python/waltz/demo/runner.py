@@ -63,8 +63,19 @@ class Teller:
         self._offset = 0
         with open(self.directory / "teller.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "waltz.demo.teller", str(self.directory), str(index), str(transfers), json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "waltz.demo.teller",
+                    str(self.directory),
+                    str(index),
+                    str(transfers),
+                    json.dumps(config),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
 
     def completed(self) -> int:
@@ -136,7 +147,9 @@ def run_demo(options: DemoOptions, console: Console) -> dict[str, Any]:
         cluster.stop()
 
 
-def _run_transfers(cluster: LocalCluster, tellers: list[Teller], chaos: list[Chaos], o: DemoOptions, console: Console) -> None:
+def _run_transfers(
+    cluster: LocalCluster, tellers: list[Teller], chaos: list[Chaos], o: DemoOptions, console: Console
+) -> None:
     total = o.clients * o.transfers
     columns = (TextColumn("  transfers completed"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     deadline = time.monotonic() + o.timeout
@@ -151,7 +164,9 @@ def _run_transfers(cluster: LocalCluster, tellers: list[Teller], chaos: list[Cha
             if all(t.read("done.json") is not None for t in tellers):
                 break
             if time.monotonic() > deadline:
-                raise errors.WaltzError(f"the transfers did not complete within {o.timeout:.0f} s; logs in {o.directory}")
+                raise errors.WaltzError(
+                    f"the transfers did not complete within {o.timeout:.0f} s; logs in {o.directory}"
+                )
             time.sleep(0.1)
         progress.update(task, completed=sum(t.completed() for t in tellers))
     for c in chaos:  # the run may outpace the schedule: every kill happens, every member returns
@@ -173,7 +188,9 @@ def _chaos_step(cluster: LocalCluster, chaos: list[Chaos], done: float, say: Cal
             say(f"  [green]restarted[/] {c.member} after {now - c.killed_at:.1f} s")
 
 
-def _verify(cluster: LocalCluster, tellers: list[Teller], chaos: list[Chaos], o: DemoOptions, console: Console) -> dict[str, Any]:
+def _verify(
+    cluster: LocalCluster, tellers: list[Teller], chaos: list[Chaos], o: DemoOptions, console: Console
+) -> dict[str, Any]:
     done = [t.read("done.json") or {} for t in tellers]
     targets = {p: max(d["high_water_marks"][str(p)] for d in done) for p in range(o.partitions)}
     (o.directory / "clients" / "final.json").write_text(json.dumps(targets))
@@ -273,13 +290,21 @@ def _judge(
         "lock_failures": sum(c["lock_failures"] for c in counts),
         "retries": sum(c["executions"] for c in counts) - o.clients * o.transfers,
         "clients": [
-            {"client": t.index, "applied": r["applied"], "total_balance": r["total"], "digest": r["digest"], **d["counts"]}
+            {
+                "client": t.index,
+                "applied": r["applied"],
+                "total_balance": r["total"],
+                "digest": r["digest"],
+                **d["counts"],
+            }
             for t, r, d in zip(tellers, reports, done)
         ],
         "initial_balance": initial,
         "log_balance": sum(balances.values()),
         "log_digest": log_digest,
-        "replicas": {str(p): {n: {"digest": d, "records": c} for n, (d, c) in per.items()} for p, per in replica_table.items()},
+        "replicas": {
+            str(p): {n: {"digest": d, "records": c} for n, (d, c) in per.items()} for p, per in replica_table.items()
+        },
         "lost": lost,
         "duplicates": len(in_log) - len(set(in_log)),
         "stale": stale,
@@ -304,8 +329,11 @@ def render(result: dict[str, Any], console: Console) -> None:
     table.add_row("transactions committed (in the log)", str(result["committed"]), "")
     table.add_row("declined (source account empty) / expired", f"{result['declined']} / {result['expired']}", "")
     table.add_row("lock failures / retries", f"{result['lock_failures']} / {result['retries']}", "")
-    table.add_row("transfers computed on a stale balance", str(result["stale"]),
-                  ok(checks["no transfer computed on a stale balance"]))
+    table.add_row(
+        "transfers computed on a stale balance",
+        str(result["stale"]),
+        ok(checks["no transfer computed on a stale balance"]),
+    )
     for c in result["clients"]:
         table.add_row(f"applied by client {c['client']}", str(c["applied"]), ok(c["applied"] == result["committed"]))
     totals = sorted({c["total_balance"] for c in result["clients"]} | {result["log_balance"]})
@@ -314,7 +342,9 @@ def render(result: dict[str, Any], console: Console) -> None:
         f"{result['initial_balance']} → {', '.join(map(str, totals))}",
         ok(checks["total balance conserved"]),
     )
-    table.add_row("accounts below zero (log / client databases)", str(result["negative"]), ok(checks["no negative balance"]))
+    table.add_row(
+        "accounts below zero (log / client databases)", str(result["negative"]), ok(checks["no negative balance"])
+    )
     table.add_row("client databases equal the log", result["log_digest"], ok(checks["client databases equal the log"]))
     for p, per in result["replicas"].items():
         digests = {v["digest"] for v in per.values()}

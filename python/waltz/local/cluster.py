@@ -149,7 +149,9 @@ class LocalCluster:
         the metadata store (embedded in the directory unless `metadata` names a store)."""
         directory = pathlib.Path(directory).resolve()
         if (directory / STATE_FILE).exists():
-            raise errors.ClusterError(f"{directory} already holds a local cluster: start it, or remove the directory first")
+            raise errors.ClusterError(
+                f"{directory} already holds a local cluster: start it, or remove the directory first"
+            )
         if storage_nodes < REPLICAS:
             raise errors.ClusterError(f"a local cluster needs at least {REPLICAS} storage nodes (one per replica)")
         if servers < 1 or partitions < 1:
@@ -180,7 +182,9 @@ class LocalCluster:
         if tls:
             generate_dev_certificates(directory / "tls")
         for m in members:
-            write_private(self.config_path(m.name), self._storage_toml(m) if m.role == "storage" else self._server_toml(m))
+            write_private(
+                self.config_path(m.name), self._storage_toml(m) if m.role == "storage" else self._server_toml(m)
+            )
         self._save()
         return self
 
@@ -225,7 +229,8 @@ class LocalCluster:
 
     def _storage_toml(self, m: Member) -> str:
         return (
-            f'[storage]\ndirectory = "{self.directory / "data" / m.name}"\ncluster_key = "{self.state["cluster_key"]}"\n'
+            f'[storage]\ndirectory = "{self.directory / "data" / m.name}"\ncluster_key = '
+            f'"{self.state["cluster_key"]}"\n'
             f"partition_count = {self.partitions}\n\n"
             f'[node]\nhost = "127.0.0.1"\nport = {m.port}\nadmin_port = {m.admin_port}\nhttp_port = {m.http_port}\n\n'
             '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("storage")
@@ -235,7 +240,7 @@ class LocalCluster:
         advertised = f'advertised_address = "{self.dialed_address(m)}"\n' if m.name in self._advertised else ""
         return (
             f'[server]\nmetadata = "{self.metadata_url}"\ncluster = "{self.cluster}"\nhost = "127.0.0.1"\n'
-            f'port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state["server_session_timeout"]}\n'
+            f"port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state['server_session_timeout']}\n"
             f"{advertised}\n"
             '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("server")
         )
@@ -311,7 +316,10 @@ class LocalCluster:
         with open(self.log_path(name), "ab", opener=lambda path, flags: os.open(path, flags, 0o600)) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "waltz.cli.node", m.role, "--config", str(self.config_path(name))],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
         self._procs[name] = proc
         write_private(self._pid_path(name), f"{proc.pid}\n")
@@ -343,7 +351,9 @@ class LocalCluster:
                 return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise errors.ClusterError(f"{name} did not open its ports within {timeout:.0f} s; see {self.log_path(name)}") from None
+                    raise errors.ClusterError(
+                        f"{name} did not open its ports within {timeout:.0f} s; see {self.log_path(name)}"
+                    ) from None
                 time.sleep(0.1)
 
     def _log_tail(self, name: str) -> str:
@@ -405,7 +415,11 @@ class LocalCluster:
         async def run() -> Any:
             extra = {"ssl": ssl} if ssl is not None else {}
             async with await StorageAdminClient.connect(
-                "127.0.0.1", m.admin_port, cluster_key=self.state["cluster_key"], partition_count=self.partitions, **extra
+                "127.0.0.1",
+                m.admin_port,
+                cluster_key=self.state["cluster_key"],
+                partition_count=self.partitions,
+                **extra,
             ) as client:
                 return await call(client)
 
@@ -454,13 +468,18 @@ class LocalCluster:
                 assignment, _ = meta.assignment()
                 live = {s.server_id: s for s in meta.servers()}
                 missing = [
-                    p for p in range(self.partitions)
-                    if (a := assignment.get(p)) is None or a.server not in live or live[a.server].serving.get(p) != a.generation
+                    p
+                    for p in range(self.partitions)
+                    if (a := assignment.get(p)) is None
+                    or a.server not in live
+                    or live[a.server].serving.get(p) != a.generation
                 ]
                 if not missing:
                     return
                 if time.monotonic() > deadline:
-                    raise errors.ClusterError(f"partitions {missing} are not served after {timeout:.0f} s; see {self.directory / 'logs'}")
+                    raise errors.ClusterError(
+                        f"partitions {missing} are not served after {timeout:.0f} s; see {self.directory / 'logs'}"
+                    )
                 time.sleep(0.1)
 
     def server_metric(self, name: str) -> dict[int, float]:
@@ -489,7 +508,9 @@ class LocalCluster:
             if not lagging:
                 return
             if time.monotonic() > deadline:
-                raise errors.ClusterError(f"partitions {lagging} still write to fewer than {REPLICAS} replicas after {timeout:.0f} s")
+                raise errors.ClusterError(
+                    f"partitions {lagging} still write to fewer than {REPLICAS} replicas after {timeout:.0f} s"
+                )
             time.sleep(0.2)
 
     def client_config(self, **overrides: Any) -> Any:

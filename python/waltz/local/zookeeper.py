@@ -13,7 +13,6 @@ import time
 
 from waltz.local.cluster import free_port
 
-
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 
 
@@ -52,9 +51,17 @@ class ZooKeeperServer:
     def start(self, timeout: float = 60.0) -> None:
         log = open(self.directory / "zookeeper.log", "ab")
         self.proc = subprocess.Popen(
-            ["java", "-Xmx256m", "-cp", f"/etc/zookeeper/conf:{ZOOKEEPER_JAR}",
-             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.directory / "zoo.cfg")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "java",
+                "-Xmx256m",
+                "-cp",
+                f"/etc/zookeeper/conf:{ZOOKEEPER_JAR}",
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                str(self.directory / "zoo.cfg"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout

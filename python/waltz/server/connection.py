@@ -110,8 +110,12 @@ class _MountTimeout(Exception):
 
 class ClientConnection:
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, partitions: Partitions,
-        limits: ConnectionLimits = ConnectionLimits(), refusals: Refusals | None = None,
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        partitions: Partitions,
+        limits: ConnectionLimits = ConnectionLimits(),
+        refusals: Refusals | None = None,
     ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
         self.peer = writer.get_extra_info("peername")
@@ -138,7 +142,7 @@ class ClientConnection:
             try:
                 if not await asyncio.wait_for(self._handshake(), self.limits.handshake_timeout):
                     return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 why = f"no Hello within {self.limits.handshake_timeout:g} s"
                 self.refusals.refuse("handshake_timeout", f"{self.peer}: {why}")
                 return
@@ -148,7 +152,11 @@ class ClientConnection:
                     msg = self._messages.next_message()
                 except cp.TooManyLocks as e:
                     self.refusals.refuse("too_many_locks", f"{self.peer}: {e}")
-                    await self._send(cp.Failure(e.req_id[3], e.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {e.req_id}: {e}").frame())
+                    await self._send(
+                        cp.Failure(
+                            e.req_id[3], e.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {e.req_id}: {e}"
+                        ).frame()
+                    )
                     continue
                 if msg is None:
                     if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
@@ -191,7 +199,7 @@ class ClientConnection:
         left = last_request + self.limits.mount_timeout - time.monotonic()
         try:
             return await asyncio.wait_for(self.reader.read(self.limits.max_frame_before_mount), max(left, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _MountTimeout(f"no Mount and no request for {self.limits.mount_timeout:g} s") from None
 
     async def _handshake(self) -> bool:
@@ -204,8 +212,10 @@ class ClientConnection:
             self._messages.feed(data)
         if isinstance(msg, cp.Hello) and not msg.min_version <= cp.VERSION <= msg.max_version:
             # Said to the peer too: an older client shows the Failure as its handshake's answer.
-            why = (f"this server speaks client protocol version {cp.VERSION}, the client {msg.min_version} to "
-                   f"{msg.max_version}: upgrade the client")
+            why = (
+                f"this server speaks client protocol version {cp.VERSION}, the client {msg.min_version} to "
+                f"{msg.max_version}: upgrade the client"
+            )
             await self._send(cp.Failure(-1, -1, cp.FailureKind.BAD_REQUEST, why).frame())
             raise errors.ProtocolError(why)
         if not isinstance(msg, cp.Hello):
@@ -260,7 +270,11 @@ class ClientConnection:
             raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
 
     async def _not_here(self, seq: int, partition: int) -> None:
-        await self._send(cp.Failure(seq, partition, cp.FailureKind.PARTITION_NOT_HERE, f"partition {partition} is not served here").frame())
+        await self._send(
+            cp.Failure(
+                seq, partition, cp.FailureKind.PARTITION_NOT_HERE, f"partition {partition} is not served here"
+            ).frame()
+        )
 
     # -- appends ---------------------------------------------------------------------------
     async def _append(self, msg: cp.Append) -> None:
@@ -268,9 +282,15 @@ class ClientConnection:
         mount = self._mounts.get(partition)
         if mount is None or mount[0] != msg.req_id[0]:
             # Only under the client id this connection mounted (and so proved the token of).
-            await self._send(cp.Failure(msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED,
-                                        f"append {msg.req_id}: this connection has not mounted partition {partition} "
-                                        f"as client {msg.req_id[0]}").frame())
+            await self._send(
+                cp.Failure(
+                    msg.req_id[3],
+                    partition,
+                    cp.FailureKind.APPEND_REJECTED,
+                    f"append {msg.req_id}: this connection has not mounted partition {partition} "
+                    f"as client {msg.req_id[0]}",
+                ).frame()
+            )
             return
         if self._stale(partition):
             return  # a newer connection of this client owns the partition now
@@ -278,15 +298,26 @@ class ClientConnection:
         if p is None:
             await self._not_here(-1, partition)
             return
-        request = AppendRequest(ReqId(*msg.req_id), msg.client_high_water_mark, msg.header, msg.data,
-                                msg.write_locks, msg.read_locks, msg.append_locks)
+        request = AppendRequest(
+            ReqId(*msg.req_id),
+            msg.client_high_water_mark,
+            msg.header,
+            msg.data,
+            msg.write_locks,
+            msg.read_locks,
+            msg.append_locks,
+        )
         try:
             outcome = await p.enqueue(request)  # waits while the partition's queue is full
         except errors.StoreSessionError as e:
             await self._send(cp.Failure(-1, partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
             return
         except errors.InvalidArgumentError as e:
-            await self._send(cp.Failure(msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {e}").frame())
+            await self._send(
+                cp.Failure(
+                    msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {e}"
+                ).frame()
+            )
             return
         pending = self._appends[partition]
         pending.append(outcome)
@@ -303,9 +334,15 @@ class ClientConnection:
             return
         exc = outcome.exception()
         if isinstance(exc, errors.StoreSessionError):
-            self.writer.write(cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {exc}").frame())
+            self.writer.write(
+                cp.Failure(-1, msg.req_id[2], cp.FailureKind.STORE_UNAVAILABLE, f"append {msg.req_id}: {exc}").frame()
+            )
         elif exc is not None:
-            self.writer.write(cp.Failure(msg.req_id[3], msg.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {exc}").frame())
+            self.writer.write(
+                cp.Failure(
+                    msg.req_id[3], msg.req_id[2], cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {exc}"
+                ).frame()
+            )
         else:
             result = outcome.result()
             if isinstance(result, LockFailed):
@@ -325,15 +362,23 @@ class ClientConnection:
             return
         unknown = next((o for o in outcomes if isinstance(o, errors.StoreSessionError)), None) or p.session.failed
         if unknown is not None:
-            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"flush: {unknown}").frame())
+            await self._send(
+                cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"flush: {unknown}").frame()
+            )
         else:
             await self._send(cp.FlushResponse(msg.seq, msg.partition, p.high_water_mark).frame())
 
     # -- mounts and feeds ------------------------------------------------------------------
     async def _mount(self, msg: cp.Mount) -> None:
         if msg.client_high_water_mark < -1:
-            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST,
-                                        f"mount from {msg.client_high_water_mark}: a client's high-water mark is -1 or a transaction id").frame())
+            await self._send(
+                cp.Failure(
+                    msg.seq,
+                    msg.partition,
+                    cp.FailureKind.BAD_REQUEST,
+                    f"mount from {msg.client_high_water_mark}: a client's high-water mark is -1 or a transaction id",
+                ).frame()
+            )
             return
         key = (msg.client_id, msg.partition)
         refused = self._refusal(msg, key)
@@ -357,7 +402,11 @@ class ClientConnection:
             await self._send(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.NOT_READY, -1, -1).frame())
             return
         if msg.client_high_water_mark > p.high_water_mark:
-            await self._send(cp.MountResponse(msg.seq, msg.partition, cp.MountStatus.CLIENT_AHEAD, p.high_water_mark, p.generation).frame())
+            await self._send(
+                cp.MountResponse(
+                    msg.seq, msg.partition, cp.MountStatus.CLIENT_AHEAD, p.high_water_mark, p.generation
+                ).frame()
+            )
             return
         self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
 
@@ -366,13 +415,17 @@ class ClientConnection:
         a client id held on this partition under another token."""
         ahead = time.time_ns() // 1000 + CONNECTION_SEQ_AHEAD
         if msg.connection_seq > ahead:
-            return (f"mount of partition {msg.partition} as client {msg.client_id}: "
-                    f"connection seq {msg.connection_seq} "
-                    f"is more than a day ahead of this server's clock (at most {ahead})")
+            return (
+                f"mount of partition {msg.partition} as client {msg.client_id}: "
+                f"connection seq {msg.connection_seq} "
+                f"is more than a day ahead of this server's clock (at most {ahead})"
+            )
         token = self.partitions.tokens.get(key)
         if token is not None and not hmac.compare_digest(token, msg.client_token):
-            return (f"mount of partition {msg.partition} as client {msg.client_id}: the client id is mounted by "
-                    "another client (a different token); a client id belongs to one client at a time")
+            return (
+                f"mount of partition {msg.partition} as client {msg.client_id}: the client id is mounted by "
+                "another client (a different token); a client id belongs to one client at a time"
+            )
         return ""
 
     async def _feed(self, mount: cp.Mount, p: ServerPartition) -> None:
@@ -389,16 +442,21 @@ class ClientConnection:
         target = p.high_water_mark  # READY once everything committed at the mount is delivered
         ready = mount.client_high_water_mark >= target
         if ready:
-            await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
+            await self._send(
+                cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame()
+            )
 
         def push(entries: list[FeedEntry]) -> bool:
             """Writes a commit's feed frame in the commit's own turn when nothing else is in the
             way; otherwise the loop below takes it (it does the same checks, and waits for a
             full socket to drain)."""
             if (
-                not ready or self._write_lock.locked() or self.writer.is_closing()
+                not ready
+                or self._write_lock.locked()
+                or self.writer.is_closing()
                 or self.writer.transport.get_write_buffer_size() > 0
-                or self._stale(mount.partition) or self.partitions.by_id.get(mount.partition) is not p
+                or self._stale(mount.partition)
+                or self.partitions.by_id.get(mount.partition) is not p
             ):
                 return False
             self.writer.write(self.partitions.feed_frame(p, entries))
@@ -412,11 +470,15 @@ class ClientConnection:
                     # Replaced (a new store session, the same generation after the metadata
                     # session came back): ending quietly left the client waiting on a feed that
                     # would never move again (found by `waltz torture`); it must mount again.
-                    raise errors.StoreSessionError(f"partition {mount.partition}: the store session this mount followed ended")
+                    raise errors.StoreSessionError(
+                        f"partition {mount.partition}: the store session this mount followed ended"
+                    )
                 await self._send(self.partitions.feed_frame(p, entries))
                 if not ready and entries[-1].transaction_id >= target:
                     ready = True
-                    await self._send(cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame())
+                    await self._send(
+                        cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame()
+                    )
         except errors.StoreSessionError as e:
             await self._send(cp.Failure(-1, mount.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
 
@@ -426,8 +488,14 @@ class ClientConnection:
             await self._not_here(msg.seq, msg.partition)
             return
         if msg.after < -1:
-            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST,
-                                        f"feed request after {msg.after}: transaction ids start at 0 (-1 reads from the first)").frame())
+            await self._send(
+                cp.Failure(
+                    msg.seq,
+                    msg.partition,
+                    cp.FailureKind.BAD_REQUEST,
+                    f"feed request after {msg.after}: transaction ids start at 0 (-1 reads from the first)",
+                ).frame()
+            )
             return
         entries: list[cp.FeedEntry] = []
         try:
@@ -436,7 +504,9 @@ class ClientConnection:
                     entries = [cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in batch]
                     break
         except errors.StoreSessionError as e:  # the headers had to come from storage, and it failed
-            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"feed request: {e}").frame())
+            await self._send(
+                cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"feed request: {e}").frame()
+            )
             return
         except errors.WaltzError as e:  # answered, whatever it is: the client must not wait for its timeout
             log.warning("partition %d: feed request after %d failed: %s", msg.partition, msg.after, e)

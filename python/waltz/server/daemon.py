@@ -60,7 +60,11 @@ def fit_connection_limit(max_connections: int) -> int:
     fitted = max(16, soft - FILES_BESIDES_CONNECTIONS)
     log.warning(
         "the file descriptor limit (%d) is below the %d that [server] max_connections = %d may take: serving at most "
-        "%d client connections (raise the limit, ulimit -n, for more)", soft, need, max_connections, fitted,
+        "%d client connections (raise the limit, ulimit -n, for more)",
+        soft,
+        need,
+        max_connections,
+        fitted,
     )
     return min(fitted, max_connections)
 
@@ -85,13 +89,19 @@ class ClientPort:
         if len(self._open) >= self.max_connections:
             victim = next((c for c in self._open if not c.mounted), None)
             if victim is None:
-                self.refusals.refuse("max_connections", f"{peer}: [server] max_connections = {self.max_connections} "
-                                     "client connections are open, all mounted")
+                self.refusals.refuse(
+                    "max_connections",
+                    f"{peer}: [server] max_connections = {self.max_connections} "
+                    "client connections are open, all mounted",
+                )
                 writer.transport.abort()
                 return
             del self._open[victim]
-            self.refusals.refuse("evicted", f"{victim.peer}, not mounted, closed to make way for {peer}: [server] "
-                                 f"max_connections = {self.max_connections} client connections were open")
+            self.refusals.refuse(
+                "evicted",
+                f"{victim.peer}, not mounted, closed to make way for {peer}: [server] "
+                f"max_connections = {self.max_connections} client connections were open",
+            )
             victim.writer.transport.abort()
         conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals)
         self._open[conn] = None
@@ -106,7 +116,11 @@ class PartitionHost:
     wanted partition opens it, serves it while its store session lives, and reopens it."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, metadata: ClusterMetadata, partitions: Partitions, tuning: PartitionSection,
+        self,
+        loop: asyncio.AbstractEventLoop,
+        metadata: ClusterMetadata,
+        partitions: Partitions,
+        tuning: PartitionSection,
         storage_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.loop, self.metadata, self.partitions, self.tuning = loop, metadata, partitions, tuning
@@ -160,26 +174,41 @@ class PartitionHost:
                     log.info("partition %d: %s", pid, e)
                     return
                 except (errors.WaltzError, OSError) as e:
-                    log.warning("partition %d (generation %d): cannot open a store session yet (retrying): %s", pid, gen, e)
+                    log.warning(
+                        "partition %d (generation %d): cannot open a store session yet (retrying): %s", pid, gen, e
+                    )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 delay = 0.2
                 t = self.tuning
                 part = ServerPartition(
-                    pid, gen, session, max_batch_records=t.max_batch_records, max_batch_bytes=t.max_batch_bytes,
-                    max_batches_in_flight=t.max_batches_in_flight, gather_turns=t.gather_turns, queue_limit=t.queue_limit,
-                    lock_budget_bytes=t.lock_budget_bytes, feed_cache_bytes=t.feed_cache_bytes, data_cache_bytes=t.data_cache_bytes,
-                    checkpoint_interval=t.checkpoint_interval, max_transaction_bytes=t.max_transaction_bytes,
+                    pid,
+                    gen,
+                    session,
+                    max_batch_records=t.max_batch_records,
+                    max_batch_bytes=t.max_batch_bytes,
+                    max_batches_in_flight=t.max_batches_in_flight,
+                    gather_turns=t.gather_turns,
+                    queue_limit=t.queue_limit,
+                    lock_budget_bytes=t.lock_budget_bytes,
+                    feed_cache_bytes=t.feed_cache_bytes,
+                    data_cache_bytes=t.data_cache_bytes,
+                    checkpoint_interval=t.checkpoint_interval,
+                    max_transaction_bytes=t.max_transaction_bytes,
                     max_transaction_locks=t.max_transaction_locks,
-                    open_session=lambda: StoreSession.open(self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl),
+                    open_session=lambda: StoreSession.open(
+                        self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl
+                    ),
                 )
                 await part.start()
                 if not self._wanted(pid, gen):
                     return
                 self.partitions.by_id[pid] = served = part
                 part = None  # from here on whoever takes it out of the registry closes it
-                log.info("partition %d (generation %d): serving from high-water mark %d", pid, gen, served.high_water_mark)
+                log.info(
+                    "partition %d (generation %d): serving from high-water mark %d", pid, gen, served.high_water_mark
+                )
                 # A change while the session opened reached no registered partition: look again.
                 await self._check_replicas(only=pid)
                 while served.session.failed is None and self.partitions.by_id.get(pid) is served:
@@ -230,8 +259,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         server_ssl = config.tls.server_context() if config.tls.enabled else None
 
         limits = ConnectionLimits(
-            handshake_timeout=s.handshake_timeout, mount_timeout=s.mount_timeout,
-            max_frame_before_mount=s.max_frame_before_mount, max_transaction_locks=config.partition.max_transaction_locks,
+            handshake_timeout=s.handshake_timeout,
+            mount_timeout=s.mount_timeout,
+            max_frame_before_mount=s.max_frame_before_mount,
+            max_transaction_locks=config.partition.max_transaction_locks,
         )
         on_client = ClientPort(partitions, limits, fit_connection_limit(s.max_connections))
         server = await tls.start_server(
@@ -251,12 +282,22 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         )
         registry = CollectorRegistry()
         registry.register(ServerCollector(partitions, on_client))
-        http = serve_endpoint(s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired)))
+        http = serve_endpoint(
+            s.host, s.http_port, registry, lambda: health(store, partitions, lambda: dict(host.desired))
+        )
         log.info(
             "server %d serving cluster %s on %s:%d, http %s:%d (metadata %s, event loop %s)%s",
-            membership.server_id, s.cluster, s.host, port, s.host, http.server_address[1], store.description,
+            membership.server_id,
+            s.cluster,
+            s.host,
+            port,
+            s.host,
+            http.server_address[1],
+            store.description,
             type(asyncio.get_running_loop()).__module__.partition(".")[0],
-            f"; clients and storage nodes through mutual TLS (CA {config.tls.ca}), HTTP is plaintext" if config.tls.enabled else "",
+            f"; clients and storage nodes through mutual TLS (CA {config.tls.ca}), HTTP is plaintext"
+            if config.tls.enabled
+            else "",
         )
         if not config.tls.enabled:
             log.warning(NO_TLS_WARNING)

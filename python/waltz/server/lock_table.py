@@ -6,7 +6,8 @@ negative), but a busy partition fills the array and every lock looks recently wr
 positives). Here the recently used locks keep their exact version in an LRU map, within a fixed
 memory budget (`docs/locking.md`); a lock leaving the map folds its version into the hashed array, which then only
 answers for locks not written recently. The map evicts its oldest write first (its order is
-write order, and ids rise), so the array only ever holds versions older than every exact one. Every answer is still an upper bound of the truth, so a
+write order, and ids rise), so the array only ever holds versions older than every exact one.
+Every answer is still an upper bound of the truth, so a
 conflict is never missed; a lock in the map is answered exactly, so hot locks do not fail
 spuriously. A failure decided by the array may be a false positive: those are counted
 (`fallback_failures`), an upper bound of the false positives.

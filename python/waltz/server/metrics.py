@@ -14,8 +14,14 @@ from waltz.limits import Refusals
 from waltz.server.connection import Partitions
 from waltz.server.partition import COMMIT_SECONDS_BOUNDS
 
-
-REFUSAL_REASONS = ("max_connections", "evicted", "handshake_timeout", "mount_timeout", "frame_too_large", "too_many_locks")
+REFUSAL_REASONS = (
+    "max_connections",
+    "evicted",
+    "handshake_timeout",
+    "mount_timeout",
+    "frame_too_large",
+    "too_many_locks",
+)
 
 
 class ClientPortStats(Protocol):
@@ -34,7 +40,9 @@ class ServerCollector(Collector):
         if self.port is not None:
             yield GaugeMetricFamily("waltz_server_client_connections", "Client connections open", value=self.port.open)
             refused = CounterMetricFamily(
-                "waltz_server_limit_refusals", "Client connections closed and appends refused by a limit, by reason", labels=["reason"],
+                "waltz_server_limit_refusals",
+                "Client connections closed and appends refused by a limit, by reason",
+                labels=["reason"],
             )
             counts = self.port.refusals.snapshot()
             for reason in REFUSAL_REASONS:
@@ -48,7 +56,10 @@ class ServerCollector(Collector):
                 ("committed", "Transactions committed by a majority of replicas"),
                 ("lock_failures", "Appends refused by the lock table"),
                 ("ignored", "Appends ignored for a stale generation"),
-                ("lock_fallback_failures", "Lock failures decided by the hashed array: an upper bound of false positives"),
+                (
+                    "lock_fallback_failures",
+                    "Lock failures decided by the hashed array: an upper bound of false positives",
+                ),
             )
         }
         gauges = {
@@ -61,7 +72,9 @@ class ServerCollector(Collector):
                 ("generation", "The partition's generation on this server"),
             )
         }
-        latency = HistogramMetricFamily("waltz_server_commit_seconds", "From handing a batch to the store to its commit", labels=["partition"])
+        latency = HistogramMetricFamily(
+            "waltz_server_commit_seconds", "From handing a batch to the store to its commit", labels=["partition"]
+        )
         for pid, p in served:
             label = [str(pid)]
             for k in ("appended", "committed", "lock_failures", "ignored"):
@@ -78,10 +91,14 @@ class ServerCollector(Collector):
         yield latency
 
 
-def health(store: MetadataStore, partitions: Partitions, desired: Callable[[], dict[int, int]]) -> tuple[bool, dict[str, Any]]:
+def health(
+    store: MetadataStore, partitions: Partitions, desired: Callable[[], dict[int, int]]
+) -> tuple[bool, dict[str, Any]]:
     """Healthy: the metadata session is alive and every assigned partition is served with a
     live store session (an opening one is reported, and counts as failing)."""
-    checks: dict[str, Any] = {"metadata_session": True if store.is_connected else f"not connected ({store.description})"}
+    checks: dict[str, Any] = {
+        "metadata_session": True if store.is_connected else f"not connected ({store.description})"
+    }
     state: dict[str, Any] = {}
     for pid, gen in sorted(desired().items()):
         p = partitions.by_id.get(pid)

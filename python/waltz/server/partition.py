@@ -152,7 +152,9 @@ class ServerPartition:
         """Asked for while a switch was under way, which may have read the replicas before the change."""
         session.on_successor_wanted = self._wake
         # An entry (FeedEntry, its ReqId and ints) costs about FEED_ENTRY_BYTES of Python objects.
-        self._feed: collections.deque[FeedEntry] = collections.deque(maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES))
+        self._feed: collections.deque[FeedEntry] = collections.deque(
+            maxlen=max(1, feed_cache_bytes // FEED_ENTRY_BYTES)
+        )
         self._data: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._data_bytes = 0
         self._data_budget = data_cache_bytes
@@ -205,12 +207,14 @@ class ServerPartition:
             raise self._closed_error()
         if len(request.data) > self.max_transaction_bytes:
             raise errors.InvalidArgumentError(
-                f"transaction data of {len(request.data)} bytes exceeds the partition's max_transaction_bytes {self.max_transaction_bytes}"
+                f"transaction data of {len(request.data)} bytes exceeds the partition's max_transaction_bytes "
+                f"{self.max_transaction_bytes}"
             )
         locks = len(request.write_locks) + len(request.read_locks) + len(request.append_locks)
         if locks > self.max_transaction_locks:
             raise errors.InvalidArgumentError(
-                f"a transaction with {locks} locks exceeds the partition's max_transaction_locks {self.max_transaction_locks}"
+                f"a transaction with {locks} locks exceeds the partition's max_transaction_locks "
+                f"{self.max_transaction_locks}"
             )
         q = _Queued(request, asyncio.get_running_loop().create_future())
         # Registered before waiting for room, so that `settled` also waits for appends that a
@@ -315,7 +319,9 @@ class ServerPartition:
                         items.append(q)
                         size += len(q.request.data)
                 await self._in_flight.acquire()
-            except BaseException:  # closed meanwhile (a session switch, the gather, waiting for room): these were dequeued, answer them
+            except (
+                BaseException
+            ):  # closed meanwhile (a session switch, the gather, waiting for room): these were dequeued, answer them
                 for q in items:
                     if not q.future.done():
                         q.future.set_exception(self._closed_error())
@@ -386,7 +392,9 @@ class ServerPartition:
             if r.req_id.generation != self.generation:
                 self.stats["ignored"] += 1
                 if not q.future.done():
-                    q.future.set_result(Ignored(f"generation {r.req_id.generation} is not the partition's {self.generation}"))
+                    q.future.set_result(
+                        Ignored(f"generation {r.req_id.generation} is not the partition's {self.generation}")
+                    )
                 continue
             txid = self._next + len(accepted)
             # A client has seen at most what is committed: a mark above it (a broken or hostile
@@ -445,7 +453,9 @@ class ServerPartition:
             if not q.future.done():
                 q.future.set_exception(unknown)
 
-    def _on_commit(self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]], handed: float) -> None:
+    def _on_commit(
+        self, f: asyncio.Future[tuple[int, int]], accepted: list[tuple[_Queued, int]], handed: float
+    ) -> None:
         self._in_flight.release()
         waited = time.perf_counter() - handed
         counts, total = self.commit_seconds
@@ -471,7 +481,9 @@ class ServerPartition:
             # The batch may be on a majority, for the next session's recovery to commit: its
             # appenders must hear "outcome unknown" (the client waits for a new mount), never a
             # rejection the application would take as final and submit again.
-            unknown = errors.StoreSessionError(f"{broken}; whether this append commits is decided by the next store session")
+            unknown = errors.StoreSessionError(
+                f"{broken}; whether this append commits is decided by the next store session"
+            )
             for q, _ in accepted:
                 if not q.future.done():
                     q.future.set_exception(unknown)
@@ -510,7 +522,12 @@ class ServerPartition:
             if f.woken.done():
                 continue  # its reader went away
             push = f.push
-            if push is not None and f.next <= self.high_water_mark and self.session.failed is None and self._push(f, push):
+            if (
+                push is not None
+                and f.next <= self.high_water_mark
+                and self.session.failed is None
+                and self._push(f, push)
+            ):
                 self._followers.append(f)  # handed over: it stays parked
             else:
                 f.woken.set_result(None)
@@ -554,7 +571,9 @@ class ServerPartition:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    async def feed(self, after: int, max_entries: int = 1000, push: FeedPush | None = None) -> AsyncIterator[list[FeedEntry]]:
+    async def feed(
+        self, after: int, max_entries: int = 1000, push: FeedPush | None = None
+    ) -> AsyncIterator[list[FeedEntry]]:
         """Committed transactions with ids above `after`, in order, in lists of at most
         `max_entries`, forever (waits for new commits).
 

@@ -85,10 +85,22 @@ def prepare(state: ReplicaState | None, report: ReplicaReport, last: int | None)
     if state is None or state.session_id != report.last_session or stale:
         # New, restored from a backup, or made clean by a session whose metadata update never
         # happened: only what it held at its last clean start is known to be committed.
-        seen = "no replica state" if state is None else f"replica state in session {state.session_id}{' (stale)' if stale else ''}"
-        why = f"{seen}, storage last clean in session {report.last_session}: inconsistent, truncated to its low-water mark {lwm}"
+        seen = (
+            "no replica state"
+            if state is None
+            else f"replica state in session {state.session_id}{' (stale)' if stale else ''}"
+        )
+        why = (
+            f"{seen}, storage last clean in session {report.last_session}: inconsistent, truncated to its low-water "
+            f"mark {lwm}"
+        )
         forgot = False
-        if state is not None and not stale and state.closing_high_water_mark == UNRESOLVED and report.last_session < state.session_id:
+        if (
+            state is not None
+            and not stale
+            and state.closing_high_water_mark == UNRESOLVED
+            and report.last_session < state.session_id
+        ):
             forgot = True
             why += f"; it lost what it held in session {state.session_id}, so it votes for every mark"
         return Preparation(lwm if top > lwm else None, None, min(top, lwm), lwm, why, forgot)
@@ -98,7 +110,9 @@ def prepare(state: ReplicaState | None, report: ReplicaReport, last: int | None)
         return Preparation(c if top > c else None, None, min(top, c), lwm, why)
     if top > lwm:
         return Preparation(None, top, top, lwm, f"clean in session {state.session_id}: proposes {top}")
-    return Preparation(None, None, top, lwm, f"clean in session {state.session_id}, nothing above its low-water mark {lwm}")
+    return Preparation(
+        None, None, top, lwm, f"clean in session {state.session_id}, nothing above its low-water mark {lwm}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +134,17 @@ def vote(electorate: Iterable[str], prepared: Mapping[str, Preparation]) -> Outc
         # Replicas that lost their files may have acknowledged more than any reachable replica
         # holds; with the unreachable ones they may have been a majority.
         if forgot >= quorum:
-            return Outcome(None, f"{forgot} of {len(electors)} replicas lost their files: what the last session committed "
-                                 "cannot be known (restore a replica's files from a backup)")
+            return Outcome(
+                None,
+                f"{forgot} of {len(electors)} replicas lost their files: what the last session committed "
+                "cannot be known (restore a replica's files from a backup)",
+            )
         if forgot + unreachable >= quorum:
-            return Outcome(None, f"{forgot} of {len(electors)} replicas lost their files and {unreachable} are unreachable: "
-                                 "a mark above every reachable replica may have had a majority: undecidable")
+            return Outcome(
+                None,
+                f"{forgot} of {len(electors)} replicas lost their files and {unreachable} are unreachable: "
+                "a mark above every reachable replica may have had a majority: undecidable",
+            )
     # Every low-water mark is committed (set only after a closing mark was decided), so the mark
     # is never below the highest one.
     floor = max((p.low_water_mark for p in prepared.values()), default=-1)
@@ -134,7 +154,11 @@ def vote(electorate: Iterable[str], prepared: Mapping[str, Preparation]) -> Outc
         if votes >= quorum:
             return Outcome(candidate, f"{candidate} has {votes} of {len(electors)} votes")
         if votes + unreachable >= quorum:
-            return Outcome(None, f"{candidate} has {votes} of {len(electors)} votes and {unreachable} replicas are unreachable: undecidable")
+            return Outcome(
+                None,
+                f"{candidate} has {votes} of {len(electors)} votes and {unreachable} replicas are unreachable: "
+                "undecidable",
+            )
     # The floor is committed and no higher mark can have had a majority.
     return Outcome(floor, f"the highest low-water mark {floor}: no higher proposal can have a majority")
 
@@ -144,7 +168,9 @@ def electorate(meta: PartitionMetadata, assigned: Iterable[str]) -> list[str]:
     return sorted(meta.members) if meta.members else sorted(set(assigned))
 
 
-def after_recovery(meta: PartitionMetadata, session: int, closing: int, clean: Iterable[str], members: Iterable[str]) -> PartitionMetadata:
+def after_recovery(
+    meta: PartitionMetadata, session: int, closing: int, clean: Iterable[str], members: Iterable[str]
+) -> PartitionMetadata:
     """The spec's "Update Partition Metadata": clean replicas join `session`; a replica still in
     the last session gets that session's closing mark; the others keep their state. A replica
     left unresolved in an even older session (no correct update leaves one) loses its state, so
@@ -173,4 +199,14 @@ def after_catch_up(meta: PartitionMetadata, session: int, address: str) -> Parti
     return dataclasses.replace(meta, replicas=replicas)
 
 
-__all__ = ["Outcome", "Preparation", "ReplicaReport", "after_catch_up", "after_recovery", "electorate", "last_session", "prepare", "vote"]
+__all__ = [
+    "Outcome",
+    "Preparation",
+    "ReplicaReport",
+    "after_catch_up",
+    "after_recovery",
+    "electorate",
+    "last_session",
+    "prepare",
+    "vote",
+]

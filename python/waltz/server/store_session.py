@@ -116,18 +116,24 @@ def _new_session_id(metadata: Metadata, partition: int, generation: int) -> int:
                 f"partition {partition} is at generation {meta.generation}; this server holds generation {generation}"
             )
         try:
-            metadata.set_partition_metadata(partition, dataclasses.replace(meta, generation=generation, session_id=meta.session_id + 1), version)
+            metadata.set_partition_metadata(
+                partition, dataclasses.replace(meta, generation=generation, session_id=meta.session_id + 1), version
+            )
             return meta.session_id + 1
         except errors.MetadataVersionError:
             continue
 
 
-def _update(metadata: Metadata, partition: int, session: int, change: Callable[[PartitionMetadata], PartitionMetadata]) -> None:
+def _update(
+    metadata: Metadata, partition: int, session: int, change: Callable[[PartitionMetadata], PartitionMetadata]
+) -> None:
     """Compare-and-set of the partition metadata, only while `session` is still the newest."""
     while True:
         meta, version = metadata.partition_metadata(partition)
         if meta.session_id != session:
-            raise errors.StoreSessionError(f"partition {partition}: store session {meta.session_id} replaced ours ({session})")
+            raise errors.StoreSessionError(
+                f"partition {partition}: store session {meta.session_id} replaced ours ({session})"
+            )
         try:
             metadata.set_partition_metadata(partition, change(meta), version)
             return
@@ -156,8 +162,16 @@ class StoreSession:
     """Use `await StoreSession.open(metadata, partition, generation)`; `append(batch)`; `close()`."""
 
     def __init__(
-        self, partition: int, session_id: int, replicas: list[_Replica], *, max_lag: int, metadata: Metadata,
-        connect: Connect, offload: Offload, pack: Pack = RecordBatch,
+        self,
+        partition: int,
+        session_id: int,
+        replicas: list[_Replica],
+        *,
+        max_lag: int,
+        metadata: Metadata,
+        connect: Connect,
+        offload: Offload,
+        pack: Pack = RecordBatch,
     ) -> None:
         self.partition = partition
         self.session_id = session_id
@@ -188,9 +202,18 @@ class StoreSession:
     # -- opening: the recovery ---------------------------------------------------------------
     @classmethod
     async def open(
-        cls, metadata: Metadata, partition: int, generation: int, *, timeout: float = 10.0, max_lag: int = 256,
-        recovery_timeout: float | None = None, connect: Connect | None = None, offload: Offload = asyncio.to_thread,
-        pack: Pack = RecordBatch, ssl: _ssl.SSLContext | None = None,
+        cls,
+        metadata: Metadata,
+        partition: int,
+        generation: int,
+        *,
+        timeout: float = 10.0,
+        max_lag: int = 256,
+        recovery_timeout: float | None = None,
+        connect: Connect | None = None,
+        offload: Offload = asyncio.to_thread,
+        pack: Pack = RecordBatch,
+        ssl: _ssl.SSLContext | None = None,
     ) -> StoreSession:
         """Opens the next session of `partition` and recovers it; waits up to `recovery_timeout`
         (default: three times `timeout`) for the vote to become decidable. Storage nodes are
@@ -204,14 +227,22 @@ class StoreSession:
         electors = recovery.electorate(meta, assigned)
         replicas = [_Replica(a, assigned=a in assigned) for a in sorted(set(assigned) | set(electors))]
         opened = cls(
-            partition, session, replicas, max_lag=max_lag, metadata=metadata,
-            connect=connect or _network_connect(info, timeout, ssl), offload=offload, pack=pack,
+            partition,
+            session,
+            replicas,
+            max_lag=max_lag,
+            metadata=metadata,
+            connect=connect or _network_connect(info, timeout, ssl),
+            offload=offload,
+            pack=pack,
         )
         try:
             await opened._recover(meta, electors, timeout * 3 if recovery_timeout is None else recovery_timeout)
         except errors.StaleSessionError as e:
             await opened.close()
-            raise errors.StoreSessionError(f"partition {partition}: a newer store session than {session} exists: {e}") from e
+            raise errors.StoreSessionError(
+                f"partition {partition}: a newer store session than {session} exists: {e}"
+            ) from e
         except BaseException:
             await opened.close()
             raise
@@ -235,7 +266,9 @@ class StoreSession:
         the preparation and the replica's last clean session."""
         lsn, lwm = await r.client.last_session_info(self.partition, self.session_id)
         top = await r.client.max_transaction_id(self.partition, self.session_id)
-        prep = recovery.prepare(meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta))
+        prep = recovery.prepare(
+            meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta)
+        )
         if prep.truncate_to is not None:
             await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
         self._note(f"{r.address}: max {top}; {prep.why}")
@@ -271,7 +304,8 @@ class StoreSession:
             if loop.time() >= deadline:
                 down = "; ".join(f"{r.address}: {r.left_because}" for r in self._replicas if r.prepared is None)
                 raise errors.RecoveryNeededError(
-                    f"partition {self.partition}: the closing high-water mark of {'session ' + str(last) if last is not None else 'the partition'} is undecidable: "
+                    f"partition {self.partition}: the closing high-water mark of "
+                    f"{'session ' + str(last) if last is not None else 'the partition'} is undecidable: "
                     f"{outcome.why} ({down}); retrying with a new session"
                 )
             await asyncio.sleep(0.2)
@@ -280,8 +314,13 @@ class StoreSession:
         await self._settle(closing, deadline)
         clean = [r.address for r in self._replicas if r.in_write_path]
         assigned = [r.address for r in self._replicas if r.assigned]
-        await self._offload(_update, self.metadata, self.partition, self.session_id,
-                            lambda m: recovery.after_recovery(m, self.session_id, closing, clean, assigned))
+        await self._offload(
+            _update,
+            self.metadata,
+            self.partition,
+            self.session_id,
+            lambda m: recovery.after_recovery(m, self.session_id, closing, clean, assigned),
+        )
         self.high_water_mark = self.start_high_water_mark = closing
         self._next = closing + 1
         for r in self._replicas:
@@ -290,9 +329,16 @@ class StoreSession:
             elif not r.in_write_path:
                 self._start_replica_task(r)
         log.info(
-            "partition %d: store session %d open at high-water mark %d on %s%s", self.partition, self.session_id, closing,
+            "partition %d: store session %d open at high-water mark %d on %s%s",
+            self.partition,
+            self.session_id,
+            closing,
             ", ".join(clean),
-            "".join(f"; {r.address} not yet ({r.left_because or 'catching up'})" for r in self._replicas if r.assigned and not r.in_write_path),
+            "".join(
+                f"; {r.address} not yet ({r.left_because or 'catching up'})"
+                for r in self._replicas
+                if r.assigned and not r.in_write_path
+            ),
         )
 
     async def _fill_electors(self, electors: list[str]) -> bool:
@@ -303,7 +349,9 @@ class StoreSession:
         if source is None or source.prepared is None:
             return False
         top = source.prepared.high_water_mark
-        behind = [r for r in ready if r.address in electors and r.prepared is not None and r.prepared.high_water_mark < top]
+        behind = [
+            r for r in ready if r.address in electors and r.prepared is not None and r.prepared.high_water_mark < top
+        ]
         if not behind:
             return False
         results = await asyncio.gather(*(self._copy(source, r, top) for r in behind))
@@ -359,7 +407,11 @@ class StoreSession:
                 return
             # Too few hold the mark: fill the reachable assigned ones that are behind.
             sources = [r for r in self._replicas if r.prepared is not None and r.prepared.high_water_mark >= closing]
-            behind = [r for r in self._replicas if r.assigned and r.prepared is not None and r.prepared.high_water_mark < closing]
+            behind = [
+                r
+                for r in self._replicas
+                if r.assigned and r.prepared is not None and r.prepared.high_water_mark < closing
+            ]
             copied = False
             if sources and behind:
                 copied = any(await asyncio.gather(*(self._copy(sources[0], r, closing) for r in behind)))
@@ -367,9 +419,14 @@ class StoreSession:
                 continue
             if asyncio.get_running_loop().time() >= deadline:
                 raise errors.StoreSessionError(
-                    f"partition {self.partition}: only {members} of {self.replica_count} replicas hold the closing high-water "
+                    f"partition {self.partition}: only {members} of {self.replica_count} replicas hold the closing "
+                    "high-water "
                     f"mark {closing}, {self.quorum} needed ("
-                    + "; ".join(f"{r.address}: {r.left_because or 'behind'}" for r in self._replicas if r.assigned and not r.in_write_path)
+                    + "; ".join(
+                        f"{r.address}: {r.left_because or 'behind'}"
+                        for r in self._replicas
+                        if r.assigned and not r.in_write_path
+                    )
                     + ")"
                 )
             await asyncio.sleep(0.2)
@@ -457,10 +514,19 @@ class StoreSession:
         if not r.in_write_path:
             return
         r.in_write_path, r.left_because, r.broken = False, why, broken
-        log.warning("partition %d session %d: replica %s leaves the write path: %s", self.partition, self.session_id, r.address, why)
+        log.warning(
+            "partition %d session %d: replica %s leaves the write path: %s",
+            self.partition,
+            self.session_id,
+            r.address,
+            why,
+        )
         alive = sum(1 for x in self._replicas if x.in_write_path)
         if alive < self.quorum:
-            self._fail(f"lost the quorum: {alive} of {self.replica_count} replicas left in the write path, {self.quorum} needed")
+            self._fail(
+                f"lost the quorum: {alive} of {self.replica_count} replicas left in the write path, {self.quorum} "
+                "needed"
+            )
         else:
             self._start_replica_task(r)
 
@@ -468,7 +534,8 @@ class StoreSession:
         if self._failed is not None:
             return
         self._failed = errors.StoreSessionError(
-            f"partition {self.partition}: store session {self.session_id} ended ({why}); appends in flight have an unknown outcome"
+            f"partition {self.partition}: store session {self.session_id} ended ({why}); appends in flight have an "
+            "unknown outcome"
         )
         log.log(level, "%s", self._failed)
         while self._pending:
@@ -495,7 +562,14 @@ class StoreSession:
                     self._fail(f"fenced: {r.address} has seen a newer store session ({e})")
                     return
                 except errors.WaltzError as e:
-                    log.info("partition %d session %d: %s not back yet (retrying in %.1fs): %s", self.partition, self.session_id, r.address, delay, e)
+                    log.info(
+                        "partition %d session %d: %s not back yet (retrying in %.1fs): %s",
+                        self.partition,
+                        self.session_id,
+                        r.address,
+                        delay,
+                        e,
+                    )
                     r.broken, r.left_because = True, str(e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -533,7 +607,9 @@ class StoreSession:
         """It lost its files: what it acknowledged in this session is gone, and caught up here it
         would soon vouch for this session again without it. Only a successor's recovery can count
         it right (it votes for every mark there); until then it stays out."""
-        log.info("partition %d session %d: %s rejoins in the next store session", self.partition, self.session_id, r.address)
+        log.info(
+            "partition %d session %d: %s rejoins in the next store session", self.partition, self.session_id, r.address
+        )
         r.left_because = "lost its files; rejoins in the next store session"
         if self.successor_wanted is None:
             self.successor_wanted = f"{r.address} lost its files"
@@ -589,8 +665,13 @@ class StoreSession:
         """It holds the session's start: that is its low-water mark, and the metadata records it
         clean before it acknowledges anything of this session."""
         await r.client.set_low_water_mark(self.partition, self.session_id, self.start_high_water_mark)
-        await self._offload(_update, self.metadata, self.partition, self.session_id,
-                            lambda m: recovery.after_catch_up(m, self.session_id, r.address))
+        await self._offload(
+            _update,
+            self.metadata,
+            self.partition,
+            self.session_id,
+            lambda m: recovery.after_catch_up(m, self.session_id, r.address),
+        )
 
     async def _cut_partial_batch(self, r: _Replica, nxt: int) -> int | None:
         """Part of an in-flight batch survived a crash of the node: it never acknowledged that
@@ -612,11 +693,15 @@ class StoreSession:
             # The source's connection is gone, so it cannot take appends either: it leaves the
             # write path now rather than at the next append, which may never come while clients
             # wait for this catch-up (found by `waltz torture`).
-            log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+            log.info(
+                "partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e
+            )
             self._leave(source, str(e))
             return []
         except errors.WaltzError as e:  # the source's trouble, not r's: read from another
-            log.info("partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e)
+            log.info(
+                "partition %d: catch-up of %s: reading %s failed: %s", self.partition, r.address, source.address, e
+            )
             return []
         return _upto(got, target)
 
@@ -627,21 +712,31 @@ class StoreSession:
         # session). Its acknowledgement of them may have been lost (a timeout, a dropped
         # connection); two such losses would hold a batch short of a quorum for good.
         if any(p.first < nxt <= p.last for p in self._pending):
-            raise errors.InternalError(f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}")
+            raise errors.InternalError(
+                f"partition {self.partition}: {r.address} ends inside an in-flight batch at {nxt - 1}"
+            )
         for pending in self._pending:
             if pending.first >= nxt:
                 self._send(r, pending)
             else:
                 pending.acks.add(r.address)
         self._enter(r)
-        log.info("partition %d session %d: %s caught up at %d and joined the write path", self.partition, self.session_id, r.address, nxt - 1)
+        log.info(
+            "partition %d session %d: %s caught up at %d and joined the write path",
+            self.partition,
+            self.session_id,
+            r.address,
+            nxt - 1,
+        )
         self._advance()
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
         # Every replica this session served holds the same committed prefix; those still in the
         # write path are the most complete.
-        return sorted((r for r in self._replicas if r.client is not None and r.served), key=lambda r: not r.in_write_path)
+        return sorted(
+            (r for r in self._replicas if r.client is not None and r.served), key=lambda r: not r.in_write_path
+        )
 
     async def read_headers(self, start: int, count: int) -> list[Any]:
         """Headers of committed transactions from `start` (at most `count`; fewer at the end)."""
@@ -659,7 +754,9 @@ class StoreSession:
             if headers:
                 return headers
             problems.append(f"{r.address}: nothing at {start} yet")
-        raise errors.StoreSessionError(f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})")
+        raise errors.StoreSessionError(
+            f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})"
+        )
 
     async def read_data(self, txid: int) -> bytes:
         """The data of committed transaction `txid`."""
@@ -675,13 +772,17 @@ class StoreSession:
             if record is not None:
                 return bytes(record.data)
             problems.append(f"{r.address}: absent")
-        raise errors.StoreSessionError(f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})")
+        raise errors.StoreSessionError(
+            f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})"
+        )
 
     async def quiesce(self) -> None:
         """Stops the background work (replica tasks) of a session with nothing in flight, so that
         its successor's recovery does not fence it into a failure while the partition switches."""
         if self._pending:
-            raise errors.InternalError(f"partition {self.partition}: quiesce with {len(self._pending)} batches in flight")
+            raise errors.InternalError(
+                f"partition {self.partition}: quiesce with {len(self._pending)} batches in flight"
+            )
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -693,11 +794,17 @@ class StoreSession:
         if self._failed is None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + drain_seconds
-            while self._failed is None and loop.time() < deadline and any(r.in_flight for r in self._replicas if r.in_write_path):
+            while (
+                self._failed is None
+                and loop.time() < deadline
+                and any(r.in_flight for r in self._replicas if r.in_write_path)
+            ):
                 await asyncio.sleep(0.002)
         if self._failed is None:
             self._fail("closed", level=logging.INFO)
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*self._closing, *(r.client.close() for r in self._replicas if r.client is not None), return_exceptions=True)
+        await asyncio.gather(
+            *self._closing, *(r.client.close() for r in self._replicas if r.client is not None), return_exceptions=True
+        )

@@ -37,9 +37,13 @@ def register(spark: Any) -> None:
     try:
         if spark.conf.get(FILTER_PUSHDOWN, None) is None:  # set by nobody: a choice of the user's stays
             spark.conf.set(FILTER_PUSHDOWN, "true")
-            log.info("waltz: %s set to true: reads take WHERE conditions on partition and transaction_id", FILTER_PUSHDOWN)
+            log.info(
+                "waltz: %s set to true: reads take WHERE conditions on partition and transaction_id", FILTER_PUSHDOWN
+            )
     except Exception:  # a Spark without the setting
-        log.info("waltz: this Spark has no %s: reads scan every transaction and Spark filters the rows", FILTER_PUSHDOWN)
+        log.info(
+            "waltz: this Spark has no %s: reads scan every transaction and Spark filters the rows", FILTER_PUSHDOWN
+        )
     try:
         transport = str(spark.conf.get(UNIX_SOCKETS, "false")).lower()
     except Exception:  # a Spark without the setting, or a Connect session that hides it
@@ -47,8 +51,11 @@ def register(spark: Any) -> None:
     if transport != "true":
         # Every Python data source's batches cross this link; over loopback TCP it costs about as
         # much as Parquet's whole scan (docs/performance.md, "Unix domain sockets").
-        log.info("waltz: %s is off: batch scans move their Arrow batches to the JVM over TCP, 10-30 %% "
-                 "slower than over Unix domain sockets (set it when the session starts; docs/spark.md)", UNIX_SOCKETS)
+        log.info(
+            "waltz: %s is off: batch scans move their Arrow batches to the JVM over TCP, 10-30 %% "
+            "slower than over Unix domain sockets (set it when the session starts; docs/spark.md)",
+            UNIX_SOCKETS,
+        )
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,8 @@ def log_reader(opts: Options) -> LogReader:
 def client_config(opts: Options) -> ClientConfig:
     assert opts.metadata is not None
     return ClientConfig(
-        metadata=opts.metadata, cluster=opts.cluster, request_timeout=opts.timeout,
+        metadata=opts.metadata,
+        cluster=opts.cluster,
+        request_timeout=opts.timeout,
         **({"tls_ca": opts.tls[0], "tls_cert": opts.tls[1], "tls_key": opts.tls[2]} if opts.tls else {}),  # type: ignore[arg-type]
     )

@@ -12,7 +12,6 @@ import logging
 import os
 import warnings
 from collections.abc import Collection, Mapping
-from typing import Union
 
 EARLIEST, LATEST = -2, -1
 MAX_BATCH_BYTES = (1 << 31) - 1
@@ -20,7 +19,7 @@ MAX_BATCH_BYTES = (1 << 31) - 1
 
 log = logging.getLogger("waltz.spark")
 
-OffsetSpec = Union[str, dict[int, int]]
+OffsetSpec = str | dict[int, int]
 """"earliest", "latest", or partition → offset (which may be EARLIEST or LATEST)."""
 
 
@@ -66,7 +65,9 @@ def parse_offsets(name: str, value: str) -> OffsetSpec:
     try:
         d = json.loads(v)
     except json.JSONDecodeError:
-        raise OptionError(f'option {name}={value!r}: expected earliest, latest or JSON such as {{"0": 42, "1": -2}}') from None
+        raise OptionError(
+            f'option {name}={value!r}: expected earliest, latest or JSON such as {{"0": 42, "1": -2}}'
+        ) from None
     if not isinstance(d, dict):
         raise OptionError(f"option {name}={value!r}: the JSON must be an object of partition → transaction id")
     out: dict[int, int] = {}
@@ -76,7 +77,9 @@ def parse_offsets(name: str, value: str) -> OffsetSpec:
         except ValueError:
             raise OptionError(f"option {name}: partition {k!r} is not a number") from None
         if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
-            raise OptionError(f"option {name}: partition {p}: offset {off!r} must be a transaction id, -2 (earliest) or -1 (latest)")
+            raise OptionError(
+                f"option {name}: partition {p}: offset {off!r} must be a transaction id, -2 (earliest) or -1 (latest)"
+            )
         out[p] = off
     return out
 
@@ -130,13 +133,22 @@ class Options:
         if o.get("zookeeper"):
             metadata = "zk://" + o["zookeeper"].removeprefix("zk://")
         if metadata is not None and not _is_metadata_url(metadata):
-            raise OptionError(f"option metadata={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or embedded:/path/metadata.db")
+            raise OptionError(
+                f"option metadata={metadata!r}: expected a metadata URL, zk://host:port[/chroot] or "
+                "embedded:/path/metadata.db"
+            )
         if streaming and metadata is None:
-            raise OptionError("streams and writes need a live cluster: set option metadata (a metadata URL) or zookeeper (host:port)")
+            raise OptionError(
+                "streams and writes need a live cluster: set option metadata (a metadata URL) or zookeeper (host:port)"
+            )
         if streaming and paths:
-            raise OptionError(f"option path={raw_paths!r} applies to batch reads only: a stream reads the live cluster, not files")
+            raise OptionError(
+                f"option path={raw_paths!r} applies to batch reads only: a stream reads the live cluster, not files"
+            )
         if not streaming and not paths and metadata is None:
-            raise OptionError("set path (storage directories, comma-separated) or metadata (the cluster's metadata URL) to read from")
+            raise OptionError(
+                "set path (storage directories, comma-separated) or metadata (the cluster's metadata URL) to read from"
+            )
         tls_values = [o.get(n) for n in ("tlsca", "tlscert", "tlskey")]
         if any(tls_values) and not all(tls_values):
             raise OptionError("mutual TLS needs all of tlsCa, tlsCert and tlsKey")
@@ -155,10 +167,14 @@ class Options:
             starting=parse_offsets("startingOffsets", o.get("startingoffsets", "latest" if streaming else "earliest")),
             ending=ending,
             committed_only=_bool("committedOnly", o.get("committedonly", "true")),
-            min_partitions=_positive("minPartitions", o["minpartitions"]) if "minpartitions" in o else (os.cpu_count() or 1),
+            min_partitions=_positive("minPartitions", o["minpartitions"])
+            if "minpartitions" in o
+            else (os.cpu_count() or 1),
             max_per_split=_positive("maxTransactionsPerSplit", o.get("maxtransactionspersplit", "1000000")),
             batch_bytes=_batch_bytes(o.get("maxbytesperbatch", str(Options.batch_bytes))),
-            max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"]) if "maxtransactionspertrigger" in o else None,
+            max_per_trigger=_positive("maxTransactionsPerTrigger", o["maxtransactionspertrigger"])
+            if "maxtransactionspertrigger" in o
+            else None,
             fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
             tls=(str(tls_values[0]), str(tls_values[1]), str(tls_values[2])) if all(tls_values) else None,
             timeout=timeout,
@@ -168,9 +184,26 @@ class Options:
         return self.partitions is None or partition in self.partitions
 
 
-NAMES = ("path", "paths", "metadata", "zookeeper", "cluster", "partitions", "startingOffsets", "endingOffsets",
-         "committedOnly", "minPartitions", "maxTransactionsPerSplit", "maxTransactionsPerTrigger", "maxBytesPerBatch",
-         "failOnDataLoss", "tlsCa", "tlsCert", "tlsKey", "timeout")
+NAMES = (
+    "path",
+    "paths",
+    "metadata",
+    "zookeeper",
+    "cluster",
+    "partitions",
+    "startingOffsets",
+    "endingOffsets",
+    "committedOnly",
+    "minPartitions",
+    "maxTransactionsPerSplit",
+    "maxTransactionsPerTrigger",
+    "maxBytesPerBatch",
+    "failOnDataLoss",
+    "tlsCa",
+    "tlsCert",
+    "tlsKey",
+    "timeout",
+)
 """Every option of a read, as docs/spark.md spells it (Spark matches them ignoring case)."""
 
 DEPRECATED = {"clustername": "cluster"}
@@ -189,7 +222,9 @@ def check_names(options: Mapping[str, str], names: Collection[str]) -> None:
         return
     shown = []
     for k in unknown:
-        near = _HINTS.get(k.lower()) or next(iter(difflib.get_close_matches(k.lower(), [n.lower() for n in names], n=1)), None)
+        near = _HINTS.get(k.lower()) or next(
+            iter(difflib.get_close_matches(k.lower(), [n.lower() for n in names], n=1)), None
+        )
         shown.append(f"{k!r}" + (f" (did you mean {canonical[near.lower()]!r}?)" if near else ""))
     raise OptionError(f"unknown option {', '.join(shown)} of the waltz source; it takes {', '.join(names)}")
 
@@ -204,10 +239,14 @@ def _deprecated_spellings(o: dict[str, str]) -> dict[str, str]:
     cluster = o.get("cluster")
     if cluster is not None and _is_metadata_url(cluster):
         if o.get("metadata") or o.get("zookeeper"):
-            raise OptionError(f"option cluster={cluster!r} is a metadata URL, and metadata or zookeeper is set too: "
-                              "cluster is the cluster's name (option metadata takes the URL)")
-        _deprecation("option cluster as the metadata URL is deprecated: use option metadata for the URL "
-                     "(cluster is now the cluster's name, as in ClientConfig and `waltz --cluster`)")
+            raise OptionError(
+                f"option cluster={cluster!r} is a metadata URL, and metadata or zookeeper is set too: "
+                "cluster is the cluster's name (option metadata takes the URL)"
+            )
+        _deprecation(
+            "option cluster as the metadata URL is deprecated: use option metadata for the URL "
+            "(cluster is now the cluster's name, as in ClientConfig and `waltz --cluster`)"
+        )
         o["metadata"] = o.pop("cluster")
     for old, new in DEPRECATED.items():
         if old in o:
@@ -271,8 +310,14 @@ def _shown(requested: int, value: int) -> str:
 
 
 def select(
-    starting: OffsetSpec, ending: OffsetSpec, partition: int, earliest: int, latest: int,
-    *, fail_on_data_loss: bool, holder: str = "any directory",
+    starting: OffsetSpec,
+    ending: OffsetSpec,
+    partition: int,
+    earliest: int,
+    latest: int,
+    *,
+    fail_on_data_loss: bool,
+    holder: str = "any directory",
 ) -> tuple[int, int]:
     """`[start, end)` of `partition` the offsets select within `[earliest, latest]` (`holder`
     holds `earliest..latest-1`). A start past `latest` reads nothing; a start below `earliest`
@@ -292,13 +337,17 @@ def select(
 
 
 def _after(partition: int, start: str, end: str) -> str:
-    return (f"partition {partition}: startingOffsets {start} is after endingOffsets {end} "
-            "(a range is [start, end): start == end reads nothing, start > end is an error)")
+    return (
+        f"partition {partition}: startingOffsets {start} is after endingOffsets {end} "
+        "(a range is [start, end): start == end reads nothing, start > end is an error)"
+    )
 
 
 def _lost(partition: int, first: int, last: int, earliest: int, holder: str, fail: bool) -> None:
     lost = f"transactions {first}..{last} of partition {partition} are no longer in {holder}"
     if fail:
-        raise DataLossError(f"option startingOffsets: {lost} (the first held is {earliest}): "
-                            f"start at {earliest} or later, or set failOnDataLoss=false to skip them")
+        raise DataLossError(
+            f"option startingOffsets: {lost} (the first held is {earliest}): "
+            f"start at {earliest} or later, or set failOnDataLoss=false to skip them"
+        )
     log.warning("waltz: option startingOffsets: %s: starting at %d (failOnDataLoss=false)", lost, earliest)

@@ -82,11 +82,20 @@ def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, li
                         # The replica held these durably when its session started; the read-only
                         # open stops at the first invalid record: one it acknowledged is damaged.
                         raise errors.CorruptionError(
-                            f"partition {pid} holds transactions only up to {part.max_transaction_id}, below {info.local_low_water_mark}, "
-                            "the mark up to which it held them durably: a record is damaged or lost (waltz disk verify shows where)"
+                            f"partition {pid} holds transactions only up to {part.max_transaction_id}, below "
+                            f"{info.local_low_water_mark}, "
+                            "the mark up to which it held them durably: a record is damaged or lost (waltz disk verify "
+                            "shows where)"
                         )
                     found.setdefault(pid, []).append(
-                        Replica(path, pid, part.first_transaction_id, part.max_transaction_id, info.session_id, info.low_water_mark)
+                        Replica(
+                            path,
+                            pid,
+                            part.first_transaction_id,
+                            part.max_transaction_id,
+                            info.session_id,
+                            info.low_water_mark,
+                        )
                     )
         except errors.ClusterKeyMismatch as e:
             raise OptionError(f"path {path} belongs to another cluster: {e}") from e
@@ -98,7 +107,9 @@ def survey(paths: Iterable[str], cluster_key: str | None = None) -> dict[int, li
 NOT_ASKED = "the cluster was not asked: set option cluster for the newest committed transactions"
 
 
-def bound(r: Replica, *, committed_only: bool, high_water_mark: int | None, session: int | None, unasked: str = NOT_ASKED) -> Bound:
+def bound(
+    r: Replica, *, committed_only: bool, high_water_mark: int | None, session: int | None, unasked: str = NOT_ASKED
+) -> Bound:
     """How far to read a replica. Above its low-water mark a replica may hold a dirty tail
     (appends no majority acknowledged, truncated at the next recovery), unless it is in the
     partition's current session, where everything up to the cluster's high-water mark is
@@ -107,17 +118,35 @@ def bound(r: Replica, *, committed_only: bool, high_water_mark: int | None, sess
     if not committed_only:
         return Bound(r, r.last, f"everything in {r.path} (committedOnly=false)")
     if high_water_mark is not None and r.session_id == session:
-        return Bound(r, min(high_water_mark, r.last), f"the cluster's high-water mark {high_water_mark} ({r.path} is in session {session})")
-    why = f"not in the current session {session} (its session is {r.session_id})" if high_water_mark is not None else unasked
+        return Bound(
+            r,
+            min(high_water_mark, r.last),
+            f"the cluster's high-water mark {high_water_mark} ({r.path} is in session {session})",
+        )
+    why = (
+        f"not in the current session {session} (its session is {r.session_id})"
+        if high_water_mark is not None
+        else unasked
+    )
     return Bound(r, min(r.low_water_mark, r.last), f"{r.path}'s low-water mark {r.low_water_mark}: {why}")
 
 
-def bounds(replicas: Sequence[Replica], *, committed_only: bool, high_water_mark: int | None, session: int | None, unasked: str = NOT_ASKED) -> list[Bound]:
+def bounds(
+    replicas: Sequence[Replica],
+    *,
+    committed_only: bool,
+    high_water_mark: int | None,
+    session: int | None,
+    unasked: str = NOT_ASKED,
+) -> list[Bound]:
     """Each replica's bound, the fullest first (ties: in path order), the order `ranges` prefers
     them in: with committedOnly=false a stale copy's tail may differ from the fullest's, so it
     only fills in what the fullest lacks (ids retention dropped from it, say)."""
     assert replicas, "bounds needs at least one replica"
-    found = [bound(r, committed_only=committed_only, high_water_mark=high_water_mark, session=session, unasked=unasked) for r in replicas]
+    found = [
+        bound(r, committed_only=committed_only, high_water_mark=high_water_mark, session=session, unasked=unasked)
+        for r in replicas
+    ]
     return sorted(found, key=lambda b: -b.last)
 
 
@@ -138,7 +167,9 @@ class Pushed:
     high: int = _UNBOUNDED
 
     def wants(self, partition: int) -> bool:
-        return (self.partitions is None or partition in self.partitions) and self.partition_low <= partition < self.partition_high
+        return (
+            self.partitions is None or partition in self.partitions
+        ) and self.partition_low <= partition < self.partition_high
 
     def clip(self, start: int, end: int) -> tuple[int, int]:
         """`[start, end)` within the pushed ids; empty (start == end) when they miss it."""
@@ -159,17 +190,24 @@ class Pushed:
         ints: tuple[int, ...] = values
         low, high = _interval(op, ints)
         if column == "transaction_id":
-            return dataclasses.replace(self, low=max(self.low, low), high=min(self.high, high)), op != "in" or len(ints) == 1
+            return dataclasses.replace(self, low=max(self.low, low), high=min(self.high, high)), op != "in" or len(
+                ints
+            ) == 1
         if op in ("=", "in"):
             allowed = frozenset(ints) if self.partitions is None else self.partitions & frozenset(ints)
             return dataclasses.replace(self, partitions=allowed), True
-        return dataclasses.replace(self, partition_low=max(self.partition_low, low), partition_high=min(self.partition_high, high)), True
+        return dataclasses.replace(
+            self, partition_low=max(self.partition_low, low), partition_high=min(self.partition_high, high)
+        ), True
 
     def __str__(self) -> str:
         shown = []
         if self.partitions is not None:
             shown.append("partition in (" + ", ".join(map(str, sorted(self.partitions))) + ")")
-        for name, lo, hi in (("partition", self.partition_low, self.partition_high), ("transaction_id", self.low, self.high)):
+        for name, lo, hi in (
+            ("partition", self.partition_low, self.partition_high),
+            ("transaction_id", self.low, self.high),
+        ):
             if lo > 0 or hi < _UNBOUNDED:
                 shown.append(f"{name} in [{lo}, {'max' if hi >= _UNBOUNDED else hi})")
         return " and ".join(shown) or "no filter"
@@ -185,8 +223,13 @@ def _interval(op: str, values: tuple[int, ...]) -> tuple[int, int]:
 
 
 def ranges(
-    held: Mapping[int, Sequence[Range]], starting: OffsetSpec, ending: OffsetSpec,
-    *, fail_on_data_loss: bool = True, holder: str = "any directory", pushed: Pushed = Pushed(),
+    held: Mapping[int, Sequence[Range]],
+    starting: OffsetSpec,
+    ending: OffsetSpec,
+    *,
+    fail_on_data_loss: bool = True,
+    holder: str = "any directory",
+    pushed: Pushed = Pushed(),
 ) -> list[Range]:
     """Per partition read (the keys), the range the offsets select, in pieces each read from
     one source. `held[p]` is what each source (a directory, or the cluster) can serve, in order
@@ -216,7 +259,9 @@ def _extent(held: Sequence[Range]) -> tuple[int, int]:
     return min(r.start for r in full), max(r.end for r in full)
 
 
-def cover(partition: int, start: int, end: int, held: Sequence[Range], *, fail_on_data_loss: bool = True) -> list[Range]:
+def cover(
+    partition: int, start: int, end: int, held: Sequence[Range], *, fail_on_data_loss: bool = True
+) -> list[Range]:
     """`[start, end)` cut where the source changes: each id from the first in `held` holding
     it. Ids none holds are an error naming them (a silent gap would look like a complete read),
     unless `fail_on_data_loss` is false: then they are skipped with a warning naming them."""
@@ -234,11 +279,15 @@ def cover(partition: int, start: int, end: int, held: Sequence[Range], *, fail_o
     if todo:
         serving = "; ".join(f"{h.path} {h.start}..{h.end - 1}" for h in sorted(held, key=lambda r: r.start) if len(h))
         gaps = ", ".join(f"{lo}..{hi - 1}" for lo, hi in sorted(todo))
-        lost = f"partition {partition}: transactions {gaps} are in none of the directories in path (each can serve: {serving})"
+        lost = (
+            f"partition {partition}: transactions {gaps} are in none of the directories in path (each can serve: "
+            f"{serving})"
+        )
         if fail_on_data_loss:
             lo, hi = min(todo)
             raise DataLossError(
-                f"{lost}: add a directory that holds them, read around them (startingOffsets {hi}, or endingOffsets {lo}), "
+                f"{lost}: add a directory that holds them, read around them (startingOffsets {hi}, or endingOffsets "
+                f"{lo}), "
                 "or set failOnDataLoss=false to skip them"
             )
         log.warning("waltz: %s: skipping them (failOnDataLoss=false)", lost)

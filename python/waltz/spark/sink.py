@@ -77,7 +77,10 @@ class _WriteOnly(WaltzClientCallbacks):
 def check_schema(schema: StructType) -> None:
     fields = {f.name: f.dataType for f in schema.fields}
     if not isinstance(fields.get("data"), BinaryType):
-        raise OptionError(f"writing to waltz needs a binary column `data` (and optionally int `partition` and `header`); got {schema.simpleString()}")
+        raise OptionError(
+            "writing to waltz needs a binary column `data` (and optionally int `partition` and `header`); got "
+            f"{schema.simpleString()}"
+        )
     for name in ("partition", "header"):
         if name in fields and not isinstance(fields[name], IntegerType):
             raise OptionError(f"column `{name}` must be int, not {fields[name].simpleString()}")
@@ -94,11 +97,15 @@ def write_options(options: Mapping[str, str]) -> Options:
     silently meaningless here (which partitions, offsets), so they are refused."""
     given = {k.lower(): v for k, v in options.items()}
     if given.get("path"):
-        raise OptionError(f"a write goes to a live cluster, not to files: drop the path {given['path']!r} (save() takes none)")
+        raise OptionError(
+            f"a write goes to a live cluster, not to files: drop the path {given['path']!r} (save() takes none)"
+        )
     for_reads = {n.lower(): n for n in NAMES if n not in WRITE_OPTIONS and n != "path"}
     reads_only = sorted(for_reads[k.lower()] for k in options if k.lower() in for_reads)
     if reads_only:
-        raise OptionError(f"option(s) {', '.join(reads_only)} do not apply to writes (those take {', '.join(WRITE_OPTIONS)})")
+        raise OptionError(
+            f"option(s) {', '.join(reads_only)} do not apply to writes (those take {', '.join(WRITE_OPTIONS)})"
+        )
     check_names({k: v for k, v in options.items() if k.lower() != "path"}, WRITE_OPTIONS)
     return Options.parse({k: v for k, v in given.items() if k != "path"}, streaming=True)
 
@@ -151,7 +158,9 @@ class WaltzWriter(DataSourceArrowWriter):
             client.flush()
         return Appended(appended)
 
-    def _columns(self, batch: pa.RecordBatch, n: int, spread: Iterator[int]) -> tuple[list[bytes], list[int], list[int]]:
+    def _columns(
+        self, batch: pa.RecordBatch, n: int, spread: Iterator[int]
+    ) -> tuple[list[bytes], list[int], list[int]]:
         """The batch's data, partition and header of each row, checked before any row of the
         batch is appended."""
         data = batch.column("data")
@@ -183,6 +192,9 @@ class WaltzWriter(DataSourceArrowWriter):
     def abort(self, messages: list[Any]) -> None:
         rows = sum(m.rows for m in messages if isinstance(m, Appended))
         log.warning(
-            "waltz: write aborted; %d rows of the tasks that finished are committed and stay in the log, and so do the rows "
-            "failed task attempts committed before they failed (how many is not known; each retry appends its rows again)", rows,
+            "waltz: write aborted; %d rows of the tasks that finished are committed and stay in the log, and so do the "
+            "rows "
+            "failed task attempts committed before they failed (how many is not known; each retry appends its rows "
+            "again)",
+            rows,
         )

@@ -64,7 +64,9 @@ class _ClusterView:
                 wanted = [p for p in range(r.info.partitions) if opts.wants(p)]
                 missing = sorted(set(opts.partitions or ()) - set(wanted))
                 if missing:
-                    raise OptionError(f"option partitions: the cluster has no partition {missing[0]} (it has {r.info.partitions})")
+                    raise OptionError(
+                        f"option partitions: the cluster has no partition {missing[0]} (it has {r.info.partitions})"
+                    )
                 self.high_water_marks = await r.high_water_marks(wanted)
                 self.sessions = await r.sessions()
                 self.firsts = await r.first_transaction_ids(wanted) if firsts else {}
@@ -83,7 +85,9 @@ def _view_or_low_water_marks(opts: Options) -> _ClusterView | None:
             raise
         log.warning(
             "waltz: cannot reach the cluster at %s (%s): bounding each partition by its directories' low-water marks, "
-            "and checking only that the directories agree on a cluster key", opts.metadata, e,
+            "and checking only that the directories agree on a cluster key",
+            opts.metadata,
+            e,
         )
         return None
 
@@ -103,7 +107,8 @@ def _read_range(opts: Options, p: RangePartition) -> Iterator[pa.RecordBatch]:
                 yield scan_to_arrow(chunk, p.partition)
         if nxt < p.end:  # the files lost ids since planning (retention, a replaced directory)
             raise errors.CorruptionError(
-                f"{p.path}: partition {p.partition} ends at transaction {nxt - 1}, but the plan covers up to {p.end - 1}"
+                f"{p.path}: partition {p.partition} ends at transaction {nxt - 1}, but the plan covers up to "
+                f"{p.end - 1}"
             )
         return
     yield from _read_cluster(opts, p.partition, p.start, p.end - 1)
@@ -127,21 +132,32 @@ def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Itera
                 held = loop.run_until_complete(reader.first_transaction_id(partition))
                 if held <= nxt:
                     raise
-                lost = f"transactions {nxt}..{min(held, last + 1) - 1} of partition {partition} are no longer in the cluster's replicas"
+                lost = (
+                    f"transactions {nxt}..{min(held, last + 1) - 1} of partition {partition} are no longer in the "
+                    "cluster's replicas"
+                )
                 if opts.fail_on_data_loss:
-                    raise DataLossError(f"{lost} (the first held is {held}): set failOnDataLoss=false to skip them") from e
+                    raise DataLossError(
+                        f"{lost} (the first held is {held}): set failOnDataLoss=false to skip them"
+                    ) from e
                 log.warning("waltz: %s: going on from %d (failOnDataLoss=false)", lost, held)
                 nxt = held
                 it = reader.read(partition, nxt, last, max_count=2000).__aiter__()
                 continue
             if records and records[0].txid != nxt:
-                raise errors.ProtocolError(f"partition {partition}: the cluster's replicas answered a read at {nxt} with transaction {records[0].txid}")
+                raise errors.ProtocolError(
+                    f"partition {partition}: the cluster's replicas answered a read at {nxt} with transaction "
+                    f"{records[0].txid}"
+                )
             nxt = records[-1].txid + 1 if records else nxt
             yield records_to_arrow(records, partition)
         # The stream's offsets move past `last` once this batch is done: a short read must fail
         # the task, never pass for a complete one.
         if nxt <= last:
-            raise errors.ClusterError(f"partition {partition}: the cluster's replicas returned transactions {first}..{nxt - 1} of {first}..{last}")
+            raise errors.ClusterError(
+                f"partition {partition}: the cluster's replicas returned transactions {first}..{nxt - 1} of "
+                f"{first}..{last}"
+            )
     finally:
         try:
             loop.run_until_complete(reader.close())
@@ -152,7 +168,12 @@ def _read_cluster(opts: Options, partition: int, first: int, last: int) -> Itera
 
 
 _COMPARISONS: dict[type[Filter], str] = {
-    EqualTo: "=", LessThan: "<", LessThanOrEqual: "<=", GreaterThan: ">", GreaterThanOrEqual: ">=", In: "in",
+    EqualTo: "=",
+    LessThan: "<",
+    LessThanOrEqual: "<=",
+    GreaterThan: ">",
+    GreaterThanOrEqual: ">=",
+    In: "in",
 }
 
 
@@ -175,7 +196,14 @@ class WaltzReader(DataSourceReader):
             assert view is not None
             held = _held_by_cluster(view)
             holder = "the cluster's replicas"
-        ranges = plan.ranges(held, opts.starting, opts.ending, fail_on_data_loss=opts.fail_on_data_loss, holder=holder, pushed=self.pushed)
+        ranges = plan.ranges(
+            held,
+            opts.starting,
+            opts.ending,
+            fail_on_data_loss=opts.fail_on_data_loss,
+            holder=holder,
+            pushed=self.pushed,
+        )
         splits = plan.split(ranges, min_splits=opts.min_partitions, max_per_split=opts.max_per_split)
         return [RangePartition(r.partition, r.start, r.end, r.path) for r in splits]
 
@@ -222,12 +250,21 @@ def _held_by_directories(opts: Options, view: _ClusterView | None) -> dict[int, 
         if not opts.wants(pid):
             continue
         bounds = plan.bounds(
-            replicas, committed_only=opts.committed_only,
+            replicas,
+            committed_only=opts.committed_only,
             high_water_mark=view.high_water_marks.get(pid) if view else None,
-            session=view.sessions.get(pid) if view else None, unasked=_unasked(opts, view, pid),
+            session=view.sessions.get(pid) if view else None,
+            unasked=_unasked(opts, view, pid),
         )
         for b in bounds:
-            log.info("waltz: partition %d: %s serves transactions %d..%d: %s", pid, b.replica.path, b.replica.first, b.last, b.why)
+            log.info(
+                "waltz: partition %d: %s serves transactions %d..%d: %s",
+                pid,
+                b.replica.path,
+                b.replica.first,
+                b.last,
+                b.why,
+            )
         held[pid] = [b.serves() for b in bounds]
     return held
 
@@ -259,8 +296,13 @@ class WaltzStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         check_partitions("startingOffsets", self.opts.starting, view.high_water_marks)
         return {
             str(p): select(
-                self.opts.starting, "latest", p, view.firsts[p], max(view.firsts[p], hwm + 1),
-                fail_on_data_loss=self.opts.fail_on_data_loss, holder="the cluster's replicas",
+                self.opts.starting,
+                "latest",
+                p,
+                view.firsts[p],
+                max(view.firsts[p], hwm + 1),
+                fail_on_data_loss=self.opts.fail_on_data_loss,
+                holder="the cluster's replicas",
             )[0]
             for p, hwm in view.high_water_marks.items()
         }

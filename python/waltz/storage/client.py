@@ -66,8 +66,12 @@ class _AppendWait:
     __slots__ = ("address", "partition", "acked", "listener", "deadline")
 
     def __init__(
-        self, address: str, partition: int, acked: asyncio.Future[None],
-        listener: Callable[[asyncio.Future[None]], None] | None, deadline: float,
+        self,
+        address: str,
+        partition: int,
+        acked: asyncio.Future[None],
+        listener: Callable[[asyncio.Future[None]], None] | None,
+        deadline: float,
     ) -> None:
         self.address = address
         self.partition = partition
@@ -84,8 +88,10 @@ class _AppendWait:
         if kind != "success" or partition != self.partition:
             # Only a Success for this partition acknowledges: anything else taken for one would
             # count a replica for a batch it may not hold.
-            wrong = errors.ProtocolError(f"storage node {self.address} answered an append to partition {self.partition} "
-                                         f"with {kind} for partition {partition}")
+            wrong = errors.ProtocolError(
+                f"storage node {self.address} answered an append to partition {self.partition} "
+                f"with {kind} for partition {partition}"
+            )
             self.settle(wrong)
             return wrong
         self.settle(None)
@@ -112,7 +118,12 @@ class _Connection:
     ADMIN = False
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, timeout: float, tls: bool = False
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        address: str,
+        timeout: float,
+        tls: bool = False,
     ):
         self._reader = reader
         self._writer = writer
@@ -145,10 +156,12 @@ class _Connection:
         raises `TlsError`."""
         address = f"{host}:{port}"
         try:
-            reader, writer = await tls.open_connection(host, port, context=ssl, timeout=timeout, peer=f"storage node {address}")
+            reader, writer = await tls.open_connection(
+                host, port, context=ssl, timeout=timeout, peer=f"storage node {address}"
+            )
         except errors.TlsError:
             raise
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
         client = cls(reader, writer, address, timeout, tls=ssl is not None)
         try:
@@ -179,14 +192,21 @@ class _Connection:
             peer = f"storage node {self.address}"
             try:
                 data = await asyncio.wait_for(self._reader.read(65536), self.timeout)
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 raise errors.StorageTimeoutError(f"{peer} did not answer Hello") from e
             except OSError as e:
-                hint = " (a node at its [node] max_connections closes new connections so; its log says)" if isinstance(e, ConnectionResetError) else ""
-                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(f"{peer}: {e}{hint}") from e
+                hint = (
+                    " (a node at its [node] max_connections closes new connections so; its log says)"
+                    if isinstance(e, ConnectionResetError)
+                    else ""
+                )
+                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(
+                    f"{peer}: {e}{hint}"
+                ) from e
             if not data:
                 raise tls.first_read_error(peer, None, self.tls) or errors.StorageConnectionError(
-                    f"{peer} closed the connection during Hello: it requires mutual TLS (configure the CA, certificate and key), "
+                    f"{peer} closed the connection during Hello: it requires mutual TLS (configure the CA, certificate "
+                    "and key), "
                     "or it is at its [node] max_connections (its log says which)"
                 )
             if not self.tls and tls.looks_like_tls(data):
@@ -210,8 +230,10 @@ class _Connection:
                         continue
                     expected = self._expected.pop(seq, None)
                     if expected is not None and kind != "failure" and (kind, partition) != expected:
-                        wrong = errors.ProtocolError(f"storage node {self.address} answered request {seq} with {kind} for partition "
-                                                     f"{partition}, not {expected[0]} for partition {expected[1]}")
+                        wrong = errors.ProtocolError(
+                            f"storage node {self.address} answered request {seq} with {kind} for partition "
+                            f"{partition}, not {expected[0]} for partition {expected[1]}"
+                        )
                         if waiting is not None and not waiting.done():
                             waiting.set_exception(wrong)
                         raise wrong
@@ -269,7 +291,9 @@ class _Connection:
                 await self._writer.drain()
                 kind, value = await fut
         except TimeoutError as e:
-            raise errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s") from e
+            raise errors.StorageTimeoutError(
+                f"storage node {self.address} did not answer request {seq} in {self.timeout}s"
+            ) from e
         except (ConnectionError, OSError) as e:
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
         finally:
@@ -290,12 +314,16 @@ class _Connection:
         for i, item in enumerate(items):
             if item.txid != txid + i:
                 got = ", ".join(str(x.txid) for x in items[: i + 1][-3:])
-                raise errors.ProtocolError(f"storage node {self.address} answered a list from {txid} with ids ..., {got}")
+                raise errors.ProtocolError(
+                    f"storage node {self.address} answered a list from {txid} with ids ..., {got}"
+                )
         return items
 
     def _single(self, item: Any, txid: int) -> Any:
         if item is not None and item.txid != txid:
-            raise errors.ProtocolError(f"storage node {self.address} answered a read of {txid} with transaction {item.txid}")
+            raise errors.ProtocolError(
+                f"storage node {self.address} answered a read of {txid} with transaction {item.txid}"
+            )
         return item
 
     async def close(self) -> None:
@@ -331,17 +359,23 @@ class StorageClient(_Connection):
 
     async def last_session_info(self, partition: int, session: int) -> tuple[int, int]:
         """(session id, low-water mark) of the partition's last store session on this node."""
-        return await self._call(lambda seq: encode_request(RequestKind.LAST_SESSION_INFO, session, seq, partition), "last_session_info")
+        return await self._call(
+            lambda seq: encode_request(RequestKind.LAST_SESSION_INFO, session, seq, partition), "last_session_info"
+        )
 
     async def max_transaction_id(self, partition: int, session: int) -> int:
-        return await self._call(lambda seq: encode_request(RequestKind.MAX_TRANSACTION_ID, session, seq, partition), "max_transaction_id")
+        return await self._call(
+            lambda seq: encode_request(RequestKind.MAX_TRANSACTION_ID, session, seq, partition), "max_transaction_id"
+        )
 
     async def truncate(self, partition: int, session: int, txid: int) -> None:
         await self._call(lambda seq: encode_request(RequestKind.TRUNCATE, session, seq, partition, txid=txid))
 
     async def set_low_water_mark(self, partition: int, session: int, low_water_mark: int) -> None:
         await self._call(
-            lambda seq: encode_request(RequestKind.SET_LOW_WATER_MARK, session, seq, partition, low_water_mark=low_water_mark)
+            lambda seq: encode_request(
+                RequestKind.SET_LOW_WATER_MARK, session, seq, partition, low_water_mark=low_water_mark
+            )
         )
 
     async def append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> None:
@@ -349,7 +383,11 @@ class StorageClient(_Connection):
         await self._call(lambda seq: encode_append(session, seq, partition, first_txid, batch))
 
     def send_append(
-        self, partition: int, session: int, first_txid: int, batch: RecordBatch,
+        self,
+        partition: int,
+        session: int,
+        first_txid: int,
+        batch: RecordBatch,
         listener: Callable[[asyncio.Future[None]], None] | None = None,
     ) -> asyncio.Future[None]:
         """Sends the Append now, so that appends leave in call order, and returns a future that
@@ -381,7 +419,11 @@ class StorageClient(_Connection):
                 due.append((seq, wait))
         for seq, wait in due:
             if self._pending.pop(seq, None) is wait:
-                wait.settle(errors.StorageTimeoutError(f"storage node {self.address} did not answer request {seq} in {self.timeout}s"))
+                wait.settle(
+                    errors.StorageTimeoutError(
+                        f"storage node {self.address} did not answer request {seq} in {self.timeout}s"
+                    )
+                )
         # Until here the fired timer still counts as armed, so that an append a listener above sent
         # waits behind the older ones: the timer goes to the oldest deadline left.
         self._sweep_timer = None
@@ -391,22 +433,43 @@ class StorageClient(_Connection):
                 self._sweep_timer = loop.call_at(oldest.deadline, self._sweep)
 
     async def record_header(self, partition: int, session: int, txid: int) -> Any:
-        return self._single(await self._call(lambda seq: encode_request(RequestKind.RECORD_HEADER, session, seq, partition, txid=txid), "record_header"), txid)
+        return self._single(
+            await self._call(
+                lambda seq: encode_request(RequestKind.RECORD_HEADER, session, seq, partition, txid=txid),
+                "record_header",
+            ),
+            txid,
+        )
 
     async def record(self, partition: int, session: int, txid: int) -> Any:
-        return self._single(await self._call(lambda seq: encode_request(RequestKind.RECORD, session, seq, partition, txid=txid), "record"), txid)
+        return self._single(
+            await self._call(
+                lambda seq: encode_request(RequestKind.RECORD, session, seq, partition, txid=txid), "record"
+            ),
+            txid,
+        )
 
     async def record_headers(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
-        return self._listed(await self._call(
-            lambda seq: encode_request(RequestKind.RECORD_HEADER_LIST, session, seq, partition, txid=txid, max_count=max_count),
-            "record_header_list",
-        ), txid)
+        return self._listed(
+            await self._call(
+                lambda seq: encode_request(
+                    RequestKind.RECORD_HEADER_LIST, session, seq, partition, txid=txid, max_count=max_count
+                ),
+                "record_header_list",
+            ),
+            txid,
+        )
 
     async def records(self, partition: int, session: int, txid: int, max_count: int = 1000) -> list[Any]:
-        return self._listed(await self._call(
-            lambda seq: encode_request(RequestKind.RECORD_LIST, session, seq, partition, txid=txid, max_count=max_count), "record_list",
-        ), txid)
-
+        return self._listed(
+            await self._call(
+                lambda seq: encode_request(
+                    RequestKind.RECORD_LIST, session, seq, partition, txid=txid, max_count=max_count
+                ),
+                "record_list",
+            ),
+            txid,
+        )
 
 
 class StorageAdminClient(_Connection):
@@ -420,25 +483,37 @@ class StorageAdminClient(_Connection):
 
     @staticmethod
     def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
-        return encode_admin_request(AdminRequestKind.OPEN, seq, cluster_key=cluster_key, partition_count=partition_count)
+        return encode_admin_request(
+            AdminRequestKind.OPEN, seq, cluster_key=cluster_key, partition_count=partition_count
+        )
 
     async def assign(self, partition: int) -> None:
         """Assigns the partition to the node, creating its files if needed (idempotent)."""
         await self._call(lambda seq: encode_admin_request(AdminRequestKind.ASSIGN, seq, partition))
 
     async def unassign(self, partition: int, *, delete_files: bool = False) -> None:
-        await self._call(lambda seq: encode_admin_request(AdminRequestKind.UNASSIGN, seq, partition, delete_files=delete_files))
+        await self._call(
+            lambda seq: encode_admin_request(AdminRequestKind.UNASSIGN, seq, partition, delete_files=delete_files)
+        )
 
     async def set_availability(self, partition: int, *, readable: bool, writable: bool) -> None:
         await self._call(
-            lambda seq: encode_admin_request(AdminRequestKind.SET_AVAILABILITY, seq, partition, readable=readable, writable=writable)
+            lambda seq: encode_admin_request(
+                AdminRequestKind.SET_AVAILABILITY, seq, partition, readable=readable, writable=writable
+            )
         )
 
     async def records(self, partition: int, txid: int, max_count: int = 1000) -> list[Record]:
         """Records from `txid` on (at most the node's list bounds), read without a store session."""
-        return self._listed(await self._call(
-            lambda seq: encode_admin_request(AdminRequestKind.RECORD_LIST, seq, partition, txid=txid, max_count=max_count), "record_list",
-        ), txid)
+        return self._listed(
+            await self._call(
+                lambda seq: encode_admin_request(
+                    AdminRequestKind.RECORD_LIST, seq, partition, txid=txid, max_count=max_count
+                ),
+                "record_list",
+            ),
+            txid,
+        )
 
     async def append(self, partition: int, records: Sequence[Record]) -> None:
         """Appends records (with their own ids) durably, without a store session. The node
@@ -450,13 +525,19 @@ class StorageAdminClient(_Connection):
         a request no server sent raised out of every server's reach. `waltz storage reset-fence`
         checks the cluster metadata first; the node refuses below the session that set its
         low-water mark."""
-        await self._call(lambda seq: encode_admin_request(AdminRequestKind.RESET_FENCE, seq, partition, session_id=session_id))
+        await self._call(
+            lambda seq: encode_admin_request(AdminRequestKind.RESET_FENCE, seq, partition, session_id=session_id)
+        )
 
     async def set_partition_info(self, partition: int, session_id: int, low_water_mark: int) -> None:
         """Sets the last session info recovery compares with the metadata; only while unwritable."""
         await self._call(
             lambda seq: encode_admin_request(
-                AdminRequestKind.SET_PARTITION_INFO, seq, partition, session_id=session_id, low_water_mark=low_water_mark
+                AdminRequestKind.SET_PARTITION_INFO,
+                seq,
+                partition,
+                session_id=session_id,
+                low_water_mark=low_water_mark,
             )
         )
 

@@ -40,7 +40,8 @@ def open_storage(config: StorageNodeConfig) -> Storage:
     except errors.NotInitialisedError:
         if s.cluster_key is None or s.partition_count is None:
             raise errors.NotInitialisedError(
-                f"{s.directory} is not a storage directory yet: set [storage] cluster_key and partition_count to create it"
+                f"{s.directory} is not a storage directory yet: set [storage] cluster_key and partition_count to "
+                "create it"
             ) from None
         log.info("creating storage directory %s", s.directory)  # not the key: logs must not hold it
         return with_tuning(Storage.create, s.directory, s.cluster_key, s.partition_count)
@@ -61,8 +62,13 @@ def fit_file_limit(max_connections: int) -> int:
         return max_connections
     fitted = max(16, (soft - FILES_BESIDES_CONNECTIONS) // 4)
     log.warning(
-        "the file descriptor limit (%d) is below the %d that [node] max_connections = %d may take with the storage files: "
-        "serving at most %d connections per port (raise the limit, ulimit -n, for more)", soft, need, max_connections, fitted,
+        "the file descriptor limit (%d) is below the %d that [node] max_connections = %d may take with the storage "
+        "files: "
+        "serving at most %d connections per port (raise the limit, ulimit -n, for more)",
+        soft,
+        need,
+        max_connections,
+        fitted,
     )
     return min(fitted, max_connections)
 
@@ -73,8 +79,12 @@ def check_connections_for_partitions(max_connections: int, partitions: int) -> N
     wanted = 2 * partitions + 64
     if max_connections < wanted:
         log.warning(
-            "[node] max_connections = %d is low for the %d partitions this node holds: store sessions keep one connection "
-            "per partition open (two during a hand-over); at least %d is advised", max_connections, partitions, wanted,
+            "[node] max_connections = %d is low for the %d partitions this node holds: store sessions keep one "
+            "connection "
+            "per partition open (two during a hand-over); at least %d is advised",
+            max_connections,
+            partitions,
+            wanted,
         )
 
 
@@ -110,7 +120,13 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
         admin = node.admin_address
         log.info(
             "storage node serving %s on %s:%d (admin %s:%d, http %s:%d)%s",
-            storage.path, host, port, admin[0] if admin else "-", admin[1] if admin else 0, n.host, http.server_address[1],
+            storage.path,
+            host,
+            port,
+            admin[0] if admin else "-",
+            admin[1] if admin else 0,
+            n.host,
+            http.server_address[1],
             f"; storage and admin ports take only mutual TLS (CA {tls.ca}), HTTP is plaintext" if tls.enabled else "",
         )
         if not tls.enabled:

@@ -77,15 +77,26 @@ class NodeCollector(Collector):
             by_kind.add_metric([kind], n)
         yield by_kind
         gauges = {
-            "max_transaction_id": GaugeMetricFamily("waltz_storage_partition_max_transaction_id", "Highest durable id", labels=["partition"]),
-            "failed": GaugeMetricFamily("waltz_storage_partition_failed", "1 when the partition refuses appends", labels=["partition"]),
+            "max_transaction_id": GaugeMetricFamily(
+                "waltz_storage_partition_max_transaction_id", "Highest durable id", labels=["partition"]
+            ),
+            "failed": GaugeMetricFamily(
+                "waltz_storage_partition_failed", "1 when the partition refuses appends", labels=["partition"]
+            ),
         }
         counters = {
             k: CounterMetricFamily(f"waltz_storage_partition_{k}", h, labels=["partition"])
-            for k, h in (("appends", "Append batches"), ("records", "Records appended"), ("bytes", "Bytes appended"), ("syncs", "fdatasync calls"))
+            for k, h in (
+                ("appends", "Append batches"),
+                ("records", "Records appended"),
+                ("bytes", "Bytes appended"),
+                ("syncs", "fdatasync calls"),
+            )
         }
         sync_hist = HistogramMetricFamily("waltz_storage_fsync_seconds", "fdatasync latency", labels=["partition"])
-        batch_hist = HistogramMetricFamily("waltz_storage_append_batch_records", "Records per append", labels=["partition"])
+        batch_hist = HistogramMetricFamily(
+            "waltz_storage_append_batch_records", "Records per append", labels=["partition"]
+        )
         try:
             pids = self.storage.partition_ids()
         except errors.WaltzError:

@@ -69,10 +69,20 @@ def scan_rows(chunk: ScanChunk, partition_id: int) -> Iterator[tuple[int, int, i
     with the Arrow one)."""
     b = chunk.buffers()
     txids = memoryview(b["txid"]).cast("q")
-    header, client, generation, sequence = (memoryview(b[k]).cast("i") for k in ("header", "client_id", "generation", "sequence"))
+    header, client, generation, sequence = (
+        memoryview(b[k]).cast("i") for k in ("header", "client_id", "generation", "sequence")
+    )
     offsets, data = memoryview(b["offsets"]).cast("i"), memoryview(b["payload"])
     for i in range(len(chunk)):
-        yield (partition_id, txids[i], header[i], client[i], generation[i], sequence[i], bytes(data[offsets[i] : offsets[i + 1]]))
+        yield (
+            partition_id,
+            txids[i],
+            header[i],
+            client[i],
+            generation[i],
+            sequence[i],
+            bytes(data[offsets[i] : offsets[i + 1]]),
+        )
 
 
 def records_to_arrow(records: Sequence[Record], partition_id: int) -> pa.RecordBatch:

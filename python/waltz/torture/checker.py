@@ -63,16 +63,36 @@ def pair_appends(history: History, anomalies: list[Anomaly]) -> list[AppendOp]:
         op = ops.get(e.payload)
         if e.type == INVOKE:
             if op is not None:
-                anomalies.append(Anomaly("malformed-history", e.partition, f"payload {e.payload} invoked twice (payload ids must be unique)", op.events + (e,)))
+                anomalies.append(
+                    Anomaly(
+                        "malformed-history",
+                        e.partition,
+                        f"payload {e.payload} invoked twice (payload ids must be unique)",
+                        op.events + (e,),
+                    )
+                )
             else:
                 ops[e.payload] = AppendOp(e)
             continue
         if op is None:
-            anomalies.append(Anomaly("malformed-history", e.partition, f"{e.type} of payload {e.payload}, which was never invoked", (e,)))
+            anomalies.append(
+                Anomaly(
+                    "malformed-history", e.partition, f"{e.type} of payload {e.payload}, which was never invoked", (e,)
+                )
+            )
         elif (e.process, e.partition) != (op.invoke.process, op.invoke.partition):
-            anomalies.append(Anomaly("malformed-history", e.partition, f"{e.type} of payload {e.payload} by another process or on another partition than its invocation", op.events + (e,)))
+            anomalies.append(
+                Anomaly(
+                    "malformed-history",
+                    e.partition,
+                    f"{e.type} of payload {e.payload} by another process or on another partition than its invocation",
+                    op.events + (e,),
+                )
+            )
         elif op.completion is not None and op.completion.type != INFO:
-            anomalies.append(Anomaly("malformed-history", e.partition, f"payload {e.payload} completed twice", op.events + (e,)))
+            anomalies.append(
+                Anomaly("malformed-history", e.partition, f"payload {e.payload} completed twice", op.events + (e,))
+            )
         else:  # an info is "not known yet": a definite outcome learned later replaces it
             op.completion = e
     return list(ops.values())
@@ -81,7 +101,9 @@ def pair_appends(history: History, anomalies: list[Anomaly]) -> list[AppendOp]:
 class _Log:
     """The committed log of one partition (the reference drain), indexed, with its own checks."""
 
-    def __init__(self, partition: int, source: str, records: Sequence[Record], first_id: int | None, out: list[Anomaly]) -> None:
+    def __init__(
+        self, partition: int, source: str, records: Sequence[Record], first_id: int | None, out: list[Anomaly]
+    ) -> None:
         self.source = source
         self.records: list[Record] = []
         self.by_id: dict[int, Record] = {}
@@ -91,14 +113,25 @@ class _Log:
         for r in records:
             if r.txid < expected:
                 prev = self.records[-1] if self.records else None
-                out.append(Anomaly(
-                    "id-order", partition, f"{source} holds id {r.txid} after id {expected - 1}",
-                    records=((source, prev), (source, r)) if prev else ((source, r),),
-                ))
+                out.append(
+                    Anomaly(
+                        "id-order",
+                        partition,
+                        f"{source} holds id {r.txid} after id {expected - 1}",
+                        records=((source, prev), (source, r)) if prev else ((source, r),),
+                    )
+                )
                 continue
             if r.txid > expected:
                 around = ((source, self.records[-1]),) if self.records else ()
-                out.append(Anomaly("id-gap", partition, f"{source} lacks ids {ranges(range(expected, r.txid))}", records=around + ((source, r),)))
+                out.append(
+                    Anomaly(
+                        "id-gap",
+                        partition,
+                        f"{source} lacks ids {ranges(range(expected, r.txid))}",
+                        records=around + ((source, r),),
+                    )
+                )
             self.records.append(r)
             self.by_id[r.txid] = r
             if r.payload is not None:
@@ -112,12 +145,23 @@ class _Log:
 
 
 class _PartitionCheck:
-    def __init__(self, partition: int, log: _Log, ops: list[AppendOp], reads: list[Event], hwms: list[Event], out: list[Anomaly]) -> None:
+    def __init__(
+        self, partition: int, log: _Log, ops: list[AppendOp], reads: list[Event], hwms: list[Event], out: list[Anomaly]
+    ) -> None:
         self.p, self.log, self.ops, self.reads, self.hwms, self.out = partition, log, ops, reads, hwms, out
         self.op_of = {op.payload: op for op in ops}
 
-    def add(self, kind: str, message: str, events: Iterable[Event] = (), records: Iterable[Record] = (), source: str | None = None) -> None:
-        self.out.append(Anomaly(kind, self.p, message, tuple(events), tuple((source or self.log.source, r) for r in records)))
+    def add(
+        self,
+        kind: str,
+        message: str,
+        events: Iterable[Event] = (),
+        records: Iterable[Record] = (),
+        source: str | None = None,
+    ) -> None:
+        self.out.append(
+            Anomaly(kind, self.p, message, tuple(events), tuple((source or self.log.source, r) for r in records))
+        )
 
     def events_of(self, payload: str | None) -> tuple[Event, ...]:
         op = self.op_of.get(payload) if payload is not None else None
@@ -140,12 +184,25 @@ class _PartitionCheck:
         """Each committed record is intact, appears once, and was invoked by someone."""
         for r in self.log.records:
             if r.payload is None:
-                self.add("corrupt-record", f"the committed transaction at id {r.txid} does not decode: {r.error}", records=[r])
+                self.add(
+                    "corrupt-record",
+                    f"the committed transaction at id {r.txid} does not decode: {r.error}",
+                    records=[r],
+                )
             elif r.payload not in self.op_of:
-                self.add("phantom-payload", f"payload {r.payload} committed at id {r.txid} was never invoked on partition {self.p}", records=[r])
+                self.add(
+                    "phantom-payload",
+                    f"payload {r.payload} committed at id {r.txid} was never invoked on partition {self.p}",
+                    records=[r],
+                )
         for payload, found in self.log.by_payload.items():
             if len(found) > 1:
-                self.add("duplicate-payload", f"payload {payload} committed {len(found)} times, at ids {ranges(r.txid for r in found)}", self.events_of(payload), found)
+                self.add(
+                    "duplicate-payload",
+                    f"payload {payload} committed {len(found)} times, at ids {ranges(r.txid for r in found)}",
+                    self.events_of(payload),
+                    found,
+                )
 
     def outcomes(self) -> None:
         """Acks are in the log at their id, failures are not, unknowns may be either."""
@@ -159,13 +216,27 @@ class _PartitionCheck:
                 at = self.log.by_id.get(acked)
                 holds = f"id {acked} holds {at.payload if at else 'nothing'}"
                 if not committed:
-                    self.add("lost-ack", f"payload {op.payload} acknowledged at id {acked} is not in the committed log ({holds})", op.events, [at] if at else [])
+                    self.add(
+                        "lost-ack",
+                        f"payload {op.payload} acknowledged at id {acked} is not in the committed log ({holds})",
+                        op.events,
+                        [at] if at else [],
+                    )
                 else:
                     where = ranges(r.txid for r in committed)
-                    self.add("ack-wrong-id", f"payload {op.payload} acknowledged at id {acked} is committed at id {where} ({holds})",
-                             op.events + self.events_of(at.payload if at else None), committed + ([at] if at else []))
+                    self.add(
+                        "ack-wrong-id",
+                        f"payload {op.payload} acknowledged at id {acked} is committed at id {where} ({holds})",
+                        op.events + self.events_of(at.payload if at else None),
+                        committed + ([at] if at else []),
+                    )
             elif op.outcome == FAIL and committed:
-                self.add("failed-committed", f"payload {op.payload} reported failed is committed at id {ranges(r.txid for r in committed)}", op.events, committed)
+                self.add(
+                    "failed-committed",
+                    f"payload {op.payload} reported failed is committed at id {ranges(r.txid for r in committed)}",
+                    op.events,
+                    committed,
+                )
 
     def sources(self, drains: Drains, reference: str, lagging: Collection[str | tuple[str, int]]) -> None:
         """Every other source agrees with the log byte for byte; one outside the write set (`lagging`) may miss ids."""
@@ -190,19 +261,44 @@ class _PartitionCheck:
                 elif ref.digest != r.digest:
                     mismatch += [ref, r]
             if disorder:
-                self.out.append(Anomaly("replica-order", self.p, f"{source}'s ids repeat or go back at {ranges(r.txid for r in disorder[1::2])}",
-                                        records=tuple((source, r) for r in disorder[:2 * EXAMPLES])))
+                self.out.append(
+                    Anomaly(
+                        "replica-order",
+                        self.p,
+                        f"{source}'s ids repeat or go back at {ranges(r.txid for r in disorder[1::2])}",
+                        records=tuple((source, r) for r in disorder[: 2 * EXAMPLES]),
+                    )
+                )
             if mismatch:
-                pairs = tuple((s, r) for i, r in enumerate(mismatch[:2 * EXAMPLES]) for s in [reference if i % 2 == 0 else source])
-                self.out.append(Anomaly("replica-mismatch", self.p, f"{source} holds other bytes than {reference} at ids {ranges(r.txid for r in mismatch[1::2])}",
-                                        records=pairs))
+                pairs = tuple(
+                    (s, r)
+                    for i, r in enumerate(mismatch[: 2 * EXAMPLES])
+                    for s in [reference if i % 2 == 0 else source]
+                )
+                self.out.append(
+                    Anomaly(
+                        "replica-mismatch",
+                        self.p,
+                        f"{source} holds other bytes than {reference} at ids {ranges(r.txid for r in mismatch[1::2])}",
+                        records=pairs,
+                    )
+                )
             if extra:
-                self.add("replica-extra", f"{source} holds ids {ranges(r.txid for r in extra)}, not in {reference} (its last id is {self.log.last_id})",
-                         records=extra[:EXAMPLES], source=source)
+                self.add(
+                    "replica-extra",
+                    f"{source} holds ids {ranges(r.txid for r in extra)}, not in {reference} (its last id is "
+                    f"{self.log.last_id})",
+                    records=extra[:EXAMPLES],
+                    source=source,
+                )
             missing = [r for r in self.log.records if r.txid not in seen]
             if missing and not lags:
-                self.add("replica-missing", f"{source} lacks committed ids {ranges(r.txid for r in missing)} (pass it in `lagging` if it is outside the write set)",
-                         records=missing[:EXAMPLES])
+                self.add(
+                    "replica-missing",
+                    f"{source} lacks committed ids {ranges(r.txid for r in missing)} (pass it in `lagging` if it is "
+                    "outside the write set)",
+                    records=missing[:EXAMPLES],
+                )
 
     def consumers(self) -> None:
         """Each read matches the log, and each consumer's stream rises by exactly one, across reconnects too."""
@@ -211,18 +307,35 @@ class _PartitionCheck:
             assert e.txid is not None
             ref = self.log.by_id.get(e.txid)
             if ref is None:
-                self.add("read-uncommitted", f"process {e.process} read id {e.txid} ({e.payload}), not in the committed log (last id {self.log.last_id})", [e])
+                self.add(
+                    "read-uncommitted",
+                    f"process {e.process} read id {e.txid} ({e.payload}), not in the committed log (last id "
+                    f"{self.log.last_id})",
+                    [e],
+                )
             elif ref.digest != e.digest or (e.payload is not None and e.payload != ref.payload):
-                self.add("read-mismatch", f"process {e.process} read {e.payload} at id {e.txid} where the log holds {ref.payload}", [e], [ref])
+                self.add(
+                    "read-mismatch",
+                    f"process {e.process} read {e.payload} at id {e.txid} where the log holds {ref.payload}",
+                    [e],
+                    [ref],
+                )
             prev = last.get(e.process)
             last[e.process] = e
             if prev is None or prev.txid is None or e.txid == prev.txid + 1:
                 continue
             across = f" across reconnect {prev.connection}->{e.connection}" if e.connection != prev.connection else ""
             if e.txid > prev.txid + 1:
-                self.add("consumer-skip", f"process {e.process} read id {e.txid} after {prev.txid}{across}: skipped {ranges(range(prev.txid + 1, e.txid))}", [prev, e])
+                self.add(
+                    "consumer-skip",
+                    f"process {e.process} read id {e.txid} after {prev.txid}{across}: skipped "
+                    f"{ranges(range(prev.txid + 1, e.txid))}",
+                    [prev, e],
+                )
             else:
-                self.add("consumer-repeat", f"process {e.process} read id {e.txid} after {prev.txid}{across}", [prev, e])
+                self.add(
+                    "consumer-repeat", f"process {e.process} read id {e.txid} after {prev.txid}{across}", [prev, e]
+                )
 
     def _known_committed(self) -> list[tuple[int, int, Event]]:
         """(time, id, event): at `time`, id `id` was certainly committed (an ack, a read, an observed
@@ -251,8 +364,13 @@ class _PartitionCheck:
                 i += 1
             if best is not None and best[1] >= txid:
                 _, before, e = best
-                self.add("realtime-order", f"payload {op.payload} invoked at t={invoked}, after id {before} was known committed "
-                         f"(t={e.time}: {e.describe()}), got id {txid}", (e,) + op.events, [self.log.by_id[txid]])
+                self.add(
+                    "realtime-order",
+                    f"payload {op.payload} invoked at t={invoked}, after id {before} was known committed "
+                    f"(t={e.time}: {e.describe()}), got id {txid}",
+                    (e,) + op.events,
+                    [self.log.by_id[txid]],
+                )
 
     def locks(self) -> None:
         """The server's rule, over committed transactions: T with client mark C commits only if no
@@ -262,14 +380,36 @@ class _PartitionCheck:
             if r.payload is None or r.client_hwm is None:
                 continue
             if r.client_hwm >= r.txid:
-                self.add("client-hwm-ahead", f"payload {r.payload} committed at id {r.txid} with client high-water mark {r.client_hwm}", self.events_of(r.payload), [r])
-            winners = {w.txid: w for lock in r.write_locks + r.read_locks if (w := writer.get(lock)) is not None and w.txid > r.client_hwm}
+                self.add(
+                    "client-hwm-ahead",
+                    f"payload {r.payload} committed at id {r.txid} with client high-water mark {r.client_hwm}",
+                    self.events_of(r.payload),
+                    [r],
+                )
+            winners = {
+                w.txid: w
+                for lock in r.write_locks + r.read_locks
+                if (w := writer.get(lock)) is not None and w.txid > r.client_hwm
+            }
             if winners:
                 ws = sorted(winners.values(), key=lambda w: w.txid)
-                shared = sorted({lock for w in ws for lock in (w.write_locks + w.append_locks) if lock in r.write_locks + r.read_locks and writer.get(lock) is w})
+                shared = sorted(
+                    {
+                        lock
+                        for w in ws
+                        for lock in (w.write_locks + w.append_locks)
+                        if lock in r.write_locks + r.read_locks and writer.get(lock) is w
+                    }
+                )
                 events = self.events_of(r.payload) + tuple(e for w in ws for e in self.events_of(w.payload))
-                self.add("lock-violation", f"payload {r.payload} committed at id {r.txid} with client high-water mark {r.client_hwm}, but "
-                         + ", ".join(f"{w.payload} at id {w.txid}" for w in ws) + f" wrote its lock(s) {shared} in between", events, ws + [r])
+                self.add(
+                    "lock-violation",
+                    f"payload {r.payload} committed at id {r.txid} with client high-water mark {r.client_hwm}, but "
+                    + ", ".join(f"{w.payload} at id {w.txid}" for w in ws)
+                    + f" wrote its lock(s) {shared} in between",
+                    events,
+                    ws + [r],
+                )
             for lock in r.write_locks + r.append_locks:
                 writer[lock] = r
 
@@ -297,10 +437,18 @@ class _PartitionCheck:
                 highest[e.process] = (e.value, e)
             if k in floor and floor[k][0] > e.value:
                 value, by = floor[k]
-                self.add("hwm-decrease", f"process {e.process} observed high-water mark {e.value} after {value} was known ({by.describe()})", [by, e])
+                self.add(
+                    "hwm-decrease",
+                    f"process {e.process} observed high-water mark {e.value} after {value} was known ({by.describe()})",
+                    [by, e],
+                )
             if e.value > self.log.last_id:
-                self.add("hwm-beyond-log", f"process {e.process} observed high-water mark {e.value}, the log's last id is {self.log.last_id}",
-                         [e], self.log.records[-1:])
+                self.add(
+                    "hwm-beyond-log",
+                    f"process {e.process} observed high-water mark {e.value}, the log's last id is {self.log.last_id}",
+                    [e],
+                    self.log.records[-1:],
+                )
 
     def _known_committed_all(self) -> list[tuple[int, int, Event]]:
         # For the mark itself every observation counts, even one above the log: "it went down" and

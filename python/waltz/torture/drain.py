@@ -35,7 +35,11 @@ class Record:
 
     def describe(self, source: str) -> str:
         what = self.payload if self.payload is not None else f"undecodable ({self.error})"
-        locks = f" hwm={self.client_hwm} w={list(self.write_locks)} r={list(self.read_locks)}" if self.payload is not None else ""
+        locks = (
+            f" hwm={self.client_hwm} w={list(self.write_locks)} r={list(self.read_locks)}"
+            if self.payload is not None
+            else ""
+        )
         if self.append_locks:
             locks += f" a={list(self.append_locks)}"
         return f"{source} txid={self.txid} {what}{locks} digest={self.digest[:12]}"
@@ -100,8 +104,14 @@ def _record(obj: Mapping[str, Any], where: str) -> tuple[str, int, Record]:
             raise HistoryError(f"{where}: {key!r} must be a list of strings")
         locks.append(tuple(group))
     record = Record(
-        field("txid", int), field("digest", str), field("payload", str, True), field("client_hwm", int, True),
-        write_locks=locks[0], read_locks=locks[1], append_locks=locks[2], error=field("error", str, True),
+        field("txid", int),
+        field("digest", str),
+        field("payload", str, True),
+        field("client_hwm", int, True),
+        write_locks=locks[0],
+        read_locks=locks[1],
+        append_locks=locks[2],
+        error=field("error", str, True),
     )
     return field("source", str), field("partition", int), record
 

@@ -70,21 +70,34 @@ class Event:
         if self.value is not None:
             parts.append(f"value={self.value}")
         if self.f == APPEND and self.type == INVOKE:
-            parts.append(f"w={list(self.write_locks)} r={list(self.read_locks)}" + (f" a={list(self.append_locks)}" if self.append_locks else ""))
+            parts.append(
+                f"w={list(self.write_locks)} r={list(self.read_locks)}"
+                + (f" a={list(self.append_locks)}" if self.append_locks else "")
+            )
         if self.error:
             parts.append(f"error={self.error!r}")
         parts.append(f"t={self.time}")
         return " ".join(parts) + (f" @ {self.where}" if self.where else "")
 
     def to_json_obj(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"process": self.process, "f": self.f, "type": self.type, "partition": self.partition, "time": self.time}
+        out: dict[str, Any] = {
+            "process": self.process,
+            "f": self.f,
+            "type": self.type,
+            "partition": self.partition,
+            "time": self.time,
+        }
         for key in ("payload", "txid", "digest", "value", "invoked", "client_hwm", "error"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.f == READ:
             out["connection"] = self.connection
         if self.f == APPEND and self.type == INVOKE:
-            out.update(write_locks=list(self.write_locks), read_locks=list(self.read_locks), append_locks=list(self.append_locks))
+            out.update(
+                write_locks=list(self.write_locks),
+                read_locks=list(self.read_locks),
+                append_locks=list(self.append_locks),
+            )
         if self.where:
             out["at"] = self.where
         return out
@@ -151,32 +164,52 @@ def parse_event(obj: Mapping[str, Any], where: str) -> Event | None:
     if not isinstance(process, (int, str)) or isinstance(process, bool):
         raise HistoryError(f"{where}: 'process' must be an int or a string, not {process!r}")
     common: dict[str, Any] = dict(
-        f=f, process=process, partition=_get(obj, "partition", int, where), time=_get(obj, "time", int, where), where=where
+        f=f,
+        process=process,
+        partition=_get(obj, "partition", int, where),
+        time=_get(obj, "time", int, where),
+        where=where,
     )
     if f == APPEND:
         type_ = _get(obj, "type", str, where)
         payload = _get(obj, "payload", str, where)
         if type_ == INVOKE:
             return Event(
-                type=type_, payload=payload, client_hwm=_get(obj, "client_hwm", int, where, required=False),
-                write_locks=_locks(obj, "write_locks", where), read_locks=_locks(obj, "read_locks", where),
-                append_locks=_locks(obj, "append_locks", where), **common,
+                type=type_,
+                payload=payload,
+                client_hwm=_get(obj, "client_hwm", int, where, required=False),
+                write_locks=_locks(obj, "write_locks", where),
+                read_locks=_locks(obj, "read_locks", where),
+                append_locks=_locks(obj, "append_locks", where),
+                **common,
             )
         if type_ not in _COMPLETIONS:
             raise HistoryError(f"{where}: an append's 'type' is one of invoke, ok, fail, info; not {type_!r}")
         return Event(
-            type=type_, payload=payload, txid=_get(obj, "txid", int, where, required=type_ == OK),
-            error=_get(obj, "error", str, where, required=False), **common,
+            type=type_,
+            payload=payload,
+            txid=_get(obj, "txid", int, where, required=type_ == OK),
+            error=_get(obj, "error", str, where, required=False),
+            **common,
         )
     type_ = obj.get("type", OK)
     if type_ != OK:
         raise HistoryError(f"{where}: a {f} is an observation: its 'type' can only be 'ok', not {type_!r}")
     if f == READ:
         return Event(
-            type=OK, txid=_get(obj, "txid", int, where), payload=_get(obj, "payload", str, where, required=False),
-            digest=_get(obj, "digest", str, where), connection=_get(obj, "connection", int, where, required=False) or 0, **common,
+            type=OK,
+            txid=_get(obj, "txid", int, where),
+            payload=_get(obj, "payload", str, where, required=False),
+            digest=_get(obj, "digest", str, where),
+            connection=_get(obj, "connection", int, where, required=False) or 0,
+            **common,
         )
-    return Event(type=OK, value=_get(obj, "value", int, where), invoked=_get(obj, "invoked", int, where, required=False), **common)
+    return Event(
+        type=OK,
+        value=_get(obj, "value", int, where),
+        invoked=_get(obj, "invoked", int, where, required=False),
+        **common,
+    )
 
 
 class HistoryWriter:
@@ -188,20 +221,42 @@ class HistoryWriter:
         self._out = JsonLinesWriter(path, fsync=fsync)
 
     def _emit(self, f: str, type_: str, partition: int, time: int | None, fields: dict[str, Any]) -> None:
-        event = {"process": self.process, "type": type_, "f": f, "partition": partition, "time": _time.monotonic_ns() if time is None else time}
+        event = {
+            "process": self.process,
+            "type": type_,
+            "f": f,
+            "partition": partition,
+            "time": _time.monotonic_ns() if time is None else time,
+        }
         event.update((k, v) for k, v in fields.items() if v is not None)
         self._out.write(event)
 
     def invoke(
-        self, partition: int, payload: str, *, write_locks: Sequence[str] = (), read_locks: Sequence[str] = (),
-        append_locks: Sequence[str] = (), client_hwm: int | None = None, time: int | None = None,
+        self,
+        partition: int,
+        payload: str,
+        *,
+        write_locks: Sequence[str] = (),
+        read_locks: Sequence[str] = (),
+        append_locks: Sequence[str] = (),
+        client_hwm: int | None = None,
+        time: int | None = None,
     ) -> None:
         """Before submitting: the locks of the first execution (the committed bytes carry the
         ones the server checked)."""
-        self._emit(APPEND, INVOKE, partition, time, dict(
-            payload=payload, write_locks=list(write_locks), read_locks=list(read_locks),
-            append_locks=list(append_locks) or None, client_hwm=client_hwm,
-        ))
+        self._emit(
+            APPEND,
+            INVOKE,
+            partition,
+            time,
+            dict(
+                payload=payload,
+                write_locks=list(write_locks),
+                read_locks=list(read_locks),
+                append_locks=list(append_locks) or None,
+                client_hwm=client_hwm,
+            ),
+        )
 
     def ok(self, partition: int, payload: str, txid: int, *, time: int | None = None) -> None:
         self._emit(APPEND, OK, partition, time, dict(payload=payload, txid=txid))
@@ -213,7 +268,9 @@ class HistoryWriter:
     def info(self, partition: int, payload: str, *, error: str | None = None, time: int | None = None) -> None:
         self._emit(APPEND, INFO, partition, time, dict(payload=payload, error=error))
 
-    def read(self, partition: int, txid: int, payload: str | None, digest: str, connection: int, *, time: int | None = None) -> None:
+    def read(
+        self, partition: int, txid: int, payload: str | None, digest: str, connection: int, *, time: int | None = None
+    ) -> None:
         self._emit(READ, OK, partition, time, dict(txid=txid, payload=payload, digest=digest, connection=connection))
 
     def hwm(self, partition: int, value: int, *, invoked: int | None = None, time: int | None = None) -> None:

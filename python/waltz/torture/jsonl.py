@@ -51,7 +51,11 @@ class JsonLinesWriter:
         if cut < 0 and size > len(tail):
             raise HistoryError(f"{self.path}: last line longer than 1 MiB and not terminated")
         keep = size - len(tail) + cut + 1
-        warnings.warn(f"{self.path}: dropped a torn last line of {size - keep} bytes before appending", TornLineWarning, stacklevel=3)
+        warnings.warn(
+            f"{self.path}: dropped a torn last line of {size - keep} bytes before appending",
+            TornLineWarning,
+            stacklevel=3,
+        )
         os.ftruncate(self._fd, keep)
 
     def write(self, obj: Mapping[str, Any]) -> None:

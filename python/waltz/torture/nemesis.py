@@ -46,8 +46,17 @@ from waltz.local.zookeeper import ZooKeeperServer
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
-    "kill-storage", "kill-majority", "kill-server", "kill-zookeeper", "pause", "partition", "slow", "reset",
-    "fsync-eio", "enospc", "corrupt",
+    "kill-storage",
+    "kill-majority",
+    "kill-server",
+    "kill-zookeeper",
+    "pause",
+    "partition",
+    "slow",
+    "reset",
+    "fsync-eio",
+    "enospc",
+    "corrupt",
 )
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
@@ -65,9 +74,17 @@ class Nemesis:
     """Starts and heals faults on `cluster`; `log(event)` records each in the run's history."""
 
     def __init__(
-        self, cluster: LocalCluster, proxies: dict[str, FaultProxy], rng: random.Random, kinds: tuple[str, ...],
-        log: Callable[[dict[str, Any]], None], say: Callable[[str], None], *, zookeeper: ZooKeeperServer | None = None,
-        max_active: int = 2, hold: tuple[float, float] = (1.0, 6.0),
+        self,
+        cluster: LocalCluster,
+        proxies: dict[str, FaultProxy],
+        rng: random.Random,
+        kinds: tuple[str, ...],
+        log: Callable[[dict[str, Any]], None],
+        say: Callable[[str], None],
+        *,
+        zookeeper: ZooKeeperServer | None = None,
+        max_active: int = 2,
+        hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
@@ -213,9 +230,23 @@ class Nemesis:
         syscalls, err = ("fdatasync,fsync", "EIO") if kind == "fsync-eio" else ("pwrite64,write", "ENOSPC")
         # -f: the fsync and write calls happen on the node's worker threads, not its main one.
         proc = subprocess.Popen(
-            ["strace", "-f", "-qq", "-o", "/dev/null", "-p", str(pid), "-e", f"trace={syscalls}",
-             "-e", f"inject={syscalls}:error={err}:when={after}+"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                "strace",
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-p",
+                str(pid),
+                "-e",
+                f"trace={syscalls}",
+                "-e",
+                f"inject={syscalls}:error={err}:when={after}+",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
         def undo() -> None:
@@ -283,8 +314,13 @@ class Nemesis:
         for step in steps:
             while True:
                 args = [a.format(source=sources[attempt % len(sources)]) for a in step]
-                r = subprocess.run([sys.executable, "-m", "waltz.cli.main", "storage", *args], env=env,
-                                   capture_output=True, text=True, timeout=120)
+                r = subprocess.run(
+                    [sys.executable, "-m", "waltz.cli.main", "storage", *args],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 if r.returncode == 0:
                     break
                 if time.monotonic() > deadline:

@@ -83,10 +83,10 @@ def decode_payload(data: bytes) -> Payload:
     except ValueError as e:
         raise PayloadError(f"payload header is not JSON: {e}") from None
     if not isinstance(obj, dict) or set(obj) != {"p", "h", "w", "r", "a", "n"}:
-        raise PayloadError(f"payload header has the wrong fields: {data[:min(end, 200)]!r}")
+        raise PayloadError(f"payload header has the wrong fields: {data[: min(end, 200)]!r}")
     payload, hwm, n = obj["p"], obj["h"], obj["n"]
     if not isinstance(payload, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in (hwm, n)):
-        raise PayloadError(f"payload header has the wrong types: {data[:min(end, 200)]!r}")
+        raise PayloadError(f"payload header has the wrong types: {data[: min(end, 200)]!r}")
     locks: list[tuple[str, ...]] = []
     for key in ("w", "r", "a"):
         group = obj[key]
@@ -97,7 +97,9 @@ def decode_payload(data: bytes) -> Payload:
     if n != len(data):
         raise PayloadError(f"payload {payload!r} has {len(data)} bytes, not the {n} written")
     # Re-encoding pins down every byte: the header's exact spelling and the filler.
-    expected = encode_payload(payload, client_hwm=hwm, write_locks=locks[0], read_locks=locks[1], append_locks=locks[2], size=n)
+    expected = encode_payload(
+        payload, client_hwm=hwm, write_locks=locks[0], read_locks=locks[1], append_locks=locks[2], size=n
+    )
     if expected != data:
         at = next((i for i, (a, b) in enumerate(zip(expected, data)) if a != b), min(len(expected), len(data)))
         raise PayloadError(f"payload {payload!r} is damaged at byte {at} of {len(data)}")

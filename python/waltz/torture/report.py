@@ -29,11 +29,13 @@ KINDS: dict[str, str] = {
     "consumer-skip": "a consumer's stream jumped over ids",
     "consumer-repeat": "a consumer's stream repeated an id or went back",
     "realtime-order": "a transaction got an id not above one known committed before it was invoked",
-    "lock-violation": "a transaction committed although one committed between its client high-water mark and its id wrote one of its write or read locks",
+    "lock-violation": "a transaction committed although one committed between its client high-water mark and its id "
+    "wrote one of its write or read locks",
     "client-hwm-ahead": "a transaction committed with a client high-water mark at or above its own id",
     "hwm-decrease": "the committed high-water mark was observed below what was known committed before it was asked",
     "hwm-beyond-log": "an observed high-water mark is above the last committed id",
-    "malformed-history": "events that do not form operations (a completion without invoke, a payload invoked twice, ...)",
+    "malformed-history": "events that do not form operations (a completion without invoke, a payload invoked twice, "
+    "...)",
 }
 
 
@@ -109,7 +111,8 @@ class Report:
         out.append("partition  acknowledged  failed  unknown  committed  unknown-committed  reads  consumers  hwm-obs")
         for p, c in sorted(self.counts.items()):
             out.append(
-                f"{p:>9}  {c.acknowledged:>12}  {c.failed:>6}  {c.unknown:>7}  {c.committed:>9}  {c.unknown_committed:>17}"
+                f"{p:>9}  {c.acknowledged:>12}  {c.failed:>6}  {c.unknown:>7}  {c.committed:>9}  "
+                f"{c.unknown_committed:>17}"
                 f"  {c.reads:>5}  {c.consumers:>9}  {c.hwm_observations:>7}"
             )
         out += [f"warning: {w}" for w in self.warnings]

@@ -82,8 +82,12 @@ class TortureResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "passed": self.passed, "transactions": self.transactions, "seconds": round(self.seconds, 1),
-            "faults": self.faults, "problems": self.problems, "report": json.loads(self.report.to_json()),
+            "passed": self.passed,
+            "transactions": self.transactions,
+            "seconds": round(self.seconds, 1),
+            "faults": self.faults,
+            "problems": self.problems,
+            "report": json.loads(self.report.to_json()),
         }
 
 
@@ -94,7 +98,10 @@ class _Worker:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "waltz.torture.worker", str(run_dir), str(index), json.dumps(spec)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
                 # Past this many MiB a worker dumps its stacks and exits: a growing client is a
                 # finding, never a reason for the kernel to kill the machine's other processes.
                 env={**os.environ, "WALTZ_TORTURE_MEMORY": os.environ.get("WALTZ_TORTURE_MEMORY", "2048")},
@@ -187,14 +194,27 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         cluster.start(step=say)
         say(f"cluster up: {', '.join(f'{m.name}@{cluster.dialed_address(m)}' for m in cluster.members)}")
         spec = {
-            "seed": o.seed, "in_flight": o.in_flight, "lock_pool": o.lock_pool, "sizes": [64, 700, 3000],
-            "op_timeout": o.op_timeout, "drain_timeout": o.heal_timeout,
+            "seed": o.seed,
+            "in_flight": o.in_flight,
+            "lock_pool": o.lock_pool,
+            "sizes": [64, 700, 3000],
+            "op_timeout": o.op_timeout,
+            "drain_timeout": o.heal_timeout,
             "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
         }
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
         observer = _MarkObserver(cluster, nemesis_log)
-        nemesis = Nemesis(cluster, proxies, rng, o.faults, nemesis_log.write, say, zookeeper=zookeeper, hold=o.hold,
-                          committed=lambda: dict(observer.latest) if observer else {})
+        nemesis = Nemesis(
+            cluster,
+            proxies,
+            rng,
+            o.faults,
+            nemesis_log.write,
+            say,
+            zookeeper=zookeeper,
+            hold=o.hold,
+            committed=lambda: dict(observer.latest) if observer else {},
+        )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
         while time.monotonic() < end:
@@ -210,16 +230,25 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         cluster.wait_served(o.heal_timeout)
         (d / "clients" / "stop").write_text("")
         say("clients finish what they have pending")
-        _wait(lambda: all((d / "clients" / f"worker-{w.index}.done").exists() for w in workers), workers,
-              o.op_timeout + 120, "the clients did not complete their operations")
+        _wait(
+            lambda: all((d / "clients" / f"worker-{w.index}.done").exists() for w in workers),
+            workers,
+            o.op_timeout + 120,
+            "the clients did not complete their operations",
+        )
         cluster.wait_replicas(o.heal_timeout)
         targets = _marks(cluster)
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
         drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout)}
         # Each worker records a read per transaction its feed delivers: growing histories are progress.
-        _wait(lambda: all(w.proc.poll() is not None for w in workers), workers, o.heal_timeout, "the clients did not consume the log",
-              progress=lambda: sum(f.stat().st_size for f in (d / "history").glob("*.jsonl")))
+        _wait(
+            lambda: all(w.proc.poll() is not None for w in workers),
+            workers,
+            o.heal_timeout,
+            "the clients did not consume the log",
+            progress=lambda: sum(f.stat().st_size for f in (d / "history").glob("*.jsonl")),
+        )
         observer.close()
         observer = None
         for m in cluster.members:  # quiet before the files are read
@@ -234,7 +263,9 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         history = read_history(sorted((d / "history").glob("*.jsonl")))
         report = check(history, drains, reference="cluster", lagging=lagging)
         transactions = sum(t + 1 for t in targets.values())
-        result = TortureResult(report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started)
+        result = TortureResult(
+            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
+        )
         (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
         return result
     except BaseException:
@@ -272,7 +303,11 @@ def _check_workers(workers: list[_Worker]) -> None:
 
 
 def _wait(
-    done: Callable[[], bool], workers: list[_Worker], timeout: float, what: str, progress: Callable[[], object] | None = None
+    done: Callable[[], bool],
+    workers: list[_Worker],
+    timeout: float,
+    what: str,
+    progress: Callable[[], object] | None = None,
 ) -> None:
     """Until `done()`; fails after `timeout` s, counted from the last change of `progress()` when given."""
     deadline = time.monotonic() + timeout
@@ -301,13 +336,18 @@ def _drain_feed(cluster: LocalCluster, targets: dict[int, int], timeout: float) 
         behind = feed.wait_for(targets, timeout)
     if behind:
         raise errors.WaltzError(
-            f"a new client's feed of partitions {behind} stopped short of {targets} (at {dict(feed.marks)}; nothing for {timeout:.0f} s)"
+            f"a new client's feed of partitions {behind} stopped short of {targets} (at {dict(feed.marks)}; nothing "
+            f"for {timeout:.0f} s)"
         )
     return {p: [r for r in feed.records[p] if r.txid <= targets[p]] for p in targets}
 
 
 def _drain_files(
-    data_dir: pathlib.Path, targets: dict[int, int], name: str, lagging: list[tuple[str, int]], problems: list[str],
+    data_dir: pathlib.Path,
+    targets: dict[int, int],
+    name: str,
+    lagging: list[tuple[str, int]],
+    problems: list[str],
 ) -> dict[int, list[Record]]:
     """A replica's committed prefix as its files hold it (above the mark is an uncommitted tail
     a later recovery may cut: not part of the promise)."""

@@ -35,8 +35,9 @@ LOCK = "k"
 
 
 class Op(TransactionContext):
-    def __init__(self, payload: str, partition: int, locks: dict[str, list[int]], size: int, timeout: float,
-                 on_applied: Any) -> None:
+    def __init__(
+        self, payload: str, partition: int, locks: dict[str, list[int]], size: int, timeout: float, on_applied: Any
+    ) -> None:
         super().__init__()
         self.payload, self.partition, self.locks, self.size = payload, partition, locks, size
         self.timeout = timeout
@@ -51,10 +52,16 @@ class Op(TransactionContext):
     def execute(self, builder: TransactionBuilder) -> bool:
         # The bytes carry the mark this execution was checked at: the checker judges the locks by
         # what the server saw, whatever the history says of the first execution.
-        builder.set_data(encode_payload(
-            self.payload, client_hwm=builder.client_high_water_mark, write_locks=self.lock_names("w"),
-            read_locks=self.lock_names("r"), append_locks=self.lock_names("a"), size=self.size,
-        ))
+        builder.set_data(
+            encode_payload(
+                self.payload,
+                client_hwm=builder.client_high_water_mark,
+                write_locks=self.lock_names("w"),
+                read_locks=self.lock_names("r"),
+                append_locks=self.lock_names("a"),
+                size=self.size,
+            )
+        )
         builder.add_write_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["w"]))
         builder.add_read_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["r"]))
         builder.add_append_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["a"]))
@@ -146,10 +153,21 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
             if not slots.acquire(timeout=0.2):
                 continue
             p = rng.randrange(partitions)
-            op = Op(f"w{index}-{submitted:07d}", p, _locks(rng, spec["lock_pool"]), rng.choice(spec["sizes"]),
-                    spec["op_timeout"], applied)
-            history.invoke(p, op.payload, write_locks=op.lock_names("w"), read_locks=op.lock_names("r"),
-                           append_locks=op.lock_names("a"))
+            op = Op(
+                f"w{index}-{submitted:07d}",
+                p,
+                _locks(rng, spec["lock_pool"]),
+                rng.choice(spec["sizes"]),
+                spec["op_timeout"],
+                applied,
+            )
+            history.invoke(
+                p,
+                op.payload,
+                write_locks=op.lock_names("w"),
+                read_locks=op.lock_names("r"),
+                append_locks=op.lock_names("a"),
+            )
             submitted += 1
             try:
                 future = client.submit(op)

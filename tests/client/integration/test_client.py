@@ -17,18 +17,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from waltz import client_protocol as cp
-from waltz import errors
-from waltz.client import (
-    JSON, AsyncWaltzClient, ClientConfig, PartitionLocalLock, Transaction, TransactionBuilder, TransactionContext, WaltzClient,
-)
-from waltz.cluster.metadata import ClusterMetadata
-
 from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
 from support.daemons import PARTITIONS, Node, setup, wait_served  # noqa: F401  (fixture)
 from support.processes import free_port
 from support.tcp_proxy import Proxy
+from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client import (
+    JSON,
+    AsyncWaltzClient,
+    ClientConfig,
+    PartitionLocalLock,
+    Transaction,
+    TransactionBuilder,
+    TransactionContext,
+    WaltzClient,
+)
+from waltz.cluster.metadata import ClusterMetadata
 
 
 class Servers:
@@ -49,10 +54,13 @@ class Servers:
         config = self.tmp_path / f"{name}.toml"
         config.write_text(
             f'[server]\nmetadata = "{self.url}"\ncluster = "e2e"\nport = {port}\nhttp_port = 0\nsession_timeout = 2.0\n'
-            f"{advertised}{extra}\n[logging]\nlevel = \"info\"\n"
+            f'{advertised}{extra}\n[logging]\nlevel = "info"\n'
         )
-        proc = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
-                                stderr=open(self.tmp_path / f"{name}.log", "a"), text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+            stderr=open(self.tmp_path / f"{name}.log", "a"),
+            text=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -133,7 +141,9 @@ def test_sync_client_commits_applies_in_order_and_fetches_data(servers) -> None:
         for p in range(PARTITIONS):
             ids = [t for t, _ in app.applied[p]]
             assert ids == list(range(10)), ids  # dense, in order, from 0
-            assert sorted(d["id"] for _, d in app.applied[p]) == sorted(f"tx{i}" for i in range(40) if i % PARTITIONS == p)
+            assert sorted(d["id"] for _, d in app.applied[p]) == sorted(
+                f"tx{i}" for i in range(40) if i % PARTITIONS == p
+            )
             assert client.high_water_mark(p) == 9
     assert not app.errors, app.errors
     # A new client catches up from -1 and sees the same log; one resuming from 5 sees the rest.
@@ -177,7 +187,9 @@ def test_async_client(servers) -> None:
             assert results == [i != 3 for i in range(20)]
             await client.flush()
             assert [c.completed for c in contexts] == [[i != 3] for i in range(20)]
-            assert [d["id"] for _, d in app.applied[0]] == [f"a{i}" for i in range(20) if i != 3]  # one by one, in order
+            assert [d["id"] for _, d in app.applied[0]] == [
+                f"a{i}" for i in range(20) if i != 3
+            ]  # one by one, in order
             assert await client.high_water_mark(0) == 18
             assert await client.transaction_data(0, 2) == JSON.serialize({"id": "a2"})
             with pytest.raises(errors.RequestFailedError, match="no committed transaction") as e:
@@ -407,8 +419,8 @@ def test_the_last_sequence_number_renews_the_partitions_client_id(servers) -> No
     ids = app.req_ids[0]
     assert len(set(ids)) == len(ids), "a request id was used twice"
     old = [r for r in ids if r[0] == original]
-    assert ids[: len(old)] == old and all(r[0] == renewed for r in ids[len(old):]) and len(old) < len(ids)
-    for under in (old, ids[len(old):]):
+    assert ids[: len(old)] == old and all(r[0] == renewed for r in ids[len(old) :]) and len(old) < len(ids)
+    for under in (old, ids[len(old) :]):
         assert [r[3] for r in under] == sorted({r[3] for r in under}), "sequences must rise under one client id"
     assert old[0][3] == 1 and old[-1][3] <= 2**31 - 1 and ids[len(old)][3] >= 1 and ids[-1][3] < 1000
     # The renewed partition mounts and commits after a reconnect, under its new id.
@@ -543,12 +555,16 @@ def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> 
         while not stop.wait(0.1):
             proxy.cut()
 
-    contexts = [Write(f"p{i}", partition=i, locks=(PartitionLocalLock("k", i % 7),) if i % 3 == 0 else ()) for i in range(1000)]
+    contexts = [
+        Write(f"p{i}", partition=i, locks=(PartitionLocalLock("k", i % 7),) if i % 3 == 0 else ()) for i in range(1000)
+    ]
     with WaltzClient(app, config(url, settle_after=0.5, mount_timeout=60)) as client:
         cutting = threading.Thread(target=cutter)
         cutting.start()
         try:
-            futures = submit_from_threads(client, contexts, pause=0.01)  # spread over seconds: many cuts land mid-stream
+            futures = submit_from_threads(
+                client, contexts, pause=0.01
+            )  # spread over seconds: many cuts land mid-stream
             assert all(f.result(120) for f in futures)
             client.flush()
         finally:
@@ -778,4 +794,6 @@ def test_the_server_is_killed_under_load_and_another_takes_over(servers) -> None
     assert not app.errors, app.errors
     log = read_log(url)
     assert log == {p: app.applied[p] for p in range(PARTITIONS)}
-    assert collections.Counter(d["id"] for p in log for _, d in log[p]) == collections.Counter(c.payload for c in contexts)
+    assert collections.Counter(d["id"] for p in log for _, d in log[p]) == collections.Counter(
+        c.payload for c in contexts
+    )

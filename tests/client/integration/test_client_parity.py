@@ -11,16 +11,14 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry
-
-from waltz import errors
-from waltz.client import JSON, AsyncWaltzClient, PartitionLocalLock, WaltzClient
-from waltz.client.metrics import ClientCollector
-from waltz.client.mock import MockCluster, MockWaltzClient
-
 from support.bank_app import scenario
 from support.client_app import Increment, MemoryApp, Write
 from support.daemons import PARTITIONS, setup  # noqa: F401  (fixture)
 from test_client import config, servers  # noqa: F401  (fixture)
+from waltz import errors
+from waltz.client import JSON, AsyncWaltzClient, PartitionLocalLock, WaltzClient
+from waltz.client.metrics import ClientCollector
+from waltz.client.mock import MockCluster, MockWaltzClient
 
 pytestmark = pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 
@@ -38,7 +36,10 @@ def test_two_instances_split_four_partitions(servers) -> None:  # noqa: F811
     s.wait_all_served()
     assert PARTITIONS == 4
     apps = [MemoryApp(), MemoryApp()]
-    with WaltzClient(apps[0], config(url, partitions=(0, 2))) as a, WaltzClient(apps[1], config(url, partitions=[3, 1])) as b:
+    with (
+        WaltzClient(apps[0], config(url, partitions=(0, 2))) as a,
+        WaltzClient(apps[1], config(url, partitions=[3, 1])) as b,
+    ):
         assert a.mounted_partitions == (0, 2) and b.mounted_partitions == (1, 3)
         assert a.partitions == b.partitions == 4
         # Each instance writes to its own partitions; the feed of each delivers only those.
@@ -47,7 +48,10 @@ def test_two_instances_split_four_partitions(servers) -> None:  # noqa: F811
             b.submit(Write(f"b{i}", partition=(1, 3)[i % 2])).result(30)
         # A partition of the other instance fails at once, without waiting or sending.
         started = time.monotonic()
-        with pytest.raises(errors.PartitionNotMountedError, match=r"partition 1 is not mounted by this client \(it mounts partitions \[0, 2\]"):
+        with pytest.raises(
+            errors.PartitionNotMountedError,
+            match=r"partition 1 is not mounted by this client \(it mounts partitions \[0, 2\]",
+        ):
             a.append(1, b"elsewhere")
         with pytest.raises(errors.PartitionNotMountedError):
             b.submit(Write("elsewhere", partition=0))
@@ -118,7 +122,9 @@ def test_metrics_collector_scrapes_a_real_client(servers) -> None:  # noqa: F811
         assert sample("waltz_client_commits_total") == 16
         lock_failures = sum(c.lock_failures for c in incs)
         assert sample("waltz_client_lock_failures_total") == lock_failures
-        assert sample("waltz_client_retries_total") is not None and sample("waltz_client_retries_total") >= lock_failures  # type: ignore[operator]
+        assert (
+            sample("waltz_client_retries_total") is not None and sample("waltz_client_retries_total") >= lock_failures
+        )  # type: ignore[operator]
         assert sample("waltz_client_pending", "0") == 0
         assert sample("waltz_client_applied_high_water_mark", "0") == 9
         assert sample("waltz_client_feed_lag", "1") == 0

@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-
-from waltz.client import JSON, Transaction, WaltzClient
-from waltz.client.sql import SqlCallbacks
-
 from support.client_app import Write
 from support.daemons import PARTITIONS, setup  # noqa: F401  (fixture)
 from test_client import config, servers  # noqa: F401  (fixture)
+from waltz.client import JSON, Transaction, WaltzClient
+from waltz.client.sql import SqlCallbacks
 
 PER_INSTANCE = 100
 
@@ -37,23 +35,36 @@ def database_url(kind: str, tmp_path: pathlib.Path, request: pytest.FixtureReque
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_two_instances_sharing_a_database_apply_each_transaction_once(servers, kind: str, tmp_path: pathlib.Path,  # noqa: F811
-                                                                     request: pytest.FixtureRequest) -> None:
+def test_two_instances_sharing_a_database_apply_each_transaction_once(
+    servers,
+    kind: str,
+    tmp_path: pathlib.Path,  # noqa: F811
+    request: pytest.FixtureRequest,
+) -> None:
     s, _, _, url = servers
     s.start("s1")
     s.wait_all_served()
     db = database_url(kind, tmp_path, request)
     meta = sa.MetaData()
-    ledger = sa.Table("ledger", meta, sa.Column("partition_id", sa.Integer), sa.Column("txid", sa.BigInteger),
-                      sa.Column("payload", sa.String(50)), sa.Column("instance", sa.String(10)))
+    ledger = sa.Table(
+        "ledger",
+        meta,
+        sa.Column("partition_id", sa.Integer),
+        sa.Column("txid", sa.BigInteger),
+        sa.Column("payload", sa.String(50)),
+        sa.Column("instance", sa.String(10)),
+    )
     engines = [sa.create_engine(db) for _ in range(2)]
     meta.create_all(engines[0])
     failed_once: set[int] = set()
 
     def applier(name: str) -> Any:
         def apply(conn: sa.Connection, txn: Transaction) -> None:
-            conn.execute(ledger.insert().values(partition_id=txn.partition, txid=txn.transaction_id,
-                                                payload=txn.data(JSON)["id"], instance=name))
+            conn.execute(
+                ledger.insert().values(
+                    partition_id=txn.partition, txid=txn.transaction_id, payload=txn.data(JSON)["id"], instance=name
+                )
+            )
             if txn.partition == 1 and txn.transaction_id == 3 and not failed_once:
                 failed_once.add(txn.transaction_id)
                 raise RuntimeError("the database hiccuped")  # rolled back with the mark; retried
@@ -66,6 +77,7 @@ def test_two_instances_sharing_a_database_apply_each_transaction_once(servers, k
     callbacks[1].uncaught_exception = lambda p, t, e: uncaught.append((p, t))  # type: ignore[method-assign]
     clients = [WaltzClient(cb, config(url)) for cb in callbacks]
     try:
+
         def run(i: int) -> None:
             futures = [clients[i].submit(Write(f"i{i}-{n}", partition=n)) for n in range(PER_INSTANCE)]
             assert all(f.result(60) for f in futures)
@@ -87,7 +99,9 @@ def test_two_instances_sharing_a_database_apply_each_transaction_once(servers, k
     with engines[0].connect() as conn:
         rows = conn.execute(sa.select(ledger.c.partition_id, ledger.c.txid, ledger.c.payload)).all()
     assert len(rows) == 2 * PER_INSTANCE
-    assert collections.Counter(r.payload for r in rows) == collections.Counter(f"i{i}-{n}" for i in range(2) for n in range(PER_INSTANCE))
+    assert collections.Counter(r.payload for r in rows) == collections.Counter(
+        f"i{i}-{n}" for i in range(2) for n in range(PER_INSTANCE)
+    )
     for p in range(PARTITIONS):
         assert sorted(r.txid for r in rows if r.partition_id == p) == list(range(marks[p] + 1))
     assert sum(cb.applied for cb in callbacks) == 2 * PER_INSTANCE  # exactly once between them

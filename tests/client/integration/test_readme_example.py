@@ -29,14 +29,19 @@ def test_readme_example_runs_against_waltz_dev_up(tmp_path: pathlib.Path) -> Non
     with dev_cluster(directory) as up:
         env = {**os.environ, **up["environment"]}
         for run in range(2):  # the second run replays the first one's transaction, then adds its own
-            done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+            done = subprocess.run(
+                [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+            )
             assert done.returncode == 0, done.stderr
-            assert done.stdout.strip() == f"committed transaction {run}; total {5 * (run + 1)}", done.stdout + done.stderr
+            assert done.stdout.strip() == f"committed transaction {run}; total {5 * (run + 1)}", (
+                done.stdout + done.stderr
+            )
         # What `dev up` prints names what the example needs: the environment and the directory.
         human = waltz("dev", "up", "--directory", str(directory)).stdout.decode()
         assert f"export WALTZ_METADATA=embedded:{directory / 'metadata.db'}" in human
         assert f"waltz dev down --directory {directory}" in human and "waltz log read -p 0" in human
         assert up["commands"]["stop"] == f"waltz dev down --directory {directory}"
         assert waltz("log", "read", "-p", "0", env=up["environment"]).stdout.decode().splitlines() == [
-            '0\t0\t{"add":5}', '1\t0\t{"add":5}',
+            '0\t0\t{"add":5}',
+            '1\t0\t{"add":5}',
         ]

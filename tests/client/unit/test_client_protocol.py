@@ -9,7 +9,6 @@ import zlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from waltz import client_protocol as cp
 from waltz.errors import ProtocolError
 
@@ -66,7 +65,9 @@ def test_malformed_payloads_are_refused(locks) -> None:
     assert cp.decode(cp.Append.TYPE, p) == good
     # docs/protocol.md's layout, field by field, whichever path encoded it
     counted = b"".join(struct.pack(">i", len(v)) + struct.pack(f">{len(v)}q", *v) for v in locks)
-    assert p == struct.pack(">iiiiq", 1, 2, 3, 4, 9) + counted + struct.pack(">ii", 7, 4) + b"data" + struct.pack(">I", zlib.crc32(b"data"))
+    assert p == struct.pack(">iiiiq", 1, 2, 3, 4, 9) + counted + struct.pack(">ii", 7, 4) + b"data" + struct.pack(
+        ">I", zlib.crc32(b"data")
+    )
     with pytest.raises(ProtocolError, match="ends inside"):
         cp.decode(cp.Append.TYPE, p[:-1])
     with pytest.raises(ProtocolError, match="trailing"):
@@ -121,7 +122,11 @@ def test_lock_counts_are_checked_on_the_declared_count_before_decoding() -> None
     # A count beyond the cap is refused on the count itself: these lock bytes are never unpacked.
     head = struct.pack(">iiiiqi", 1, 1, 0, 7, -1, 8_000_000)
     with pytest.raises(cp.TooManyLocks):
-        cp.decode(cp.Append.TYPE, head + bytes(8 * 8_000_000) + struct.pack(">iiii", 0, 0, 0, 0) + struct.pack(">I", 0), max_locks=4096)
+        cp.decode(
+            cp.Append.TYPE,
+            head + bytes(8 * 8_000_000) + struct.pack(">iiii", 0, 0, 0, 0) + struct.pack(">I", 0),
+            max_locks=4096,
+        )
 
 
 def test_a_frame_is_refused_on_its_declared_length_before_it_is_buffered() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-
 from waltz.client import JSON, TEXT, ClientConfig, PartitionLocalLock, TransactionBuilder
 from waltz.client.monitor import TransactionMonitor
 from waltz.client_protocol import lock_hash
@@ -69,7 +68,7 @@ def test_config_file(tmp_path: pathlib.Path) -> None:
     path.write_text('[client]\nmetadata = "embedded:/tmp/m.db"\nmax_pendin = 3\n')
     with pytest.raises(ConfigError, match="unknown key"):
         ClientConfig.from_file(path)
-    path.write_text("[client]\ncluster = \"x\"\n")
+    path.write_text('[client]\ncluster = "x"\n')
     with pytest.raises(ConfigError, match="metadata is required"):
         ClientConfig.from_file(path)
     with pytest.raises(ConfigError, match="client_id"):
@@ -82,7 +81,12 @@ def test_config_partitions_and_retry_seed(tmp_path: pathlib.Path) -> None:
     c = ClientConfig.from_file(path)
     assert c.partitions == (1, 3) and c.retry_seed == 9  # sorted, once each
     assert ClientConfig(metadata="embedded:/tmp/m.db").partitions is None  # every partition
-    for bad, why in (([], "at least one partition"), ([-1], "non-negative"), ("0", "a list of partition ids"), ([True], "non-negative")):
+    for bad, why in (
+        ([], "at least one partition"),
+        ([-1], "non-negative"),
+        ("0", "a list of partition ids"),
+        ([True], "non-negative"),
+    ):
         with pytest.raises(ConfigError, match=why):
             ClientConfig(metadata="embedded:/tmp/m.db", partitions=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="must not exceed reconnect_backoff_max"):
@@ -102,6 +106,7 @@ def test_a_data_fetch_that_times_out_raises_instead_of_spinning() -> None:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
+
         async def timed_out(partition: int, txid: int) -> bytes:
             raise errors.RequestTimeoutError(f"partition {partition}: no answer for {txid}")
 

@@ -9,7 +9,6 @@ import types
 from typing import Any
 
 import pytest
-
 from waltz import errors
 from waltz.client.log_reader import LogReader
 
@@ -21,13 +20,17 @@ class _Replica:
 
     async def records(self, partition: int, txid: int, count: int) -> list[Any]:
         if txid < self.first:
-            raise errors.BelowLogStartError(f"transaction {txid} is below the partition's first transaction id {self.first}")
+            raise errors.BelowLogStartError(
+                f"transaction {txid} is below the partition's first transaction id {self.first}"
+            )
         return [types.SimpleNamespace(txid=t) for t in range(txid, min(self.last, txid + count - 1) + 1)]
 
     async def status(self) -> list[dict[str, Any]]:
         self.statuses += 1
-        return [{"partition": p, "first_transaction_id": self.first, "readable": self.readable, "failure": None}
-                for p in range(self.partitions)]
+        return [
+            {"partition": p, "first_transaction_id": self.first, "readable": self.readable, "failure": None}
+            for p in range(self.partitions)
+        ]
 
 
 class _Unopenable(_Replica):
@@ -87,8 +90,14 @@ def test_a_replica_that_cannot_serve_the_partition_does_not_lower_the_first_id()
     """A node that cannot open its replica answers first id -1, and one set unreadable holds
     nothing a read could get: taken as holding from 0, they sent every read below the others'
     first ids, which ended in a timeout."""
-    reader = _Reader({"a:1": _Replica(150, 300), "b:1": _Replica(120, 300), "c:1": _Unopenable(0, 0),
-                      "d:1": _Replica(10, 300, readable=False)})
+    reader = _Reader(
+        {
+            "a:1": _Replica(150, 300),
+            "b:1": _Replica(120, 300),
+            "c:1": _Unopenable(0, 0),
+            "d:1": _Replica(10, 300, readable=False),
+        }
+    )
 
     async def go() -> tuple[int, list[int]]:
         first = await reader.first_transaction_id(0)
@@ -110,7 +119,9 @@ def test_first_ids_of_every_partition_ask_each_replica_once() -> None:
 
 def test_no_replica_answering_is_a_timeout_naming_the_partition() -> None:
     reader = _Reader({"z:1": _Unreachable(0, 0, partitions=2)}, partitions=2, timeout=0.3)
-    with pytest.raises(errors.RequestTimeoutError, match=r"partition 0: no replica answered within 0.3 s \(z:1: connect timed out\)"):
+    with pytest.raises(
+        errors.RequestTimeoutError, match=r"partition 0: no replica answered within 0.3 s \(z:1: connect timed out\)"
+    ):
         asyncio.run(reader.first_transaction_ids())
 
 

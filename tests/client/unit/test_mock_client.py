@@ -8,13 +8,11 @@ import asyncio
 import threading
 
 import pytest
-
+from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
 from waltz import errors
 from waltz.client import JSON, PartitionLocalLock, TransactionBuilder, TransactionContext
 from waltz.client.metrics import ClientCollector
 from waltz.client.mock import AsyncMockWaltzClient, MockCluster, MockWaltzClient, mock_config
-
-from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
 
 
 def wait_applied(app: MemoryApp, partition: int, mark: int) -> None:
@@ -83,20 +81,21 @@ class Frozen(MemoryApp):
 def test_lock_semantics_are_the_servers_and_exact() -> None:
     cluster, app = MockCluster(), Frozen()
     with MockWaltzClient(app, cluster) as client:
+
         def outcome(**locks: tuple[str, ...]) -> str:
             ctx = Locked(**locks)
             committed = client.submit(ctx).result(10)
             client.flush()
             return f"lock_failure:{ctx.lock_failures[0]}" if ctx.lock_failures else f"committed:{committed}"
 
-        assert outcome(write=("a",)) == "committed:True"       # 0: a's version 0
-        app.frozen = -1                                         # from here on, built on the state before 0
-        assert outcome(write=("a",)) == "lock_failure:0"       # written after the mark
-        assert outcome(read=("a",)) == "lock_failure:0"        # read locks fail the same way
-        assert outcome(append=("a",)) == "committed:True"      # 1: append locks never fail, and write
-        assert outcome(write=("b",)) == "committed:True"       # 2: another lock: no false positive
+        assert outcome(write=("a",)) == "committed:True"  # 0: a's version 0
+        app.frozen = -1  # from here on, built on the state before 0
+        assert outcome(write=("a",)) == "lock_failure:0"  # written after the mark
+        assert outcome(read=("a",)) == "lock_failure:0"  # read locks fail the same way
+        assert outcome(append=("a",)) == "committed:True"  # 1: append locks never fail, and write
+        assert outcome(write=("b",)) == "committed:True"  # 2: another lock: no false positive
         app.frozen = 0
-        assert outcome(read=("a",)) == "lock_failure:1"        # the append lock wrote a at 1
+        assert outcome(read=("a",)) == "lock_failure:1"  # the append lock wrote a at 1
         assert outcome(write=("b",), read=("c",)) == "lock_failure:2"
         app.frozen = 2
         assert outcome(write=("a",), read=("b",)) == "committed:True"  # 3
@@ -169,8 +168,10 @@ def test_force_next_lock_fail() -> None:
 def test_append_and_partition_subsets() -> None:
     cluster = MockCluster(partitions=4)
     apps = [MemoryApp(fetch_data=False), MemoryApp(fetch_data=False)]
-    with MockWaltzClient(apps[0], cluster, mock_config(partitions=(0, 1))) as a, \
-            MockWaltzClient(apps[1], cluster, mock_config(partitions=[3, 2])) as b:
+    with (
+        MockWaltzClient(apps[0], cluster, mock_config(partitions=(0, 1))) as a,
+        MockWaltzClient(apps[1], cluster, mock_config(partitions=[3, 2])) as b,
+    ):
         assert a.mounted_partitions == (0, 1) and b.mounted_partitions == (2, 3) and a.partitions == 4
         assert [a.append(p % 2, b"x%d" % p) for p in range(4)] == [0, 0, 1, 1]
         assert b.append(2, {"k": 1}, serializer=JSON, header=7, locks=[PartitionLocalLock("k", 1)]) == 0

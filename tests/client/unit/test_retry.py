@@ -8,7 +8,6 @@ import random
 import statistics
 
 import pytest
-
 from waltz.client import AsyncWaltzClient, ClientConfig, WaltzClientCallbacks
 from waltz.client.retry import Backoff
 

@@ -14,17 +14,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
+from support import script
+from support.daemons import PARTITIONS, Cli, Node
+from support.processes import stop
 from waltz import errors
 from waltz.cli.main import main
 from waltz.cluster import open_store
 from waltz.cluster.layout import encode
 from waltz.cluster.metadata import ClusterMetadata, PartitionAssignment, PartitionMetadata, ReplicaState, ServerInfo
 from waltz.storage import RecordBatch, ReqId, StorageAdminClient, StorageClient
-
-from support import script
-from support.daemons import PARTITIONS, Cli, Node
-from support.processes import stop
 
 MEMBER = str(script("cluster_member.py"))
 
@@ -55,9 +53,23 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
     assert "not changing it" in cli("cluster", "create", "--partitions", "9", "--replicas", "3", ok=False).output
 
     for i, n in enumerate(nodes):
-        assert cli.json("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i))["changed"]
-    assert not cli.json("storage", "add-node", "--storage", nodes[0].address, "--admin-port", str(nodes[0].ports["admin_port"]), "--group", "0")["changed"]
-    assert "already in the cluster" in cli("storage", "add-node", "--storage", nodes[0].address, "--admin-port", "1", ok=False).output
+        assert cli.json(
+            "storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i)
+        )["changed"]
+    assert not cli.json(
+        "storage",
+        "add-node",
+        "--storage",
+        nodes[0].address,
+        "--admin-port",
+        str(nodes[0].ports["admin_port"]),
+        "--group",
+        "0",
+    )["changed"]
+    assert (
+        "already in the cluster"
+        in cli("storage", "add-node", "--storage", nodes[0].address, "--admin-port", "1", ok=False).output
+    )
 
     # Not assigned yet: add-partition refuses; verify fails on replicas.
     assert "not assigned" in cli("storage", "add-partition", "--storage", nodes[0].address, "-p", "0", ok=False).output
@@ -68,11 +80,15 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
     assert [r["partitions"] for r in listed] == [list(range(PARTITIONS))] * 3
 
     for n in nodes:
-        assert cli.json("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])["changed"]
+        assert cli.json("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])[
+            "changed"
+        ]
     assert not cli.json("storage", "add-partition", "--storage", nodes[0].address, "-p0")["changed"]
     assert "does not exist" in cli("storage", "unassign", "--storage", nodes[0].address, "-p", "99", ok=False).output
     status = cli.json("storage", "list", "--status")
-    assert all(r["reachable"] and sorted(s["partition"] for s in r["status"]) == list(range(PARTITIONS)) for r in status)
+    assert all(
+        r["reachable"] and sorted(s["partition"] for s in r["status"]) == list(range(PARTITIONS)) for r in status
+    )
 
     # Storage is complete; no server runs yet, so verify fails on that alone.
     report = cli.json("cluster", "verify", ok=False)
@@ -82,19 +98,26 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
 
     # Availability and max transaction id.
     nodes[0].run(lambda c: c.append(1, 1, 0, batch(5, b"x")))
-    assert cli.json("storage", "max-transaction-id", "--storage", nodes[0].address, "-p", "1")["max_transaction_id"] == 4
+    assert (
+        cli.json("storage", "max-transaction-id", "--storage", nodes[0].address, "-p", "1")["max_transaction_id"] == 4
+    )
     assert cli("storage", "max-transaction-id", "--storage", nodes[1].address, "-p", "1").stdout.strip() == "-1"
     cli("storage", "availability", "--storage", nodes[0].address, "-p", "1", "--unwritable")
     with pytest.raises(errors.StorageRequestError, match="not writable"):
         nodes[0].run(lambda c: c.append(1, 1, 5, batch(1, b"y")))
     report = cli.json("cluster", "verify", ok=False)
-    assert "marked unavailable: [1]" in {c["check"]: c["detail"] for c in report["checks"]}[f"storage {nodes[0].address}"]
+    assert (
+        "marked unavailable: [1]" in {c["check"]: c["detail"] for c in report["checks"]}[f"storage {nodes[0].address}"]
+    )
     cli("storage", "availability", "--storage", nodes[0].address, "-p", "1", "--writable")
     nodes[0].run(lambda c: c.append(1, 1, 5, batch(1, b"y")))
 
     # Removing: a node that still holds partitions, a partition still assigned.
     assert "unassign them first" in cli("storage", "remove-node", "--storage", nodes[2].address, ok=False).output
-    assert "still assigned" in cli("storage", "remove-partition", "--storage", nodes[2].address, "-p", "3", ok=False).output
+    assert (
+        "still assigned"
+        in cli("storage", "remove-partition", "--storage", nodes[2].address, "-p", "3", ok=False).output
+    )
     cli("storage", "unassign", "--storage", nodes[2].address, "-p", "3")
     assert not cli.json("storage", "unassign", "--storage", nodes[2].address, "-p", "3")["changed"]
     checks = {c["check"]: c for c in cli.json("cluster", "verify", ok=False)["checks"]}
@@ -118,7 +141,9 @@ def test_cluster_lifecycle_and_storage_admin(cli: Cli, nodes: list[Node]) -> Non
 
 def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nodes: list[Node]) -> None:
     for i, n in enumerate(nodes):
-        cli("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i))
+        cli(
+            "storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i)
+        )
         cli("storage", "auto-assign", "--group", str(i))
         cli("storage", "add-partition", "--storage", n.address, "-p", "0")
     src, dst, other = nodes
@@ -128,14 +153,35 @@ def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nod
         await c.set_low_water_mark(0, 7, lwm)
 
     src.run(lambda c: fill(c, 0, 200, 149))
-    done = cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", "--batch-size", "64")
+    done = cli.json(
+        "storage",
+        "recover-partition",
+        "--source",
+        src.address,
+        "--destination",
+        dst.address,
+        "-p",
+        "0",
+        "--batch-size",
+        "64",
+    )
     # The destination keeps its own session id (none yet): only its low-water mark is the source's.
     assert (done["copied"], done["destination_max"], done["low_water_mark"], done["session_id"]) == (150, 149, 149, -1)
 
     # Runs again as a no-op, then continues after the source moved on.
-    assert cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0")["copied"] == 0
+    assert (
+        cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0")[
+            "copied"
+        ]
+        == 0
+    )
     src.run(lambda c: fill(c, 200, 100, 299))
-    assert cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0")["copied"] == 150
+    assert (
+        cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0")[
+            "copied"
+        ]
+        == 150
+    )
 
     async def read_all(c: StorageClient) -> list[Any]:
         out: list[Any] = []
@@ -151,18 +197,28 @@ def test_recover_partition_copies_the_committed_prefix_and_resumes(cli: Cli, nod
 
     # A destination whose log differs from the source's is refused, not overwritten.
     other.run(lambda c: c.append(0, 7, 0, batch(3, b"other")))
-    out = cli("storage", "recover-partition", "--source", src.address, "--destination", other.address, "-p", "0", ok=False).output
+    out = cli(
+        "storage", "recover-partition", "--source", src.address, "--destination", other.address, "-p", "0", ok=False
+    ).output
     assert "differs from the source at transaction 0" in out
     assert "stays unwritable for servers until" in out and "or until its node restarts" in out
     assert {s["partition"]: s for s in other.admin(lambda c: c.status())}[0]["max_transaction_id"] == 2
 
 
-def test_verify_passes_on_a_healthy_cluster_and_names_what_breaks(cli: Cli, nodes: list[Node], metadata_url: str, tmp_path: pathlib.Path) -> None:
+def test_verify_passes_on_a_healthy_cluster_and_names_what_breaks(
+    cli: Cli, nodes: list[Node], metadata_url: str, tmp_path: pathlib.Path
+) -> None:
     for i, n in enumerate(nodes):
-        cli("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i))
+        cli(
+            "storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i)
+        )
         cli("storage", "auto-assign", "--group", str(i))
         cli("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])
-    member = subprocess.Popen([sys.executable, MEMBER, metadata_url, "/waltz/test", "0", str(tmp_path / "m.log")], stdout=subprocess.PIPE, text=True)
+    member = subprocess.Popen(
+        [sys.executable, MEMBER, metadata_url, "/waltz/test", "0", str(tmp_path / "m.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert member.stdout is not None
         member.stdout.readline()
@@ -174,7 +230,9 @@ def test_verify_passes_on_a_healthy_cluster_and_names_what_breaks(cli: Cli, node
             meta = ClusterMetadata(store, "/waltz/test")
             for p in range(PARTITIONS):
                 _, version = meta.partition_metadata(p)
-                meta.set_partition_metadata(p, PartitionMetadata(1, 1, {n.address: ReplicaState(1) for n in nodes}), version)
+                meta.set_partition_metadata(
+                    p, PartitionMetadata(1, 1, {n.address: ReplicaState(1) for n in nodes}), version
+                )
         deadline = time.monotonic() + 30
         while not (report := cli.json("cluster", "verify", ok=None))["ok"] and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -213,7 +271,8 @@ def test_server_list_shows_registered_servers(cli: Cli, metadata_url: str, tmp_p
     assert cli.json("server", "list") == []
     member = subprocess.Popen(
         [sys.executable, MEMBER, metadata_url, "/waltz/test", "7100", str(tmp_path / "m.log")],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert member.stdout is not None
@@ -224,7 +283,15 @@ def test_server_list_shows_registered_servers(cli: Cli, metadata_url: str, tmp_p
             if rows and rows[0]["serving"] == {"0": 1, "1": 1}:
                 break
             time.sleep(0.1)
-        assert rows == [{"id": sid, "endpoint": "127.0.0.1:7100", "assigned": {"0": 1, "1": 1}, "serving": {"0": 1, "1": 1}, "preferred": []}]
+        assert rows == [
+            {
+                "id": sid,
+                "endpoint": "127.0.0.1:7100",
+                "assigned": {"0": 1, "1": 1},
+                "serving": {"0": 1, "1": 1},
+                "preferred": [],
+            }
+        ]
         assert "servers are registered" in cli("cluster", "delete", "--yes", ok=False).output
     finally:
         member.kill()
@@ -243,11 +310,18 @@ def test_user_mistakes_are_one_line_errors(cli: Cli, tmp_path: pathlib.Path) -> 
 def test_the_installed_entry_point_runs(metadata_url: str) -> None:
     env = {"WALTZ_METADATA": metadata_url, "PATH": "/usr/bin:/bin"}
     exe = pathlib.Path(sys.executable).parent / "waltz"
-    r = subprocess.run([str(exe), "--json", "--cluster", "ep", "cluster", "create", "--partitions", "1", "--replicas", "1"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [str(exe), "--json", "--cluster", "ep", "cluster", "create", "--partitions", "1", "--replicas", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["created"] is True
-    r = subprocess.run([str(exe), "--cluster", "nope", "cluster", "show"], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [str(exe), "--cluster", "nope", "cluster", "show"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert r.returncode == 1 and r.stderr.startswith("waltz: no cluster at /waltz/nope") and "Traceback" not in r.stderr
 
 
@@ -257,7 +331,9 @@ def test_the_installed_entry_point_runs(metadata_url: str) -> None:
 
 def setup_nodes(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
     for i, n in enumerate(nodes):
-        cli("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i))
+        cli(
+            "storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]), "--group", str(i)
+        )
         cli("storage", "auto-assign", "--group", str(i))
         cli("storage", "add-partition", "--storage", n.address, *[f"-p{p}" for p in range(PARTITIONS)])
 
@@ -267,7 +343,9 @@ def status(node: Node, p: int) -> dict[str, Any]:
 
 
 # -- cluster verify: false PASS -----------------------------------------------------------------
-def test_verify_passes_while_two_live_servers_report_serving_one_partition(cli: Cli, nodes: list[Node], metadata_url: str) -> None:  # noqa: F811
+def test_verify_passes_while_two_live_servers_report_serving_one_partition(
+    cli: Cli, nodes: list[Node], metadata_url: str
+) -> None:  # noqa: F811
     setup_nodes(cli, nodes)
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -281,8 +359,14 @@ def test_verify_passes_while_two_live_servers_report_serving_one_partition(cli: 
         sid = store.session_id
         # Server 1 is assigned everything and serves it; server 2 is assigned nothing but reports
         # serving partition 0 too (a stale incarnation, a bug, a missed revocation).
-        store.create(meta.paths.server(1), encode(ServerInfo(1, "127.0.0.1", port, (), {p: 1 for p in range(PARTITIONS)}).to_json()), ephemeral=True)
-        store.create(meta.paths.server(2), encode(ServerInfo(2, "127.0.0.1", port, (), {0: 1}).to_json()), ephemeral=True)
+        store.create(
+            meta.paths.server(1),
+            encode(ServerInfo(1, "127.0.0.1", port, (), {p: 1 for p in range(PARTITIONS)}).to_json()),
+            ephemeral=True,
+        )
+        store.create(
+            meta.paths.server(2), encode(ServerInfo(2, "127.0.0.1", port, (), {0: 1}).to_json()), ephemeral=True
+        )
         _, v = meta.assignment()
         meta.set_assignment({p: PartitionAssignment(1, 1, sid) for p in range(PARTITIONS)}, v)
         report = cli.json("cluster", "verify", ok=None)
@@ -318,7 +402,9 @@ def test_recover_partition_restores_availability_the_operator_had_turned_off(cli
     cli("storage", "availability", "--storage", dst.address, "-p", "0", "--unreadable", "--unwritable")
     cli.json("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0")
     s = status(dst, 0)
-    assert (s["readable"], s["writable"]) == (False, False), "the operator's unreadable/unwritable marks were overwritten"
+    assert (s["readable"], s["writable"]) == (False, False), (
+        "the operator's unreadable/unwritable marks were overwritten"
+    )
 
 
 def test_recover_partition_failing_halfway_leaves_the_destination_writable(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
@@ -328,7 +414,9 @@ def test_recover_partition_failing_halfway_leaves_the_destination_writable(cli: 
     src, dst, _ = nodes
     src.run(lambda c: c.append(0, 7, 0, batch(10, b"src")))
     src.run(lambda c: c.set_low_water_mark(0, 7, 20))
-    out = cli("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=False).output
+    out = cli(
+        "storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=False
+    ).output
     assert "returned no record" in out
     s = status(dst, 0)
     assert s["max_transaction_id"] == 9 and s["session_id"] < 7
@@ -343,7 +431,9 @@ def test_recover_partition_from_a_shorter_source_asks_for_a_longer_one(cli: Cli,
     src.run(lambda c: c.append(0, 7, 0, batch(5, b"same")))
     src.run(lambda c: c.set_low_water_mark(0, 7, 4))
     dst.run(lambda c: c.append(0, 7, 0, batch(8, b"same")))
-    out = cli("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=False).output
+    out = cli(
+        "storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=False
+    ).output
     assert "ends before transaction 5" in out and "pick a source" in out, out
     assert "remove the destination's files" not in out, out
     assert status(dst, 0)["max_transaction_id"] == 7
@@ -363,16 +453,23 @@ def test_recover_partition_resume_check_misses_a_diverged_prefix(cli: Cli, nodes
         await c.append(0, 3, 4, RecordBatch([(ReqId(1, 1, 0, 4), 4, b"src-4")]))
 
     dst.run(diverged)
-    done = cli("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=None).output
+    done = cli(
+        "storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=None
+    ).output
     mine = dst.admin(lambda c: c.records(0, 0, 50))
     theirs = src.admin(lambda c: c.records(0, 0, 50))
     lwm = status(dst, 0)["low_water_mark"]
     bad = [r.txid for r, t in zip(mine, theirs) if r != t and r.txid <= lwm]
-    assert not bad, f"recover-partition said {done}; destination differs from the committed log at {bad} below its low-water mark {status(dst, 0)['low_water_mark']}"
+    assert not bad, (
+        f"recover-partition said {done}; destination differs from the committed log at {bad} below its low-water mark "
+        f"{status(dst, 0)['low_water_mark']}"
+    )
 
 
 def test_recover_partition_regresses_the_session_of_a_destination_that_joined_a_newer_session(
-    cli: Cli, nodes: list[Node], monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    cli: Cli,
+    nodes: list[Node],
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     """The destination's status is read before it is marked unwritable. A server's recovery for
     session 9 sets its low-water mark in between; at the end the CLI overwrites (9, 30) with the
@@ -385,14 +482,18 @@ def test_recover_partition_regresses_the_session_of_a_destination_that_joined_a_
 
     async def racing(self: StorageAdminClient, partition: int, *, readable: bool, writable: bool) -> None:
         if not writable and self.address.endswith(f":{dst.ports['admin_port']}"):
-            async with await StorageClient.connect("127.0.0.1", dst.ports["port"], cluster_key=dst.key, partition_count=PARTITIONS) as c:
+            async with await StorageClient.connect(
+                "127.0.0.1", dst.ports["port"], cluster_key=dst.key, partition_count=PARTITIONS
+            ) as c:
                 await c.set_low_water_mark(0, 9, 30)  # session 9's recovery, just before
         await real(self, partition, readable=readable, writable=writable)
 
     monkeypatch.setattr(StorageAdminClient, "set_availability", racing)
     cli("storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0", ok=None)
     s = status(dst, 0)
-    assert (s["session_id"], s["low_water_mark"]) == (9, 30), f"session info regressed to {(s['session_id'], s['low_water_mark'])}"
+    assert (s["session_id"], s["low_water_mark"]) == (9, 30), (
+        f"session info regressed to {(s['session_id'], s['low_water_mark'])}"
+    )
 
 
 def test_admin_set_partition_info_accepts_a_session_older_than_the_fence(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
@@ -409,7 +510,9 @@ def test_admin_set_partition_info_accepts_a_session_older_than_the_fence(cli: Cl
     assert status(node, 0)["session_id"] == 9
 
 
-def test_admin_set_partition_info_may_raise_only_the_low_water_mark_under_a_newer_fence(cli: Cli, nodes: list[Node]) -> None:  # noqa: F811
+def test_admin_set_partition_info_may_raise_only_the_low_water_mark_under_a_newer_fence(
+    cli: Cli, nodes: list[Node]
+) -> None:  # noqa: F811
     """A replica that lost its files has no session info, while its fence remembers the session
     that last reached it: recover-partition raises its low-water mark and keeps its session id
     (-1), so recovery still sees what it lost. Any other session id below the fence is refused."""
@@ -445,7 +548,16 @@ def test_verify_on_a_node_of_another_cluster_says_so(cli: Cli, nodes: list[Node]
     setup_nodes(cli, nodes[:2])
     stranger = Node(tmp_path / "stranger", uuid.uuid4())
     try:
-        cli("storage", "add-node", "--storage", stranger.address, "--admin-port", str(stranger.ports["admin_port"]), "--group", "2")
+        cli(
+            "storage",
+            "add-node",
+            "--storage",
+            stranger.address,
+            "--admin-port",
+            str(stranger.ports["admin_port"]),
+            "--group",
+            "2",
+        )
         checks = {c["check"]: c for c in cli.json("cluster", "verify", ok=False)["checks"]}
         detail = checks[f"storage {stranger.address}"]["detail"]
         assert "unreachable" not in detail, detail
@@ -455,7 +567,9 @@ def test_verify_on_a_node_of_another_cluster_says_so(cli: Cli, nodes: list[Node]
         stop(stranger.proc)
 
 
-def test_reset_fence_lowers_a_wrongly_raised_fence_never_below_the_metadata(cli: Cli, nodes: list[Node], metadata_url: str) -> None:  # noqa: F811
+def test_reset_fence_lowers_a_wrongly_raised_fence_never_below_the_metadata(
+    cli: Cli, nodes: list[Node], metadata_url: str
+) -> None:  # noqa: F811
     """Issue 34: a fence raised by a request no server sent (Last Session Info with a wild
     session) made every server's session stale on that replica for good, and no command lowered
     it. `waltz storage reset-fence` does, never below the newest session the metadata issued."""

@@ -14,13 +14,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
+from support import script
 from waltz.cluster import open_store
 from waltz.cluster.manager import ServerMembership
 from waltz.cluster.metadata import Assignment, ClusterMetadata
 from waltz.cluster.store import MetadataStore
-
-from support import script
 
 PARTITIONS = 8
 MEMBER = str(script("cluster_member.py"))
@@ -37,7 +35,8 @@ class Members:
         self.port += 1
         proc = subprocess.Popen(
             [sys.executable, MEMBER, self.url, self.root, str(self.port), str(self.log), preferred],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout is not None
         sid = int(proc.stdout.readline())
@@ -154,14 +153,14 @@ def test_servers_join_leave_and_crash(cluster, tmp_path: pathlib.Path, metadata_
     try:
         first = [members.start() for _ in range(3)]
         wait_converged(meta, members)
-        assert leader(store, meta) == first[0]       # the oldest candidate leads
-        members.kill(first[0])                       # the leader crashes: its session must expire first
+        assert leader(store, meta) == first[0]  # the oldest candidate leads
+        members.kill(first[0])  # the leader crashes: its session must expire first
         wait_converged(meta, members)
-        members.start()                              # a newcomer takes a fair share from live servers
+        members.start()  # a newcomer takes a fair share from live servers
         wait_converged(meta, members)
-        members.leave(first[1])                      # a clean leave
+        members.leave(first[1])  # a clean leave
         a = wait_converged(meta, members)
-        pinned = members.start(preferred="0,1")      # preferred partitions are honoured
+        pinned = members.start(preferred="0,1")  # preferred partitions are honoured
         a = wait_converged(meta, members)
         assert a[0].server == pinned and a[1].server == pinned
     finally:
@@ -260,7 +259,9 @@ def test_partition_handed_on_while_the_old_owner_is_still_starting_it(stores) ->
         wait(lambda: set(m_l.serving) == {0, 1})
         # Server A joins; starting a partition takes it 5 s.
         box_a: list[int] = [0]
-        m_a = ServerMembership(ClusterMetadata(stores(), "/waltz/r"), "127.0.0.1", 7002, rec.deliver_for(box_a, slow_add=5.0))
+        m_a = ServerMembership(
+            ClusterMetadata(stores(), "/waltz/r"), "127.0.0.1", 7002, rec.deliver_for(box_a, slow_add=5.0)
+        )
         box_a[0] = m_a.server_id
         m_a.start()
         members.append(m_a)
@@ -269,7 +270,9 @@ def test_partition_handed_on_while_the_old_owner_is_still_starting_it(stores) ->
         time.sleep(0.5)  # A read the assignment and is inside deliver
         # Server B joins preferring that partition.
         box_b: list[int] = [0]
-        m_b = ServerMembership(ClusterMetadata(stores(), "/waltz/r"), "127.0.0.1", 7003, rec.deliver_for(box_b), preferred=(moved,))
+        m_b = ServerMembership(
+            ClusterMetadata(stores(), "/waltz/r"), "127.0.0.1", 7003, rec.deliver_for(box_b), preferred=(moved,)
+        )
         box_b[0] = m_b.server_id
         m_b.start()
         members.append(m_b)

@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 WALTZ = [sys.executable, "-m", "waltz.cli.main"]
 
 
@@ -35,8 +33,12 @@ def processes_under(directory: pathlib.Path) -> list[int]:
 
 def run_demo(tmp_path: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     directory, result = tmp_path / "demo", tmp_path / "result.json"
-    done = subprocess.run([*WALTZ, "demo", "--short", "--directory", str(directory), "--result", str(result), *args],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*WALTZ, "demo", "--short", "--directory", str(directory), "--result", str(result), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert not processes_under(directory), "the demo left processes running"
     return done, json.loads(result.read_text())
@@ -78,8 +80,12 @@ def test_demo_on_zookeeper(zookeeper, tmp_path: pathlib.Path) -> None:
 
 def test_ctrl_c_stops_clients_and_cluster(tmp_path: pathlib.Path) -> None:
     directory = tmp_path / "demo"
-    demo = subprocess.Popen([*WALTZ, "demo", "--directory", str(directory), "--transfers", "100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    demo = subprocess.Popen(
+        [*WALTZ, "demo", "--directory", str(directory), "--transfers", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     acks = directory / "clients" / "client-0" / "acks.log"
     deadline = time.monotonic() + 120
     while not (acks.exists() and acks.stat().st_size > 0):
@@ -113,8 +119,12 @@ def judge(tmp_path: pathlib.Path, acked: list[str], logged: list[dict]) -> dict:
     for t in logged:
         balances[t["from"]] -= t["amount"]
         balances[t["to"]] += t["amount"]
-    report = {"applied": len(logged), "total": INITIAL_BALANCE * ACCOUNTS_PER_PARTITION, "negative": 0,
-              "digest": balances_digest(balances.items())}
+    report = {
+        "applied": len(logged),
+        "total": INITIAL_BALANCE * ACCOUNTS_PER_PARTITION,
+        "negative": 0,
+        "digest": balances_digest(balances.items()),
+    }
     done = {"counts": {"executions": 3, "lock_failures": 0, "committed": 3, "declined": 0, "expired": 0, "errors": 0}}
     replicas = {n: {0: {"digest": "d", "records": len(logged), "transfers": logged}} for n in ("a", "b", "c")}
     options = runner.DemoOptions(directory=tmp_path, clients=1, transfers=3, partitions=1)

@@ -16,7 +16,9 @@ WALTZ = [sys.executable, "-m", "waltz.cli.main"]
 
 
 def waltz(*args: str, ok: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*WALTZ, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [*WALTZ, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
     assert done.returncode == (0 if ok else 1), done.stdout + done.stderr
     if not ok:
         assert "Traceback" not in done.stderr and done.stderr.startswith("waltz: "), done.stderr
@@ -54,7 +56,9 @@ def test_dev_up_status_down(tmp_path: pathlib.Path) -> None:
         again = json.loads(waltz("--json", "dev", "up", *where).stdout)
         new_pids = {m["name"]: m["pid"] for m in again["members"]}
         assert new_pids["storage-2"] != pids["storage-2"]
-        assert {k: v for k, v in new_pids.items() if k != "storage-2"} == {k: v for k, v in pids.items() if k != "storage-2"}
+        assert {k: v for k, v in new_pids.items() if k != "storage-2"} == {
+            k: v for k, v in pids.items() if k != "storage-2"
+        }
 
         down = json.loads(waltz("--json", "dev", "down", *where).stdout)
         assert down["killed"] == [] and not processes_under(d)
@@ -71,8 +75,12 @@ def test_dev_errors_are_one_line(tmp_path: pathlib.Path) -> None:
     assert "no local cluster in" in waltz("dev", "status", "--directory", str(tmp_path / "none"), ok=False).stderr
     assert "no local cluster in" in waltz("dev", "down", "--directory", str(tmp_path / "none"), ok=False).stderr
     # Fewer storage nodes than replicas: click refuses the option (usage errors exit 2).
-    bad = subprocess.run([*WALTZ, "dev", "up", "--directory", str(tmp_path / "x"), "--storage-nodes", "2"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*WALTZ, "dev", "up", "--directory", str(tmp_path / "x"), "--storage-nodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "'--storage-nodes': 2 is not in the range 3<=x<=16" in bad.stderr
     assert not (tmp_path / "x").exists()
     # A damaged cluster.json: one line naming it, nothing started.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from support.dev_cluster import WALTZ, dev_cluster, waltz
 
 
@@ -35,9 +34,16 @@ def test_append_then_read_ranges(env: dict[str, str], tmp_path: pathlib.Path) ->
     data_file = tmp_path / "payload.bin"
     data_file.write_bytes(b"\x00\xffbinary")
     assert json.loads(run(env, "--json", "log", "append", "-p", "1", "--file", str(data_file), "--header", "7")) == {
-        "partition": 1, "transaction_id": 1, "bytes": 8}
+        "partition": 1,
+        "transaction_id": 1,
+        "bytes": 8,
+    }
     assert "committed transaction 2" in run(env, "log", "append", "-p", "1", "-", input=b"from stdin")
-    assert run(env, "log", "read", "-p", "1").splitlines() == ["0\t0\thello", "1\t7\tbase64:AP9iaW5hcnk=", "2\t0\tfrom stdin"]
+    assert run(env, "log", "read", "-p", "1").splitlines() == [
+        "0\t0\thello",
+        "1\t7\tbase64:AP9iaW5hcnk=",
+        "2\t0\tfrom stdin",
+    ]
     assert run(env, "log", "read", "-p", "1", "--from", "1", "--to", "1").splitlines() == ["1\t7\tbase64:AP9iaW5hcnk="]
     assert run(env, "log", "read", "-p", "1", "--from", "latest") == ""  # only what commits from now on
     lines = [json.loads(x) for x in run(env, "log", "read", "-p", "1", "--from", "earliest", "--json").splitlines()]
@@ -53,9 +59,15 @@ def test_usage_errors(env: dict[str, str]) -> None:
     both = waltz("log", "append", "-p", "0", "--data", "x", "-", env=env, ok=False, input=b"y")
     assert b"exactly one way" in both.stderr
     assert b"exactly one way" in waltz("log", "append", "-p", "0", env=env, ok=False).stderr
-    assert b"earliest, latest or a transaction id" in waltz("log", "read", "-p", "0", "--from", "soon", env=env, ok=False).stderr
+    assert (
+        b"earliest, latest or a transaction id"
+        in waltz("log", "read", "-p", "0", "--from", "soon", env=env, ok=False).stderr
+    )
     assert b"no partition 5" in waltz("log", "read", "-p", "5", env=env, ok=False).stderr
-    assert b"no partition 5: the cluster has 2" in waltz("log", "append", "-p", "5", "--data", "x", env=env, ok=False).stderr
+    assert (
+        b"no partition 5: the cluster has 2"
+        in waltz("log", "append", "-p", "5", "--data", "x", env=env, ok=False).stderr
+    )
     no_store = {k: v for k, v in os.environ.items() if k != "WALTZ_METADATA"}
     done = subprocess.run([*WALTZ, "log", "read", "-p", "0"], capture_output=True, env=no_store, timeout=60)
     assert done.returncode == 1 and b"no metadata store given" in done.stderr
@@ -65,8 +77,9 @@ class Follower:
     """A `waltz log` process that keeps printing; its lines are read by a thread into a queue."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([*WALTZ, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            [*WALTZ, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.store import (
@@ -142,7 +141,9 @@ def test_transactions_are_all_or_nothing(store: MetadataStore) -> None:
     assert store.exists("/t/new") is None
     assert store.get("/t") == (b"0", store.get("/t")[1]) and store.get("/t")[1].version == 0
 
-    results = store.transaction([Create("/t/new", b"n"), SetData("/t", b"1", version=0), Check("/t", 1), Create("/t/s-", sequential=True)])
+    results = store.transaction(
+        [Create("/t/new", b"n"), SetData("/t", b"1", version=0), Check("/t", 1), Create("/t/s-", sequential=True)]
+    )
     assert results[0] == "/t/new"
     assert results[1].version == 1
     assert results[2] is True
@@ -210,7 +211,9 @@ def test_ephemeral_entries_end_with_their_session(store: MetadataStore, other: M
     assert store.exists("/live") is None
 
 
-def test_ephemeral_of_a_killed_process_vanishes_after_its_session_timeout(store: MetadataStore, metadata_url: str) -> None:
+def test_ephemeral_of_a_killed_process_vanishes_after_its_session_timeout(
+    store: MetadataStore, metadata_url: str
+) -> None:
     code = (
         "import sys, time\n"
         "from waltz.cluster import open_store\n"
@@ -362,7 +365,9 @@ def test_zookeeper_digest_acl_keeps_other_clients_out(zookeeper) -> None:
 
 
 @pytest.fixture(params=["embedded", "zookeeper"])
-def outage(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+def outage(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path
+) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
     """(url, begin_outage, end_outage): the embedded file locked by another process's
     transaction, or a dedicated ZooKeeper server killed."""
     if request.param == "embedded":
@@ -448,7 +453,9 @@ def test_embedded_suspended_is_announced_while_the_lease_still_holds(tmp_path: p
         wait_for(lambda: seen, timeout=2 * timeout, what="SUSPENDED")
         at, last_renewal = seen[0]
         # An ordering, not a speed: the holder hears SUSPENDED before anyone may purge its session.
-        assert at - last_renewal < timeout, f"SUSPENDED {at - last_renewal:.2f}s after the last renewal (lease {timeout}s)"
+        assert at - last_renewal < timeout, (
+            f"SUSPENDED {at - last_renewal:.2f}s after the last renewal (lease {timeout}s)"
+        )
         assert not s.is_connected
     finally:
         blocker.execute("ROLLBACK")

@@ -13,13 +13,11 @@ import sys
 
 import click
 import pytest
-
+from support.client_app import MemoryApp, Write
 from waltz.cli.main import main as waltz_main
 from waltz.cli.node import main as node_main
 from waltz.client import WaltzClient
 from waltz.local import LocalCluster
-
-from support.client_app import MemoryApp, Write
 
 ROOT = pathlib.Path(__file__).parents[3]
 
@@ -41,15 +39,20 @@ def test_every_command_is_documented_and_exercised(command: tuple[str, ...]) -> 
     assert " ".join(words) in doc, f"`{' '.join(command)}` is not in docs/operations.md"
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
     # Invoked as argv lists ("storage", "add-node", ...) or as one string ("storage add-node ...").
-    quoted = r'"%s"[^\n]*?"%s"' % tuple(map(re.escape, words)) if len(words) == 2 else r'"%s"' % re.escape(words[0])
+    quoted = r'"{}"[^\n]*?"{}"'.format(*map(re.escape, words)) if len(words) == 2 else rf'"{re.escape(words[0])}"'
     assert re.search(quoted, tests) or re.search(r'"[^"\n]*\b' + re.escape(" ".join(words)) + r"\b", tests), (
         f"no test runs `{' '.join(command)}`"
     )
 
 
 def waltz(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "waltz.cli.main", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **cluster.environment()})
+    done = subprocess.run(
+        [sys.executable, "-m", "waltz.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **cluster.environment()},
+    )
     assert done.returncode == (0 if ok else 1), f"waltz {' '.join(args)}: {done.stdout}{done.stderr}"
     return done
 
@@ -90,7 +93,9 @@ def test_moving_a_replica_to_a_new_storage_node(tmp_path: pathlib.Path) -> None:
             waltz(cluster, "cluster", "verify")
             assert client.high_water_mark(0) == 149
         assert not app.errors
-        assert [d["id"] for _, d in app.applied[0]] == [f"{w}-{i}" for w in ("before", "during", "after") for i in range(50)]
+        assert [d["id"] for _, d in app.applied[0]] == [
+            f"{w}-{i}" for w in ("before", "during", "after") for i in range(50)
+        ]
 
         async def read(c: object) -> list[str]:
             return [json.loads(bytes(r.data))["id"] for r in await c.records(0, 0, 1000)]  # type: ignore[attr-defined]

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
+from support.client_app import MemoryApp, Write
+from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
+from support.processes import stop
 from waltz import errors
 from waltz.client import ClientConfig, WaltzClient
 from waltz.client.network import Link
@@ -24,10 +26,6 @@ from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 from waltz.storage import StorageAdminClient, StorageClient
 from waltz.tls import DevCertificates, generate_dev_certificates
-
-from support.client_app import MemoryApp, Write
-from support.processes import stop
-from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
 
 pytestmark = pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 
@@ -69,7 +67,9 @@ def wait_for_line(path: pathlib.Path, text: str, timeout: float = 10.0) -> str:
 
 
 class Cluster:
-    def __init__(self, meta: ClusterMetadata, nodes: list[Node], url: str, server: subprocess.Popen[str], log: pathlib.Path):
+    def __init__(
+        self, meta: ClusterMetadata, nodes: list[Node], url: str, server: subprocess.Popen[str], log: pathlib.Path
+    ):
         self.meta, self.nodes, self.url, self.server, self.server_log = meta, nodes, url, server, log
 
     @property
@@ -98,8 +98,9 @@ def tls_cluster(metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificate
                     await c.assign(p)
 
             n.admin(assign_all)
-        server = start_server(tmp_path, metadata_url, "server",
-                              sections=tls_section(certs.ca, certs.server_cert, certs.server_key))
+        server = start_server(
+            tmp_path, metadata_url, "server", sections=tls_section(certs.ca, certs.server_cert, certs.server_key)
+        )
         for p in range(PARTITIONS):
             wait_served(meta, p)
         yield Cluster(meta, nodes, metadata_url, server, tmp_path / "server.log")
@@ -115,7 +116,9 @@ def tls_cluster(metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificate
 
 def test_a_cluster_on_mutual_tls_commits_and_is_administered(tls_cluster: Cluster, certs: DevCertificates) -> None:
     c = tls_cluster
-    config = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=certs.ca, tls_cert=certs.client_cert, tls_key=certs.client_key)
+    config = ClientConfig(
+        metadata=c.url, cluster="e2e", tls_ca=certs.ca, tls_cert=certs.client_cert, tls_key=certs.client_key
+    )
     app = MemoryApp()
     with WaltzClient(app, config) as client:
         futures = [client.submit(Write(f"tx{i}", partition=i)) for i in range(20)]
@@ -127,8 +130,14 @@ def test_a_cluster_on_mutual_tls_commits_and_is_administered(tls_cluster: Cluste
     assert "through mutual TLS" in c.server_log.read_text()
 
     cli = Cli(c.url)
-    cli.env.update({"WALTZ_CLUSTER": "e2e", "WALTZ_TLS_CA": str(certs.ca), "WALTZ_TLS_CERT": str(certs.admin_cert),
-                    "WALTZ_TLS_KEY": str(certs.admin_key)})
+    cli.env.update(
+        {
+            "WALTZ_CLUSTER": "e2e",
+            "WALTZ_TLS_CA": str(certs.ca),
+            "WALTZ_TLS_CERT": str(certs.admin_cert),
+            "WALTZ_TLS_KEY": str(certs.admin_key),
+        }
+    )
     nodes = cli.json("storage", "list", "--status")
     assert len(nodes) == 3, nodes
     verify = cli.json("cluster", "verify")
@@ -139,7 +148,11 @@ def test_a_cluster_on_mutual_tls_commits_and_is_administered(tls_cluster: Cluste
     for k in ("WALTZ_TLS_CA", "WALTZ_TLS_CERT", "WALTZ_TLS_KEY"):
         del cli.env[k]
     verify = cli.json("cluster", "verify", ok=False)
-    details = [ch["detail"] for ch in verify["checks"] if ch["check"].startswith("storage 127.0.0.1") and ch["status"] == "FAIL"]
+    details = [
+        ch["detail"]
+        for ch in verify["checks"]
+        if ch["check"].startswith("storage 127.0.0.1") and ch["status"] == "FAIL"
+    ]
     assert len(details) == 3 and all("answered with TLS: it requires mutual TLS" in d for d in details), verify
 
 
@@ -158,7 +171,9 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
         link.close()
 
     async def storage(ssl_context: ssl.SSLContext | None, cls: Any = StorageClient, p: int = port) -> None:
-        async with await cls.connect(host, p, cluster_key=key, partition_count=PARTITIONS, ssl=ssl_context, timeout=5.0):
+        async with await cls.connect(
+            host, p, cluster_key=key, partition_count=PARTITIONS, ssl=ssl_context, timeout=5.0
+        ):
             pass
 
     def refused(coro: Any, match: str) -> str:
@@ -192,14 +207,23 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
 
     # Plaintext against TLS ports. A storage node answers with a TLS alert, so the client knows;
     # the server (Python's TLS) just closes, so the client can only point at TLS.
-    with pytest.raises(ConnectionError, match=f"server {endpoint} closed the connection without answering Hello: it requires mutual TLS"):
+    with pytest.raises(
+        ConnectionError,
+        match=f"server {endpoint} closed the connection without answering Hello: it requires mutual TLS",
+    ):
         asyncio.run(asyncio.wait_for(server_link(None), 20))
     refused(storage(None), "answered with TLS: it requires mutual TLS")
     refused(storage(None, StorageAdminClient, admin_port), "answered with TLS: it requires mutual TLS")
 
     # A client configured with another CA does not hang: its mount times out naming the cause.
-    bad_config = ClientConfig(metadata=c.url, cluster="e2e", mount_timeout=2.0,
-                              tls_ca=wrong.ca, tls_cert=wrong.client_cert, tls_key=wrong.client_key)
+    bad_config = ClientConfig(
+        metadata=c.url,
+        cluster="e2e",
+        mount_timeout=2.0,
+        tls_ca=wrong.ca,
+        tls_cert=wrong.client_cert,
+        tls_key=wrong.client_key,
+    )
     with pytest.raises(errors.MountTimeoutError, match="certificate verify failed"):
         WaltzClient(MemoryApp(), bad_config)
 
@@ -208,7 +232,9 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
     wait_for_line(c.server_log, "failed: the client does not speak TLS")
     wait_for_line(c.server_log, "failed: certificate verify failed")
     # The cluster is unharmed: the server still commits through its TLS links to the nodes.
-    good = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=certs.ca, tls_cert=certs.client_cert, tls_key=certs.client_key)
+    good = ClientConfig(
+        metadata=c.url, cluster="e2e", tls_ca=certs.ca, tls_cert=certs.client_cert, tls_key=certs.client_key
+    )
     with WaltzClient(MemoryApp(), good) as client:
         assert client.submit(Write("after", partition=0)).result(30)
 
@@ -223,7 +249,9 @@ def test_wrong_ca_missing_client_certificate_and_plaintext_are_refused(
     assert NO_TLS not in log
 
 
-def test_plaintext_nodes_warn_and_refuse_tls_clients(metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificates) -> None:
+def test_plaintext_nodes_warn_and_refuse_tls_clients(
+    metadata_url: str, tmp_path: pathlib.Path, certs: DevCertificates
+) -> None:
     store = open_store(metadata_url)
     store.start()
     try:
@@ -241,8 +269,14 @@ def test_plaintext_nodes_warn_and_refuse_tls_clients(metadata_url: str, tmp_path
             await link.open(5.0)
 
         async def tls_to_node() -> None:
-            await StorageClient.connect("127.0.0.1", node.ports["port"], cluster_key=info.cluster_key,
-                                        partition_count=PARTITIONS, ssl=client_ssl, timeout=5.0)
+            await StorageClient.connect(
+                "127.0.0.1",
+                node.ports["port"],
+                cluster_key=info.cluster_key,
+                partition_count=PARTITIONS,
+                ssl=client_ssl,
+                timeout=5.0,
+            )
 
         for coro in (tls_to_server(), tls_to_node()):
             with pytest.raises(errors.TlsError, match="closed the connection during the handshake: a plaintext port"):
@@ -273,11 +307,22 @@ def test_cluster_keys_stay_checked_inside_tls(tls_cluster: Cluster, certs: DevCe
 
     async def go() -> None:
         with pytest.raises(errors.ClusterKeyMismatch):
-            await StorageClient.connect("127.0.0.1", node.ports["port"], cluster_key=uuid.uuid4(), partition_count=PARTITIONS,
-                                        ssl=certs.tls("server").client_context(), timeout=5.0)
+            await StorageClient.connect(
+                "127.0.0.1",
+                node.ports["port"],
+                cluster_key=uuid.uuid4(),
+                partition_count=PARTITIONS,
+                ssl=certs.tls("server").client_context(),
+                timeout=5.0,
+            )
         # A server's certificate also serves as a client one (servers connect to the nodes).
-        async with await StorageAdminClient.connect("127.0.0.1", node.ports["admin_port"], cluster_key=node.key,
-                                                    partition_count=PARTITIONS, ssl=certs.tls("server").client_context()) as a:
+        async with await StorageAdminClient.connect(
+            "127.0.0.1",
+            node.ports["admin_port"],
+            cluster_key=node.key,
+            partition_count=PARTITIONS,
+            ssl=certs.tls("server").client_context(),
+        ) as a:
             assert {s["partition"] for s in await a.status()} == set(range(PARTITIONS))
 
     asyncio.run(go())
@@ -294,13 +339,20 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
     endpoint = c.endpoint
 
     async def storage(role: str, cls: Any = StorageClient, p: int = port) -> None:
-        async with await cls.connect(host, p, cluster_key=node.key, partition_count=PARTITIONS,
-                                     ssl=certs.tls(role).client_context(), timeout=5.0):
+        async with await cls.connect(
+            host, p, cluster_key=node.key, partition_count=PARTITIONS, ssl=certs.tls(role).client_context(), timeout=5.0
+        ):
             pass
 
     async def make_unwritable(role: str) -> None:
-        async with await StorageAdminClient.connect(host, admin_port, cluster_key=node.key, partition_count=PARTITIONS,
-                                                    ssl=certs.tls(role).client_context(), timeout=5.0) as a:
+        async with await StorageAdminClient.connect(
+            host,
+            admin_port,
+            cluster_key=node.key,
+            partition_count=PARTITIONS,
+            ssl=certs.tls(role).client_context(),
+            timeout=5.0,
+        ) as a:
             await a.set_availability(0, readable=True, writable=False)
 
     async def server_link(role: str) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from waltz.cluster.manager import plan
 from waltz.cluster.metadata import Assignment, PartitionAssignment, ServerInfo
 
 
-def server(sid: int, session: int | None = None, preferred: tuple[int, ...] = (), serving: dict[int, int] | None = None) -> ServerInfo:
-    return ServerInfo(sid, "127.0.0.1", 6000 + sid, preferred, serving or {}, 0, session if session is not None else 100 + sid)
+def server(
+    sid: int, session: int | None = None, preferred: tuple[int, ...] = (), serving: dict[int, int] | None = None
+) -> ServerInfo:
+    return ServerInfo(
+        sid, "127.0.0.1", 6000 + sid, preferred, serving or {}, 0, session if session is not None else 100 + sid
+    )
 
 
 def apply(servers: dict[int, ServerInfo], a: Assignment) -> dict[int, ServerInfo]:
@@ -38,7 +41,9 @@ def check_step(partitions: int, servers: dict[int, ServerInfo], before: Assignme
             assert servers[a.server].session == a.session
 
 
-def converge(partitions: int, servers: dict[int, ServerInfo], a: Assignment, seen: dict[int, dict[int, tuple[int | None, int]]]) -> tuple[Assignment, dict[int, ServerInfo]]:
+def converge(
+    partitions: int, servers: dict[int, ServerInfo], a: Assignment, seen: dict[int, dict[int, tuple[int | None, int]]]
+) -> tuple[Assignment, dict[int, ServerInfo]]:
     for _ in range(6):
         nxt = plan(partitions, servers, a)
         check_step(partitions, servers, a, nxt)
@@ -100,7 +105,11 @@ def test_no_servers_unassigns_everything_once() -> None:
 
 
 events = st.lists(
-    st.tuples(st.sampled_from(["join", "leave", "crash", "reconnect"]), st.integers(1, 5), st.lists(st.integers(0, 9), max_size=2)),
+    st.tuples(
+        st.sampled_from(["join", "leave", "crash", "reconnect"]),
+        st.integers(1, 5),
+        st.lists(st.integers(0, 9), max_size=2),
+    ),
     min_size=1,
     max_size=25,
 )

@@ -12,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-
 from waltz.cli.main import main
 from waltz.client import ClientConfig
 from waltz.config import ConfigError, load_server_config, load_storage_node_config
@@ -91,12 +90,16 @@ def test_client_keys(certs: DevCertificates, tmp_path: pathlib.Path) -> None:
     with pytest.raises(ConfigError, match="sets tls_ca but not tls_cert, tls_key"):
         ClientConfig(metadata="embedded:/x.db", tls_ca=certs.ca)
     path = tmp_path / "client.toml"
-    path.write_text(f'[client]\nmetadata = "embedded:/x.db"\ntls_ca = "{certs.ca}"\ntls_cert = "{certs.client_cert}"\n'
-                    f'tls_key = "{tmp_path / "gone.pem"}"\n')
+    path.write_text(
+        f'[client]\nmetadata = "embedded:/x.db"\ntls_ca = "{certs.ca}"\ntls_cert = "{certs.client_cert}"\n'
+        f'tls_key = "{tmp_path / "gone.pem"}"\n'
+    )
     with pytest.raises(ConfigError, match=rf"^{path} \[client\]: tls_key = '.*gone.pem': no such file"):
         ClientConfig.from_file(path)
-    path.write_text(f'[client]\nmetadata = "embedded:/x.db"\ntls_ca = "{certs.ca}"\ntls_cert = "{certs.client_cert}"\n'
-                    f'tls_key = "{certs.client_key}"\n')
+    path.write_text(
+        f'[client]\nmetadata = "embedded:/x.db"\ntls_ca = "{certs.ca}"\ntls_cert = "{certs.client_cert}"\n'
+        f'tls_key = "{certs.client_key}"\n'
+    )
     assert ClientConfig.from_file(path).tls.enabled
 
 
@@ -140,8 +143,21 @@ def test_cli_generate_and_options(tmp_path: pathlib.Path) -> None:
     r = runner.invoke(main, ["tls", "generate", "--directory", str(tmp_path / "c"), "--force"])
     assert r.exit_code == 0 and "--tls-ca" in r.output
     # A partial set of --tls-* options is one clear line before anything connects.
-    r = runner.invoke(main, ["--metadata", f"embedded:{tmp_path}/m.db", "--tls-ca", files["ca"], "cluster", "create",
-                             "--partitions", "1", "--replicas", "1"])
+    r = runner.invoke(
+        main,
+        [
+            "--metadata",
+            f"embedded:{tmp_path}/m.db",
+            "--tls-ca",
+            files["ca"],
+            "cluster",
+            "create",
+            "--partitions",
+            "1",
+            "--replicas",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output  # the metadata store needs no TLS
     r = runner.invoke(main, ["--metadata", f"embedded:{tmp_path}/m.db", "--tls-ca", files["ca"], "cluster", "verify"])
     assert r.exit_code == 1 and "sets --tls-ca but not --tls-cert, --tls-key" in r.output, r.output

@@ -49,6 +49,7 @@ def compose_binary() -> pathlib.Path:
 
 # -- reading the files ---------------------------------------------------------------------------
 
+
 def systemd_unit(path: pathlib.Path) -> dict[str, dict[str, list[str]]]:
     """A unit file's sections, each key's values in order (systemd keys may repeat)."""
     sections: dict[str, dict[str, list[str]]] = {}
@@ -117,7 +118,7 @@ def containerfile(path: pathlib.Path = DEPLOY / "Containerfile") -> Image:
         elif word == "VOLUME":
             image.volumes += json.loads(rest) if rest.startswith("[") else rest.split()
         elif word == "HEALTHCHECK":
-            image.healthcheck = json.loads(rest[rest.index("CMD ") + 4:])
+            image.healthcheck = json.loads(rest[rest.index("CMD ") + 4 :])
             retries = re.search(r"--retries=(\d+)", rest)
             image.healthcheck_retries = int(retries.group(1)) if retries else 3
         elif word == "ENV":
@@ -137,8 +138,13 @@ def containerfile(path: pathlib.Path = DEPLOY / "Containerfile") -> Image:
 
 def compose_model(env: Mapping[str, str]) -> dict[str, Any]:
     """deploy/compose.yaml as Compose itself resolves it (anchors, merges, interpolation)."""
-    done = subprocess.run([str(compose_binary()), "-f", str(DEPLOY / "compose.yaml"), "config", "--format", "json"],
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+    done = subprocess.run(
+        [str(compose_binary()), "-f", str(DEPLOY / "compose.yaml"), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     model: dict[str, Any] = json.loads(done.stdout)
     return model
@@ -151,7 +157,7 @@ def compose_schema() -> dict[str, Any]:
     at = blob.find(b'"$id": "compose_spec.json"')
     assert at > 0, "the compose binary embeds no compose_spec.json"
     start = blob.rfind(b"{", 0, at)
-    schema, _ = json.JSONDecoder().raw_decode(blob[start:start + (1 << 20)].decode("utf-8", "replace"))
+    schema, _ = json.JSONDecoder().raw_decode(blob[start : start + (1 << 20)].decode("utf-8", "replace"))
     assert isinstance(schema, dict)
     return schema
 
@@ -167,6 +173,7 @@ def kubernetes_documents() -> list[dict[str, Any]]:
 
 
 # -- running members on this host ----------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Member:
@@ -204,7 +211,9 @@ def _free_on(address: str) -> bool:
 class HostRun:
     """Starts a deployment's members as processes here; stops them all (servers first) at the end."""
 
-    def __init__(self, tmp: pathlib.Path, metadata_url: str, cluster_key: str, copies: Mapping[str, pathlib.Path] | None = None) -> None:
+    def __init__(
+        self, tmp: pathlib.Path, metadata_url: str, cluster_key: str, copies: Mapping[str, pathlib.Path] | None = None
+    ) -> None:
         self.tmp, self.metadata_url, self.cluster_key = tmp, metadata_url, cluster_key
         self.copies = dict(copies or {})
         self.addresses: dict[str, str] = {}
@@ -215,7 +224,9 @@ class HostRun:
     def address(self, host: str) -> str:
         if host not in self.addresses:
             while True:
-                candidate = f"127.{self.rng.randrange(100, 255)}.{self.rng.randrange(0, 256)}.{self.rng.randrange(1, 255)}"
+                candidate = (
+                    f"127.{self.rng.randrange(100, 255)}.{self.rng.randrange(0, 256)}.{self.rng.randrange(1, 255)}"
+                )
                 if candidate not in self.addresses.values() and _free_on(candidate):
                     break
             self.addresses[host] = candidate
@@ -230,7 +241,11 @@ class HostRun:
         text = text.replace(KEY_PLACEHOLDER, self.cluster_key)
         for host in sorted(self.addresses, key=len, reverse=True):
             text = re.sub(rf"(?<![\w./-]){re.escape(host)}(?![\w/-]|\.\w)", self.addresses[host], text)
-        for prefix, there in (("/opt/waltz/bin", BIN), ("/etc/waltz", root / "etc/waltz"), ("/var/lib/waltz", root / "var/lib/waltz")):
+        for prefix, there in (
+            ("/opt/waltz/bin", BIN),
+            ("/etc/waltz", root / "etc/waltz"),
+            ("/var/lib/waltz", root / "var/lib/waltz"),
+        ):
             text = re.sub(rf"(?<![\w/.-]){re.escape(prefix)}(?=/|\b|$)", str(there), text)
         return text
 
@@ -238,8 +253,9 @@ class HostRun:
         env = {"PATH": f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(self.root(member)), "LANG": "C.UTF-8"}
         env.update({k: self.substitute(v, member) for k, v in member.env.items()})
         if member.kind != "job":  # bind the member's own address, not 0.0.0.0 (see the module's doc)
-            env[{"storage": "WALTZ_STORAGE__NODE__HOST", "server": "WALTZ_SERVER__SERVER__HOST"}[member.kind]] = \
+            env[{"storage": "WALTZ_STORAGE__NODE__HOST", "server": "WALTZ_SERVER__SERVER__HOST"}[member.kind]] = (
                 self.address(member.host)
+            )
         return env
 
     def program(self, member: Member, name: str) -> str:
@@ -253,7 +269,9 @@ class HostRun:
                 return str(BIN / path.rsplit("/", 1)[1])
             if path.startswith(("/bin/", "/usr/bin/")) and os.path.exists(path):
                 return path  # the operating system's (sh)
-        raise AssertionError(f"{member.name}: {name} is neither copied into the image, nor in /opt/waltz/bin, nor the system's")
+        raise AssertionError(
+            f"{member.name}: {name} is neither copied into the image, nor in /opt/waltz/bin, nor the system's"
+        )
 
     def prepare(self, member: Member) -> tuple[list[str], dict[str, str]]:
         if member.host:
@@ -278,7 +296,9 @@ class HostRun:
             path = tempfile.mkdtemp(prefix="sd-", dir="/tmp") + "/notify"  # sun_path holds 108 bytes
             listener.bind(path)
             env["NOTIFY_SOCKET"] = path
-        proc = subprocess.Popen(argv, env=env, cwd=self.root(member), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            argv, env=env, cwd=self.root(member), stdout=log.open("w"), stderr=subprocess.STDOUT, text=True
+        )
         self.procs[member.name] = (member, proc, log)
         if listener is not None:
             with listener:
@@ -289,7 +309,9 @@ class HostRun:
         deadline = time.monotonic() + 60
         listener.settimeout(0.2)
         while not any("READY=1" in m.split("\n") for m in messages):
-            assert proc.poll() is None, f"{member.name} exited {proc.returncode} before READY=1:\n{self.log(member.name)[-3000:]}"
+            assert proc.poll() is None, (
+                f"{member.name} exited {proc.returncode} before READY=1:\n{self.log(member.name)[-3000:]}"
+            )
             assert time.monotonic() < deadline, f"{member.name} sent no READY=1 in 60 s: {messages}"
             try:
                 messages.append(listener.recv(4096).decode())
@@ -307,8 +329,13 @@ class HostRun:
     def run_check(self, member: Member, argv: list[str]) -> subprocess.CompletedProcess[str]:
         """A command run inside a running member (a HEALTHCHECK): files of the image stand for themselves."""
         args = [str(self.copies[a]) if a in self.copies else self.substitute(a, member) for a in argv[1:]]
-        return subprocess.run([self.program(member, argv[0]), *args], env=self.environment(member),
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [self.program(member, argv[0]), *args],
+            env=self.environment(member),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def log(self, name: str) -> str:
         return self.procs[name][2].read_text()
@@ -341,7 +368,9 @@ class HostRun:
             except OSError as e:
                 last = str(e)
             time.sleep(0.2)
-        raise AssertionError(f"{member.name}: {url} not healthy in {timeout} s: {last}\n{self.log(member.name)[-3000:]}")
+        raise AssertionError(
+            f"{member.name}: {url} not healthy in {timeout} s: {last}\n{self.log(member.name)[-3000:]}"
+        )
 
     def stop(self, names: Iterable[str] | None = None) -> dict[str, int | None]:
         """SIGTERM, then each member's own grace period; the exit codes (None: it had to be killed)."""

@@ -22,20 +22,31 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
+from deployment import (
+    BIN,
+    DEPLOY,
+    HostRun,
+    Image,
+    Member,
+    compose_binary,
+    compose_model,
+    compose_schema,
+    containerfile,
+    env_file,
+    expand_specifiers,
+    kubernetes_documents,
+    systemd_unit,
+)
+from support.client_app import MemoryApp, Write
 from waltz.client import ClientConfig, WaltzClient
 from waltz.config import NodeSection
-from support.client_app import MemoryApp, Write
-from deployment import (
-    BIN, DEPLOY, HostRun, Image, Member, compose_model, compose_schema, containerfile, env_file, expand_specifiers,
-    compose_binary, kubernetes_documents, systemd_unit,
-)
 
 UNITS = ("waltz-storage@.service", "waltz-server.service")
 KUBERNETES_VERSION = "1.33"
 
 
 # -- the files on their own ----------------------------------------------------------------------
+
 
 def _units_for_verify(tmp_path: pathlib.Path) -> list[pathlib.Path]:
     """The units with ExecStart's binary where it is here (verify wants it to exist), the
@@ -51,25 +62,37 @@ def _units_for_verify(tmp_path: pathlib.Path) -> list[pathlib.Path]:
 
 def test_units_pass_systemd_analyze_verify(tmp_path: pathlib.Path) -> None:
     units = _units_for_verify(tmp_path)
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, units)], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *map(str, units)], capture_output=True, text=True, cwd=tmp_path
+    )
     # verify exits 0 on unknown keys and bad values, which it only prints: any line is a finding.
     assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), done.stderr + done.stdout
 
     # The check is not blind: a misspelt key is reported.
     broken = tmp_path / "broken.service"
     broken.write_text(units[1].read_text().replace("ProtectHome=yes", "ProtectHom=yes"))
-    done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(broken)], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(broken)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert "Unknown key 'ProtectHom'" in done.stderr
 
 
 def test_units_are_hardened(tmp_path: pathlib.Path) -> None:
     """systemd's own exposure score, offline: 'OK' is at most 2.9 of 10 (ours is 1.7)."""
     for unit in _units_for_verify(tmp_path):
-        done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=25", "--no-pager", str(unit)],
-                              capture_output=True, text=True, cwd=tmp_path)
+        done = subprocess.run(
+            ["systemd-analyze", "security", "--offline=true", "--threshold=25", "--no-pager", str(unit)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr
         service = systemd_unit(unit)["Service"]
-        assert service["User"] == ["waltz"] and service["DynamicUser"] == ["no"] and service["CapabilityBoundingSet"] == [""]
+        assert (
+            service["User"] == ["waltz"]
+            and service["DynamicUser"] == ["no"]
+            and service["CapabilityBoundingSet"] == [""]
+        )
 
 
 def test_the_storage_unit_gives_the_node_the_files_max_connections_needs() -> None:
@@ -81,16 +104,23 @@ def test_the_storage_unit_gives_the_node_the_files_max_connections_needs() -> No
     limit = int(systemd_unit(DEPLOY / "systemd" / "waltz-storage@.service")["Service"]["LimitNOFILE"][0])
     assert limit >= 4 * max_connections + FILES_BESIDES_CONNECTIONS
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    assert compose["x-waltz"]["ulimits"]["nofile"]["hard"] >= 4 * NodeSection().max_connections + FILES_BESIDES_CONNECTIONS
+    assert (
+        compose["x-waltz"]["ulimits"]["nofile"]["hard"] >= 4 * NodeSection().max_connections + FILES_BESIDES_CONNECTIONS
+    )
 
 
 def test_sysusers_creates_the_waltz_user(tmp_path: pathlib.Path) -> None:
     (tmp_path / "etc").mkdir()
-    done = subprocess.run(["systemd-sysusers", f"--root={tmp_path}", str(DEPLOY / "systemd" / "waltz.sysusers")],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", str(DEPLOY / "systemd" / "waltz.sysusers")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     passwd = (tmp_path / "etc" / "passwd").read_text()
-    assert any(line.startswith("waltz:") and line.endswith(":/var/lib/waltz:/usr/sbin/nologin") for line in passwd.splitlines()), passwd
+    assert any(
+        line.startswith("waltz:") and line.endswith(":/var/lib/waltz:/usr/sbin/nologin") for line in passwd.splitlines()
+    ), passwd
 
 
 def _compose_env() -> dict[str, str]:
@@ -107,8 +137,12 @@ def test_compose_file_follows_the_compose_specification() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema, cls=jsonschema.Draft7Validator)
     # Compose itself: the schema, and what it checks beyond it (dependencies naming services).
-    done = subprocess.run([str(compose_binary()), "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
-                          capture_output=True, text=True, env={**os.environ, **_compose_env()})
+    done = subprocess.run(
+        [str(compose_binary()), "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **_compose_env()},
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -116,8 +150,16 @@ def test_kubernetes_manifests_follow_the_kubernetes_schemas() -> None:
     import kubernetes_validate
 
     docs = kubernetes_documents()
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "ConfigMap", "Deployment", "Job", "PodDisruptionBudget",
-                                               "Service", "Service", "StatefulSet"]
+    assert sorted(d["kind"] for d in docs) == [
+        "ConfigMap",
+        "ConfigMap",
+        "Deployment",
+        "Job",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+        "StatefulSet",
+    ]
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     broken = copy.deepcopy(next(d for d in docs if d["kind"] == "StatefulSet"))
@@ -126,7 +168,9 @@ def test_kubernetes_manifests_follow_the_kubernetes_schemas() -> None:
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
     # Every manifest of the folder is in the kustomization.
     listed = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())["resources"]
-    assert sorted(listed) == sorted(p.name for p in (DEPLOY / "kubernetes").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == sorted(
+        p.name for p in (DEPLOY / "kubernetes").glob("*.yaml") if p.name != "kustomization.yaml"
+    )
 
 
 def test_the_image_runs_the_daemons_as_a_user_with_a_volume() -> None:
@@ -144,6 +188,7 @@ def test_the_image_runs_the_daemons_as_a_user_with_a_volume() -> None:
 
 # -- running the files' commands ----------------------------------------------------------------
 
+
 @pytest.fixture
 def metadata_url(zookeeper: Any) -> str:
     return str(zookeeper.url(f"/deploy-{uuid.uuid4().hex[:12]}"))
@@ -156,7 +201,9 @@ def host_run(tmp_path: pathlib.Path, metadata_url: str) -> Iterator[HostRun]:
     run.stop_all()
 
 
-def _commit_and_check(run: HostRun, cluster: str, storage: list[Member], servers: list[Member], init_env: dict[str, str]) -> None:
+def _commit_and_check(
+    run: HostRun, cluster: str, storage: list[Member], servers: list[Member], init_env: dict[str, str]
+) -> None:
     """Every server healthy, a transaction on every partition committed and read back, `waltz
     cluster verify` passing, and a clean stop (exit 0 within the grace period) for everyone."""
     for member in servers:
@@ -171,8 +218,9 @@ def _commit_and_check(run: HostRun, cluster: str, storage: list[Member], servers
             assert time.monotonic() < deadline, f"not applied: {dict(app.applied)}"
             time.sleep(0.05)
     assert not app.errors, app.errors
-    assert {p: [(txid, d["id"]) for txid, d in app.applied[p]] for p in app.applied} == \
-        {p: [(0, f"deploy-{p}")] for p in range(len(contexts))}
+    assert {p: [(txid, d["id"]) for txid, d in app.applied[p]] for p in app.applied} == {
+        p: [(0, f"deploy-{p}")] for p in range(len(contexts))
+    }
     verify = Member("verify", ["waltz", "cluster", "verify"], init_env, search_path=["/opt/waltz/bin"])
     run.run(verify)
     codes = run.stop_all()
@@ -204,8 +252,16 @@ def test_systemd_units_run_a_cluster(host_run: HostRun) -> None:
         config = argv[argv.index("--config") + 1]
         files = {config: (DEPLOY / "systemd" / pathlib.Path(config).name).read_text()}
         state = [f"/var/lib/{expand_specifiers(d, instance)}" for d in service.get("StateDirectory", [])]
-        return Member(name, argv, env, files, state, float(service["TimeoutStopSec"][0]), host,
-                      notify=service["Type"] == ["notify"])
+        return Member(
+            name,
+            argv,
+            env,
+            files,
+            state,
+            float(service["TimeoutStopSec"][0]),
+            host,
+            notify=service["Type"] == ["notify"],
+        )
 
     storage = [member("waltz-storage@.service", f"storage-{i}", host, str(i)) for i, host in enumerate(hosts)]
     for m in storage:
@@ -226,7 +282,8 @@ def _image_member(name: str, image: Image, service: dict[str, Any], stop_timeout
     entrypoint = service.get("entrypoint")
     command = service.get("command")
     argv = (entrypoint if entrypoint is not None else image.entrypoint) + (
-        command if command is not None else ([] if entrypoint is not None else image.cmd))
+        command if command is not None else ([] if entrypoint is not None else image.cmd)
+    )
     files = {path: source.read_text() for path, source in image.copies.items() if path.startswith("/etc/waltz/")}
     volumes = [v["target"] for v in service.get("volumes", [])] + image.volumes
     search = image.path + ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
@@ -258,10 +315,20 @@ def test_compose_services_run_a_cluster(host_run: HostRun) -> None:
     healthy, completed = {"zookeeper"}, set()
     pending = dict(members)
     while pending:
-        ready = [n for n in pending if all(
-            (dep in healthy if cond["condition"] == "service_healthy" else dep in completed
-             if cond["condition"] == "service_completed_successfully" else dep in healthy | completed | set(host_run.procs))
-            for dep, cond in (ours[n].get("depends_on") or {}).items())]
+        ready = [
+            n
+            for n in pending
+            if all(
+                (
+                    dep in healthy
+                    if cond["condition"] == "service_healthy"
+                    else dep in completed
+                    if cond["condition"] == "service_completed_successfully"
+                    else dep in healthy | completed | set(host_run.procs)
+                )
+                for dep, cond in (ours[n].get("depends_on") or {}).items()
+            )
+        ]
         assert ready, f"nothing can start among {sorted(pending)}: a dependency cycle or an unmet condition"
         for name in ready:
             member = pending.pop(name)
@@ -292,15 +359,22 @@ def test_compose_services_run_a_cluster(host_run: HostRun) -> None:
     _commit_and_check(host_run, init["environment"]["WALTZ_CLUSTER"], storage, servers, dict(init["environment"]))
 
 
-def _pod_member(name: str, host: str, pod: dict[str, Any], claims: list[dict[str, Any]], config_maps: dict[str, dict[str, str]],
-                image: Image) -> Member:
+def _pod_member(
+    name: str,
+    host: str,
+    pod: dict[str, Any],
+    claims: list[dict[str, Any]],
+    config_maps: dict[str, dict[str, str]],
+    image: Image,
+) -> Member:
     """A pod's one container: Kubernetes' rules for command and args, env and envFrom, and its
     volumes (ConfigMaps as files, claims and emptyDirs as directories)."""
     spec = pod["spec"]
     (container,) = spec["containers"]
     command, args = container.get("command"), container.get("args")
     argv = (command if command is not None else image.entrypoint) + (
-        args if args is not None else ([] if command is not None else image.cmd))
+        args if args is not None else ([] if command is not None else image.cmd)
+    )
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         env.update(config_maps[source["configMapRef"]["name"]])
@@ -324,10 +398,14 @@ def _pod_member(name: str, host: str, pod: dict[str, Any], claims: list[dict[str
             for key, text in config_maps[volume["configMap"]["name"]].items():
                 files[f"{mount['mountPath']}/{key}"] = text
         else:
-            assert volume is not None and "emptyDir" in volume or mount["name"] in [c["metadata"]["name"] for c in claims]
+            assert (
+                volume is not None and "emptyDir" in volume or mount["name"] in [c["metadata"]["name"] for c in claims]
+            )
             directories.append(mount["mountPath"])
     search = image.path + ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    return Member(name, argv, env, files, directories, float(spec.get("terminationGracePeriodSeconds", 30)), host, search)
+    return Member(
+        name, argv, env, files, directories, float(spec.get("terminationGracePeriodSeconds", 30)), host, search
+    )
 
 
 def test_kubernetes_manifests_run_a_cluster(host_run: HostRun) -> None:
@@ -343,14 +421,22 @@ def test_kubernetes_manifests_run_a_cluster(host_run: HostRun) -> None:
     server_hosts = [f"{deployment['metadata']['name']}-{i}" for i in range(deployment["spec"]["replicas"])]
     for host in storage_hosts + server_hosts:
         host_run.address(host)
-    storage = [_pod_member(h.split(".")[0], h, sts["spec"]["template"], sts["spec"]["volumeClaimTemplates"], config_maps, image)
-               for h in storage_hosts]
+    storage = [
+        _pod_member(
+            h.split(".")[0], h, sts["spec"]["template"], sts["spec"]["volumeClaimTemplates"], config_maps, image
+        )
+        for h in storage_hosts
+    ]
     servers = [_pod_member(h, h, deployment["spec"]["template"], [], config_maps, image) for h in server_hosts]
 
     def probe(member: Member, pod: dict[str, Any], kind: str) -> None:
         (container,) = pod["spec"]["containers"]
         get = container[kind]["httpGet"]
-        port = next(p["containerPort"] for p in container["ports"] if p["name"] == get["port"]) if isinstance(get["port"], str) else get["port"]
+        port = (
+            next(p["containerPort"] for p in container["ports"] if p["name"] == get["port"])
+            if isinstance(get["port"], str)
+            else get["port"]
+        )
         host_run.wait_healthy(member, get["path"], port, timeout=90)
 
     for m in storage:

@@ -12,9 +12,8 @@ import sys
 import uuid
 
 import pytest
-
-from waltz.sd_notify import notify
 from support.processes import get, write_config
+from waltz.sd_notify import notify
 
 
 def _receive(listener: socket.socket) -> str:
@@ -27,8 +26,12 @@ def test_a_storage_node_notifies_ready_then_stopping(tmp_path: pathlib.Path) -> 
         listener.bind("\0" + name)
         listener.settimeout(30)
         config, ports = write_config(tmp_path, uuid.uuid4())
-        proc = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
-                                env={**os.environ, "NOTIFY_SOCKET": "@" + name}, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
+            env={**os.environ, "NOTIFY_SOCKET": "@" + name},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             ready = _receive(listener)
             assert ready.split("\n")[0] == "READY=1" and f"127.0.0.1:{ports['port']}" in ready
@@ -42,8 +45,9 @@ def test_a_storage_node_notifies_ready_then_stopping(tmp_path: pathlib.Path) -> 
             proc.communicate()
 
 
-def test_without_a_service_manager_nothing_is_sent(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_service_manager_nothing_is_sent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert notify("READY=1") is False
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone"))

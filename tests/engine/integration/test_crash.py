@@ -18,7 +18,6 @@ import time
 import uuid
 
 import pytest
-
 from support import script
 from support.chaos_payload import check_payload
 from waltz.storage import Storage

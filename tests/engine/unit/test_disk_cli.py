@@ -8,7 +8,6 @@ import pathlib
 
 import pytest
 from click.testing import CliRunner, Result
-
 from support.engine_helpers import append_range, flip_byte, payload, record_offsets, segment_files
 from waltz.cli.main import main
 from waltz.storage import Storage
@@ -59,7 +58,12 @@ def test_verify_passes_a_healthy_storage(written):
     assert r.exit_code == 0, r.output
     assert doc["ok"] is True
     assert doc["partition_count"] == 2
-    assert doc["control"] == {"path": str(written / "waltz-storage.ctl"), "result": "ok", "problems": [], "warnings": []}
+    assert doc["control"] == {
+        "path": str(written / "waltz-storage.ctl"),
+        "result": "ok",
+        "problems": [],
+        "warnings": [],
+    }
     [p] = doc["partitions"]
     assert p == {
         "partition": 0,
@@ -172,7 +176,8 @@ def test_a_wrong_index_entry_fails(written):
     r, doc = run_json("disk", "verify", written)
     assert r.exit_code == 1
     assert doc["partitions"][0]["problems"] == [
-        f"0/{seg.name}: index entry 2 (offset {128 + 16} of the index) says {offs[2] ^ 0xFF}, the record is at offset {offs[2]}"
+        f"0/{seg.name}: index entry 2 (offset {128 + 16} of the index) says {offs[2] ^ 0xFF}, the record is at offset "
+        f"{offs[2]}"
     ]
 
 
@@ -213,7 +218,9 @@ def test_dump_control_shows_both_structs_and_a_damaged_one(written, cluster_key)
     # Verify: one damaged struct is the last update lost (a warning); the other one is used.
     r, doc = run_json("disk", "verify", written)
     assert r.exit_code == 0, r.output
-    assert doc["control"]["warnings"] == ["partition 0: struct 1 fails its checksum, struct 2 is used (the last update is lost)"]
+    assert doc["control"]["warnings"] == [
+        "partition 0: struct 1 fails its checksum, struct 2 is used (the last update is lost)"
+    ]
     assert doc["partitions"][0]["low_water_mark"] == 100
 
     flip_byte(written / "waltz-storage.ctl", ENTRY_STRUCT_1 + 28 + 3)
@@ -260,7 +267,9 @@ def test_dump_segment_json_and_human(written, cluster_key):
     assert (ix["header_matches"], ix["entries"], ix["extra_entries"], ix["mismatch"]) == (True, len(offs), 0, None)
     # --limit bounds the JSON listing too; the default lists 50.
     assert len(run_json("disk", "dump-segment", seg, "--limit", "1000")[1]["records"]) == len(offs)
-    assert len(run_json("disk", "dump-segment", segment_files(written / "0")[-1])[1]["records"]) == min(50, RECORDS - int(segment_files(written / "0")[-1].stem))
+    assert len(run_json("disk", "dump-segment", segment_files(written / "0")[-1])[1]["records"]) == min(
+        50, RECORDS - int(segment_files(written / "0")[-1].stem)
+    )
 
     r = run("disk", "dump-segment", seg, "--limit", "2")
     assert r.exit_code == 0

@@ -12,11 +12,9 @@ import uuid
 from typing import Any
 
 import pytest
-
 from support.engine_helpers import append_range, assert_log, flip_byte, payload, record_offsets, records, segment_files
 from waltz import errors
 from waltz.storage import RecordBatch, Storage
-
 
 # One writer per directory: reopening closes the handles a test opened before, as an operator
 # restarting a node would.
@@ -532,7 +530,15 @@ def test_scan_helpers_build_arrow_batches_covering_the_partition(storage):
     chunks = list(iter_scan(p, 10, 250, chunk_bytes=4000))
     assert len(chunks) > 5
     table = pa.Table.from_batches([scan_to_arrow(c, partition_id=0) for c in chunks])
-    assert table.column_names == ["partition", "transaction_id", "header", "client_id", "generation", "sequence", "data"]
+    assert table.column_names == [
+        "partition",
+        "transaction_id",
+        "header",
+        "client_id",
+        "generation",
+        "sequence",
+        "data",
+    ]
     assert table.column("transaction_id").to_pylist() == list(range(10, 251))
     assert table.column("data").to_pylist() == [payload(t) for t in range(10, 251)]
     assert table.column("sequence").to_pylist() == list(range(10, 251))

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from support import spec_reader as sr
 from waltz.storage import RecordBatch, ReqId, Storage
 
@@ -105,9 +104,7 @@ def assert_raw_record_bytes(seg: sr.Segment) -> None:
     pos = sr.HEADER_SIZE
     for r in seg.records:
         assert r.offset == pos, "records must be contiguous"
-        body = struct.pack(
-            ">qiiiiiiI", r.txid, *r.req_id, r.header, len(r.data), zlib.crc32(r.data)
-        ) + r.data
+        body = struct.pack(">qiiiiiiI", r.txid, *r.req_id, r.header, len(r.data), zlib.crc32(r.data)) + r.data
         expected = body + struct.pack(">I", zlib.crc32(body))
         assert raw[r.offset : r.end] == expected
         pos = r.end
@@ -531,9 +528,7 @@ def test_property_random_batches(batches, segment_size, checkpoint_interval):
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "st"
         key = uuid.uuid4()
-        s = Storage.create(
-            root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval
-        )
+        s = Storage.create(root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval)
         _OPEN.add(s)
         s.add_partition(0)
         p = s.partition(0)
@@ -558,9 +553,7 @@ def test_property_random_batches(batches, segment_size, checkpoint_interval):
         snapshot = check()
         assert p.max_transaction_id == len(expected) - 1
         s.close()
-        s = Storage.open(
-            root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval
-        )
+        s = Storage.open(root, key, 1, segment_size=segment_size, checkpoint_interval=checkpoint_interval)
         _OPEN.add(s)
         assert s.partition(0).max_transaction_id == len(expected) - 1
         assert check() == snapshot

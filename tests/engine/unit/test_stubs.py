@@ -1,4 +1,5 @@
-"""Typing: the stub `waltz/_native.pyi` matches the compiled extension (stubtest), and the package passes mypy --strict."""
+"""Typing: the stub `waltz/_native.pyi` matches the compiled extension (stubtest), and the
+package passes mypy --strict."""
 
 import pathlib
 import subprocess

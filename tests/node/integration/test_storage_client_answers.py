@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from test_storage_node import frame
-
 from waltz import errors
 from waltz.storage import RecordBatch, ReqId, StorageClient
 
@@ -34,7 +33,9 @@ Answerer = Callable[[int, int, int], bytes]
 """(session, seq, partition) of a request after Open → the bytes the fake node sends back."""
 
 
-async def against(answerer: Answerer, call: Callable[[StorageClient], Awaitable[Any]], *, closes: bool = False) -> tuple[Any, bool]:
+async def against(
+    answerer: Answerer, call: Callable[[StorageClient], Awaitable[Any]], *, closes: bool = False
+) -> tuple[Any, bool]:
     """Runs `call` on a client of a fake node that greets and opens properly, then answers every
     request with `answerer`; returns what the call returned (or raised) and whether the client
     closed the connection afterwards (waited for when `closes`)."""
@@ -51,7 +52,9 @@ async def against(answerer: Answerer, call: Callable[[StorageClient], Awaitable[
                     writer.write(frame(b"\x01", msg_type=HELLO_OK))
                     continue
                 session, seq, partition = struct.unpack(">qqi", payload[:20])
-                writer.write(answer(SUCCESS, session, seq, partition) if msg_type == 0x10 else answerer(session, seq, partition))
+                writer.write(
+                    answer(SUCCESS, session, seq, partition) if msg_type == 0x10 else answerer(session, seq, partition)
+                )
             await writer.drain()
         closed.set()
 
@@ -86,24 +89,75 @@ def append(c: StorageClient) -> Any:
 @pytest.mark.parametrize(
     ("answerer", "call", "message"),
     [
-        (lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)), append, "answered an append to partition 0 with max_transaction_id"),
-        (lambda s, q, p: answer(SUCCESS, s, q, 3), append, "answered an append to partition 0 with success for partition 3"),
-        (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 0)), lambda c: c.append(0, 7, 0, BATCH), "with record_list for partition 0, not success"),
-        (lambda s, q, p: answer(SUCCESS, s, q, p), lambda c: c.max_transaction_id(0, 7), "with success for partition 0, not max_transaction_id"),
-        (lambda s, q, p: answer(SUCCESS, s, q, 2), lambda c: c.truncate(0, 7, 5), "with success for partition 2, not success for partition 0"),
-        (lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)), lambda c: c.last_session_info(0, 7), "not last_session_info"),
-        (lambda s, q, p: answer(RECORD_HEADER, s, q, p, b"\x00"), lambda c: c.record(0, 7, 3), "with record_header for partition 0, not record"),
-        (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 1) + wire_record(555, b"z")), lambda c: c.records(0, 7, 100, 10),
-         "answered a list from 100 with ids ..., 555"),
-        (lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 2) + wire_record(100, b"a") + wire_record(102, b"b")),
-         lambda c: c.records(0, 7, 100, 10), "answered a list from 100 with ids ..., 100, 102"),
-        (lambda s, q, p: answer(RECORD, s, q, p, b"\x01" + wire_record(9, b"z")), lambda c: c.record(0, 7, 3), "answered a read of 3 with transaction 9"),
+        (
+            lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)),
+            append,
+            "answered an append to partition 0 with max_transaction_id",
+        ),
+        (
+            lambda s, q, p: answer(SUCCESS, s, q, 3),
+            append,
+            "answered an append to partition 0 with success for partition 3",
+        ),
+        (
+            lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 0)),
+            lambda c: c.append(0, 7, 0, BATCH),
+            "with record_list for partition 0, not success",
+        ),
+        (
+            lambda s, q, p: answer(SUCCESS, s, q, p),
+            lambda c: c.max_transaction_id(0, 7),
+            "with success for partition 0, not max_transaction_id",
+        ),
+        (
+            lambda s, q, p: answer(SUCCESS, s, q, 2),
+            lambda c: c.truncate(0, 7, 5),
+            "with success for partition 2, not success for partition 0",
+        ),
+        (
+            lambda s, q, p: answer(MAX_TXID, s, q, p, struct.pack(">q", 5)),
+            lambda c: c.last_session_info(0, 7),
+            "not last_session_info",
+        ),
+        (
+            lambda s, q, p: answer(RECORD_HEADER, s, q, p, b"\x00"),
+            lambda c: c.record(0, 7, 3),
+            "with record_header for partition 0, not record",
+        ),
+        (
+            lambda s, q, p: answer(RECORD_LIST, s, q, p, struct.pack(">i", 1) + wire_record(555, b"z")),
+            lambda c: c.records(0, 7, 100, 10),
+            "answered a list from 100 with ids ..., 555",
+        ),
+        (
+            lambda s, q, p: answer(
+                RECORD_LIST, s, q, p, struct.pack(">i", 2) + wire_record(100, b"a") + wire_record(102, b"b")
+            ),
+            lambda c: c.records(0, 7, 100, 10),
+            "answered a list from 100 with ids ..., 100, 102",
+        ),
+        (
+            lambda s, q, p: answer(RECORD, s, q, p, b"\x01" + wire_record(9, b"z")),
+            lambda c: c.record(0, 7, 3),
+            "answered a read of 3 with transaction 9",
+        ),
     ],
-    ids=["append-max-txid", "append-other-partition", "append-list", "max-txid-success", "truncate-other-partition",
-         "session-info-max-txid", "record-header",
-         "list-wrong-start", "list-gap", "record-wrong-id"],
+    ids=[
+        "append-max-txid",
+        "append-other-partition",
+        "append-list",
+        "max-txid-success",
+        "truncate-other-partition",
+        "session-info-max-txid",
+        "record-header",
+        "list-wrong-start",
+        "list-gap",
+        "record-wrong-id",
+    ],
 )
-def test_a_wrong_answer_fails_the_request_clearly(answerer: Answerer, call: Callable[[StorageClient], Any], message: str) -> None:
+def test_a_wrong_answer_fails_the_request_clearly(
+    answerer: Answerer, call: Callable[[StorageClient], Any], message: str
+) -> None:
     out_of_step = "list" not in message and "read of" not in message
     result, closed = asyncio.run(against(answerer, call, closes=out_of_step))
     assert isinstance(result, errors.ProtocolError), result
@@ -116,5 +170,7 @@ def test_right_answers_still_pass() -> None:
     result, closed = asyncio.run(against(lambda s, q, p: answer(SUCCESS, s, q, p), append))
     assert result is None and not closed
     listed = struct.pack(">i", 2) + wire_record(100, b"a") + wire_record(101, b"b")
-    result, _ = asyncio.run(against(lambda s, q, p: answer(RECORD_LIST, s, q, p, listed), lambda c: c.records(0, 7, 100, 10)))
+    result, _ = asyncio.run(
+        against(lambda s, q, p: answer(RECORD_LIST, s, q, p, listed), lambda c: c.records(0, 7, 100, 10))
+    )
     assert [r.txid for r in result] == [100, 101]

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pathlib
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
@@ -28,7 +24,9 @@ def test_daemon_serves_reports_and_stops_cleanly(tmp_path):
         wait_http(ports["http_port"], proc)
 
         async def work():
-            async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2) as admin:
+            async with await StorageAdminClient.connect(
+                "127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2
+            ) as admin:
                 await admin.assign(0)
                 await admin.assign(1)
             async with await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2) as c:
@@ -77,7 +75,9 @@ def test_health_fails_when_a_partition_cannot_open(tmp_path):
         wait_http(ports["http_port"], proc)
 
         async def assign():
-            async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2) as admin:
+            async with await StorageAdminClient.connect(
+                "127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2
+            ) as admin:
                 await admin.assign(1)
 
         asyncio.run(assign())
@@ -117,7 +117,10 @@ def test_a_bad_configuration_is_one_clear_line(tmp_path, content, message):
     if content is not None:
         path.write_text(content.replace("DIR", str(tmp_path / "fresh")))
     proc = subprocess.run(
-        [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert message in proc.stderr
@@ -199,7 +202,10 @@ def test_a_refused_open_does_not_log_the_nodes_cluster_key(tmp_path):
         wait_http(ports["http_port"], proc)
 
         async def wrong_key():
-            for connect, port in ((StorageClient.connect, ports["port"]), (StorageAdminClient.connect, ports["admin_port"])):
+            for connect, port in (
+                (StorageClient.connect, ports["port"]),
+                (StorageAdminClient.connect, ports["admin_port"]),
+            ):
                 with pytest.raises(errors.ClusterKeyMismatch):
                     await connect("127.0.0.1", port, cluster_key=uuid.uuid4(), partition_count=2)
 
@@ -224,7 +230,9 @@ def test_silent_connections_are_bounded_and_do_not_starve_clients(tmp_path):
         wait_http(ports["http_port"], proc)
 
         async def flood():
-            async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2) as admin:
+            async with await StorageAdminClient.connect(
+                "127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2
+            ) as admin:
                 await admin.assign(0)
             opened = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2)
             t0 = time.monotonic()
@@ -236,7 +244,9 @@ def test_silent_connections_are_bounded_and_do_not_starve_clients(tmp_path):
             # A new client gets in once the silent ones are closed, long before their old 10 s.
             while True:
                 try:
-                    c = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2, timeout=1.0)
+                    c = await StorageClient.connect(
+                        "127.0.0.1", ports["port"], cluster_key=key, partition_count=2, timeout=1.0
+                    )
                     break
                 except (errors.WaltzError, OSError):
                     assert time.monotonic() - t0 < 5, "no new client served 5 s into the flood"

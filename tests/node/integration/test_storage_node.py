@@ -16,12 +16,10 @@ import uuid
 import zlib
 
 import pytest
-
+from support import script
 from waltz import errors
 from waltz._native import ResponseReader, encode_append, encode_request
 from waltz.storage import RecordBatch, ReqId, Storage, StorageClient, StorageNode
-
-from support import script
 
 NODE_PROCESS = script("node_process.py")
 
@@ -160,7 +158,7 @@ def closed_by_peer(sock: socket.socket) -> bool:
                 return True
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -395,7 +393,12 @@ def test_admin_port_assigns_toggles_and_reports(tmp_path):
                 c = await StorageClient.connect(*node.address, cluster_key=key, partition_count=3)
                 await c.append(1, 2, 0, batch(0, 4))
                 [st] = await admin.status()
-                assert (st["partition"], st["max_transaction_id"], st["newest_session"], st["failure"]) == (1, 3, 2, None)
+                assert (st["partition"], st["max_transaction_id"], st["newest_session"], st["failure"]) == (
+                    1,
+                    3,
+                    2,
+                    None,
+                )
                 assert (st["readable"], st["writable"]) == (True, True)
 
                 await admin.set_availability(1, readable=True, writable=False)
@@ -584,8 +587,11 @@ def test_a_failed_append_among_queued_ones_is_answered_in_its_place(cluster):
     with socket.create_connection(node.address) as sock:
         sock.sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=4))
         read_answers(sock, 2)
-        sock.sendall(encode_append(1, 10, 1, 0, batch(0, 2)) + encode_append(1, 11, 1, 7, batch(7, 1))
-                     + encode_append(1, 12, 1, 2, batch(2, 2)))
+        sock.sendall(
+            encode_append(1, 10, 1, 0, batch(0, 2))
+            + encode_append(1, 11, 1, 7, batch(7, 1))
+            + encode_append(1, 12, 1, 2, batch(2, 2))
+        )
         answers = read_answers(sock, 3)
     assert [(a[0], a[1]) for a in answers] == [("success", 10), ("failure", 11), ("success", 12)]
     assert answers[1][4][0] == "non_dense_append"
@@ -621,8 +627,11 @@ def test_stopping_the_node_ends_its_connections(tmp_path):
     node = StorageNode.start(s)
     before = connection_threads()
     socks = [socket.create_connection(node.address) for _ in range(5)]
-    socks[0].sendall(encode_request("hello") + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=1)
-                     + encode_append(1, 2, 0, 0, batch(0, 3)))
+    socks[0].sendall(
+        encode_request("hello")
+        + encode_request("open", -1, 1, -1, cluster_key=key, partition_count=1)
+        + encode_append(1, 2, 0, 0, batch(0, 3))
+    )
     assert [a[0] for a in read_answers(socks[0], 3)] == ["hello_ok", "success", "success"]
     assert settles_at(connection_threads, before + 5) == before + 5
     node.stop()
@@ -698,6 +707,7 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
     proc, port = start()
     tracer = None
     try:
+
         async def before(c):
             await c.set_low_water_mark(0, 5, -1)
             await c.append(0, 5, 0, batch(0, 10))
@@ -726,15 +736,31 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
 
         def client(fn):
             async def go():
-                async with await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10) as c:
+                async with await StorageClient.connect(
+                    "127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10
+                ) as c:
                     await fn(c)
+
             run(go())
 
         client(before)
         tracer = subprocess.Popen(
-            [strace, "-f", "-o", "/dev/null", "-p", str(proc.pid), "-e", "trace=fdatasync,fsync",
-             "-e", "inject=fdatasync,fsync:error=EIO:when=1+"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                strace,
+                "-f",
+                "-o",
+                "/dev/null",
+                "-p",
+                str(proc.pid),
+                "-e",
+                "trace=fdatasync,fsync",
+                "-e",
+                "inject=fdatasync,fsync:error=EIO:when=1+",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         attached = tracer.stderr.readline()
         assert "attached" in attached, attached
@@ -748,6 +774,7 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
 
     proc, port = start()
     try:
+
         async def after(c):
             (unconfirmed,) = failed_at
             # The unconfirmed batch is back: a dirty tail.
@@ -757,8 +784,11 @@ def test_a_failed_partition_will_not_say_what_it_holds_nor_take_a_session_until_
             assert await c.max_transaction_id(0, 6) == unconfirmed - 1
 
         async def go():
-            async with await StorageClient.connect("127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10) as c:
+            async with await StorageClient.connect(
+                "127.0.0.1", port, cluster_key=key, partition_count=1, timeout=10
+            ) as c:
                 await after(c)
+
         run(go())
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -775,13 +805,17 @@ def test_a_tls_peer_that_reads_nothing_gives_its_connection_place_back(tmp_path)
     key = uuid.uuid4()
     s = Storage.create(tmp_path / "node", key, 1)
     s.add_partition(0)
-    node = StorageNode.start(s, idle_timeout=1.0, max_connections=1, tls_ca=certs.ca, tls_cert=certs.storage_cert,
-                             tls_key=certs.storage_key)
+    node = StorageNode.start(
+        s, idle_timeout=1.0, max_connections=1, tls_ca=certs.ca, tls_cert=certs.storage_cert, tls_key=certs.storage_key
+    )
     ctx = certs.tls("server").client_context()
     host, port = node.address
     try:
+
         async def fill():
-            async with await StorageClient.connect(host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10) as c:
+            async with await StorageClient.connect(
+                host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10
+            ) as c:
                 await c.set_low_water_mark(0, 1, -1)
                 await c.append(0, 1, 0, RecordBatch([(ReqId(1, 1, 0, i), 0, b"x" * (4 << 20)) for i in range(4)]))
 
@@ -800,7 +834,9 @@ def test_a_tls_peer_that_reads_nothing_gives_its_connection_place_back(tmp_path)
         assert settles_at(connection_threads, before) == before
 
         async def healthy():
-            async with await StorageClient.connect(host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10) as c:
+            async with await StorageClient.connect(
+                host, port, cluster_key=key, partition_count=1, ssl=ctx, timeout=10
+            ) as c:
                 return await c.max_transaction_id(0, 1)
 
         assert run(healthy()) == 3

@@ -2,6 +2,7 @@
 state shows no server ever needs (issue 34: with the key alone, a Truncate to -1 on every replica
 destroyed acknowledged data, and Last Session Info with session 2^62 fenced every server out for
 good). Each test runs a real storage node process on 127.0.0.1."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,9 @@ def batch(first: int, n: int) -> RecordBatch:
 async def committed_log(key, ports) -> StorageClient:
     """Session 1 wrote records 0..9 and set the low-water mark 5 (records 0..5 committed), as a
     server's store session does; returns the connection, opened with the cluster key."""
-    async with await StorageAdminClient.connect("127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2) as admin:
+    async with await StorageAdminClient.connect(
+        "127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2
+    ) as admin:
         await admin.assign(0)
     c = await StorageClient.connect("127.0.0.1", ports["port"], cluster_key=key, partition_count=2)
     await c.set_low_water_mark(0, 1, -1)

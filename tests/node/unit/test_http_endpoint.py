@@ -10,7 +10,6 @@ import time
 import urllib.request
 
 from prometheus_client import CollectorRegistry
-
 from waltz import http
 
 
@@ -73,7 +72,8 @@ def test_slowloris_cannot_hold_every_slot_and_health_is_still_answered(caplog) -
             metrics = r.read().decode()
         refused = {
             line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines() if line.startswith("waltz_http_refusals_total{")
+            for line in metrics.splitlines()
+            if line.startswith("waltz_http_refusals_total{")
         }
         assert refused.get("request_timeout", 0) + refused.get("evicted", 0) > 0, metrics
         assert "HTTP connection refused" in caplog.text

@@ -33,7 +33,9 @@ print(held, rss_mib())
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's; other C libraries are left alone")
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="the setting is glibc's; other C libraries are left alone"
+)
 def test_freed_large_buffers_go_back_to_the_system() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True"

@@ -2,7 +2,6 @@
 protocol name (as docs/protocol.md spells it) is the same request."""
 
 import pytest
-
 from waltz import errors
 from waltz._native import AdminRequestKind, RequestKind, encode_admin_request, encode_request
 
@@ -19,7 +18,9 @@ def test_every_request_kind_encodes_as_its_protocol_name():
     for name, kind in members.items():
         args = dict(txid=7, max_count=3, low_water_mark=5, cluster_key=KEY, partition_count=4)
         assert encode_request(kind, 9, 2, 1, **args) == encode_request(name.lower(), 9, 2, 1, **args), name
-    assert encode_request(RequestKind.RECORD, 1, 1, 0, txid=1) != encode_request(RequestKind.RECORD_HEADER, 1, 1, 0, txid=1)
+    assert encode_request(RequestKind.RECORD, 1, 1, 0, txid=1) != encode_request(
+        RequestKind.RECORD_HEADER, 1, 1, 0, txid=1
+    )
 
 
 def test_every_admin_request_kind_encodes_as_its_protocol_name():

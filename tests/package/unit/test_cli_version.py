@@ -10,7 +10,6 @@ import sys
 import tomllib
 
 import pytest
-
 import waltz
 
 ROOT = pathlib.Path(__file__).parents[3]

@@ -15,9 +15,7 @@ import sys
 import textwrap
 
 import pytest
-
 import waltz
-
 from waltz import errors
 from waltz._extras import require
 
@@ -44,7 +42,12 @@ _HIDE = textwrap.dedent(
 def run_without(hidden: tuple[str, ...], code: str, tmp_path: pathlib.Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WALTZ_TEST_HIDE": ",".join(hidden)}
     return subprocess.run(
-        [sys.executable, "-c", _HIDE + textwrap.dedent(code)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _HIDE + textwrap.dedent(code)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -74,12 +77,23 @@ def test_the_core_imports_with_every_extra_missing(tmp_path: pathlib.Path) -> No
     ("hidden", "code", "message"),
     [
         ("kazoo", "import waltz.cluster.zookeeper", hint("ZooKeeper metadata", "zookeeper")),
-        ("kazoo", "from waltz.cluster import open_store; open_store('zk://127.0.0.1:2181/w')", hint("ZooKeeper metadata", "zookeeper")),
+        (
+            "kazoo",
+            "from waltz.cluster import open_store; open_store('zk://127.0.0.1:2181/w')",
+            hint("ZooKeeper metadata", "zookeeper"),
+        ),
         ("sqlalchemy", "import waltz.client.sql", hint("waltz.client.sql", "sql")),
         ("sqlalchemy", "import waltz.demo.bank", hint("The demo", "demo")),
-        ("cryptography", "from waltz.tls import generate_dev_certificates; generate_dev_certificates('certs')",
-         hint("Generating TLS certificates", "tls")),
-        ("pyarrow", "from waltz.storage.scan import records_to_arrow; records_to_arrow([], 0)", hint("Arrow record batches", "arrow")),
+        (
+            "cryptography",
+            "from waltz.tls import generate_dev_certificates; generate_dev_certificates('certs')",
+            hint("Generating TLS certificates", "tls"),
+        ),
+        (
+            "pyarrow",
+            "from waltz.storage.scan import records_to_arrow; records_to_arrow([], 0)",
+            hint("Arrow record batches", "arrow"),
+        ),
         ("pyspark", "import waltz.spark.source", hint("The Spark data source", "spark")),
         ("pyspark", "import waltz.spark.sink", hint("The Spark data source", "spark")),
         ("pyarrow", "import waltz.spark.source", hint("The Spark data source", "spark")),
@@ -96,13 +110,17 @@ def test_a_missing_extra_is_one_line_naming_it(hidden: str, code: str, message: 
 
 
 def test_the_waltz_command_without_rich_prints_one_line_and_exits_2(tmp_path: pathlib.Path) -> None:
-    proc = run_without(("rich",), "import sys; sys.argv = ['waltz', 'cluster', 'show']; from waltz.cli import waltz; waltz()", tmp_path)
+    proc = run_without(
+        ("rich",), "import sys; sys.argv = ['waltz', 'cluster', 'show']; from waltz.cli import waltz; waltz()", tmp_path
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"waltz: {hint('The waltz command', 'cli')}\n")
 
 
 def test_the_waltz_version_needs_no_extra(tmp_path: pathlib.Path) -> None:
     """A core install can tell which version it has before any extra is added."""
-    proc = run_without(("rich",), "import sys; sys.argv = ['waltz', '--version']; from waltz.cli import waltz; waltz()", tmp_path)
+    proc = run_without(
+        ("rich",), "import sys; sys.argv = ['waltz', '--version']; from waltz.cli import waltz; waltz()", tmp_path
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"waltz {waltz.__version__}\n", "")
 
 
@@ -123,13 +141,16 @@ def test_a_server_on_zookeeper_without_kazoo_prints_one_line_and_exits_2(tmp_pat
     config.write_text('[server]\nmetadata = "zk://127.0.0.1:2181/waltz"\nport = 0\nhttp_port = 0\n')
     proc = run_without(
         ("kazoo",),
-        f"import sys; sys.argv = ['waltz-node', 'server', '--config', {str(config)!r}]; from waltz.cli.node import main; main()",
+        f"import sys; sys.argv = ['waltz-node', 'server', '--config', {str(config)!r}]; from waltz.cli.node import "
+        "main; main()",
         tmp_path,
     )
     assert (proc.returncode, proc.stderr) == (2, f"waltz-node server: {hint('ZooKeeper metadata', 'zookeeper')}\n")
 
 
-def test_require_returns_the_module_and_reports_only_a_missing_one(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_require_returns_the_module_and_reports_only_a_missing_one(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert require("json.decoder", "x", "JSON") is sys.modules["json.decoder"]
 
     with pytest.raises(errors.MissingExtraError) as missing:

@@ -12,18 +12,15 @@ import resource
 import signal
 import struct
 import subprocess
-import time
 import zlib
 
 import pytest
-
-from waltz import client_protocol as cp
-from waltz._native import encode_frame
-
 from support.daemons import setup, start_server, wait_served  # noqa: F401  (setup is a fixture)
 from support.processes import free_port, get
 from test_server_connection import RawClient
 from test_server_daemon import mounted, rss_mib
+from waltz import client_protocol as cp
+from waltz._native import encode_frame
 
 pytestmark = pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 
@@ -32,7 +29,8 @@ def refusals(http_port: int) -> dict[str, float]:
     _, text = get(http_port, "/metrics")
     return {
         line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines() if line.startswith("waltz_server_limit_refusals_total{")
+        for line in text.splitlines()
+        if line.startswith("waltz_server_limit_refusals_total{")
     }
 
 
@@ -56,7 +54,7 @@ async def closed_by_server(reader: asyncio.StreamReader, timeout: float) -> bool
         return True
     except ConnectionError:
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 
@@ -82,7 +80,7 @@ def test_unfinished_large_frames_before_mount_are_refused_on_their_length(setup,
                 for _ in range(sent_per_connection // len(chunk)):
                     c.writer.write(chunk)
                     await asyncio.wait_for(c.writer.drain(), 10)
-            except (ConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionError):
                 pass
             closed = await closed_by_server(c.reader, 5.0)
             c.close()
@@ -142,7 +140,7 @@ def test_a_flood_of_idle_connections_does_not_lock_a_client_out(setup, tmp_path:
             for _ in range(flood_size):
                 try:  # a server that no longer accepts leaves connects waiting in its backlog
                     _, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-                except (asyncio.TimeoutError, OSError):
+                except (TimeoutError, OSError):
                     break
                 w.write(cp.Hello().frame())
                 idle.append(w)
@@ -194,10 +192,19 @@ def test_an_idle_connection_that_never_mounts_is_closed_and_a_mounted_one_never(
 
 def append_with_locks(req_id: tuple[int, int, int, int], hwm: int, write_locks: int, data: bytes) -> bytes:
     """An Append frame declaring `write_locks` write locks (all zero), built without a tuple of them."""
-    payload = b"".join((
-        struct.pack(">iiii", *req_id), struct.pack(">q", hwm), struct.pack(">i", write_locks), bytes(8 * write_locks),
-        struct.pack(">ii", 0, 0), struct.pack(">i", 0), struct.pack(">i", len(data)), data, struct.pack(">I", zlib.crc32(data)),
-    ))
+    payload = b"".join(
+        (
+            struct.pack(">iiii", *req_id),
+            struct.pack(">q", hwm),
+            struct.pack(">i", write_locks),
+            bytes(8 * write_locks),
+            struct.pack(">ii", 0, 0),
+            struct.pack(">i", 0),
+            struct.pack(">i", len(data)),
+            data,
+            struct.pack(">I", zlib.crc32(data)),
+        )
+    )
     return encode_frame(cp.MAGIC, cp.Append.TYPE, payload)
 
 

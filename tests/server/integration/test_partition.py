@@ -11,21 +11,21 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-
+from test_store_session import cluster  # noqa: F401  (fixture)
 from waltz import errors
 from waltz.server.lock_table import lock_hash
 from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
-from test_store_session import cluster  # noqa: F401  (fixture)
-
 GEN = 1
 ACCOUNT = [lock_hash("account", i) for i in range(10)]
 CUSTOMER = lock_hash("customer", 1)
 
 
-def req(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, header: int = 0, **locks: Any) -> AppendRequest:
+def req(
+    client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, header: int = 0, **locks: Any
+) -> AppendRequest:
     return AppendRequest(ReqId(client, gen, 0, seq), hwm, header or seq, data, **locks)
 
 
@@ -48,10 +48,14 @@ def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
     async def body(p: ServerPartition) -> None:
         # Write/write at the same high-water mark, submitted together: exactly one wins and the
         # loser learns the winner's id.
-        a, b = await asyncio.gather(p.append(req(1, 1, -1, write_locks=[ACCOUNT[0]])), p.append(req(2, 1, -1, write_locks=[ACCOUNT[0]])))
+        a, b = await asyncio.gather(
+            p.append(req(1, 1, -1, write_locks=[ACCOUNT[0]])), p.append(req(2, 1, -1, write_locks=[ACCOUNT[0]]))
+        )
         assert isinstance(a, Committed) and b == LockFailed(a.transaction_id)
         # Read/read both succeed.
-        r1, r2 = await asyncio.gather(p.append(req(1, 2, 0, read_locks=[ACCOUNT[1]])), p.append(req(2, 2, 0, read_locks=[ACCOUNT[1]])))
+        r1, r2 = await asyncio.gather(
+            p.append(req(1, 2, 0, read_locks=[ACCOUNT[1]])), p.append(req(2, 2, 0, read_locks=[ACCOUNT[1]]))
+        )
         assert isinstance(r1, Committed) and isinstance(r2, Committed)
         # Write then read (reader computed before the write): the read fails.
         w = await p.append(req(1, 3, p.high_water_mark, write_locks=[ACCOUNT[2]]))
@@ -80,7 +84,9 @@ def test_lock_semantics_end_to_end(cluster) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize(("turns", "clients", "batches"), [(6, 3, 1), (0, 3, 3), (6, 1, 3)])
-def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(cluster, turns: int, clients: int, batches: int) -> None:  # noqa: F811
+def test_appends_arriving_over_a_few_loop_turns_share_a_store_batch(
+    cluster, turns: int, clients: int, batches: int
+) -> None:  # noqa: F811
     """Several clients' appends, one per loop turn, join one store batch; with gathering off, or
     with a single client (nobody else to wait for), each goes alone."""
     meta, _ = cluster
@@ -130,7 +136,9 @@ def test_a_stale_generation_is_never_committed(cluster) -> None:  # noqa: F811
 
     async def body(p: ServerPartition) -> None:
         assert isinstance(await p.append(req(1, 1, -1, b"good")), Committed)
-        assert await p.append(req(1, 2, -1, b"stale", gen=GEN - 1)) == Ignored(f"generation {GEN - 1} is not the partition's {GEN}")
+        assert await p.append(req(1, 2, -1, b"stale", gen=GEN - 1)) == Ignored(
+            f"generation {GEN - 1} is not the partition's {GEN}"
+        )
         assert isinstance(await p.append(req(1, 3, -1, b"good2")), Committed)
         assert p.high_water_mark == 1
 
@@ -254,7 +262,9 @@ def test_feed_order_equals_commit_order_for_every_reader(cluster) -> None:  # no
         async def client(cid: int) -> None:
             for seq in range(60):
                 lock = ACCOUNT[rng.randrange(len(ACCOUNT))]
-                results[(cid, seq)] = await p.append(req(cid, seq, p.high_water_mark, f"{cid}:{seq}".encode(), write_locks=[lock]))
+                results[(cid, seq)] = await p.append(
+                    req(cid, seq, p.high_water_mark, f"{cid}:{seq}".encode(), write_locks=[lock])
+                )
 
         async def reader(after: int, n: int) -> list[Any]:
             got: list[Any] = []
@@ -391,12 +401,16 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
 
     async def go() -> None:
         first = await StoreSession.open(meta, 0, generation=GEN)
-        p = ServerPartition(0, GEN, first, checkpoint_interval=40, open_session=lambda: StoreSession.open(meta, 0, generation=GEN))
+        p = ServerPartition(
+            0, GEN, first, checkpoint_interval=40, open_session=lambda: StoreSession.open(meta, 0, generation=GEN)
+        )
         await p.start()
         try:
             results = []
             for chunk in range(15):  # the interval is checked between batches
-                results += await asyncio.gather(*(p.append(req(1, i, -1, f"t{i}".encode())) for i in range(chunk * 10, chunk * 10 + 10)))
+                results += await asyncio.gather(
+                    *(p.append(req(1, i, -1, f"t{i}".encode())) for i in range(chunk * 10, chunk * 10 + 10))
+                )
             assert [r.transaction_id for r in results if isinstance(r, Committed)] == list(range(150))
             assert p.stats["store_sessions"] >= 3 and p.session.session_id > first.session_id + 2
             meta.add_storage_node(extra.address, extra.ports["admin_port"], 3)
@@ -424,7 +438,9 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
                 await asyncio.sleep(0.05)
         finally:
             await p.close()
-        assert all(c == copies[0] for c in copies) and [bytes(r.data) for r in copies[0]] == [f"t{i}".encode() for i in range(152)]
+        assert all(c == copies[0] for c in copies) and [bytes(r.data) for r in copies[0]] == [
+            f"t{i}".encode() for i in range(152)
+        ]
 
     try:
         asyncio.run(go())
@@ -581,7 +597,9 @@ def test_close_answers_the_batch_waiting_for_an_in_flight_slot(cluster) -> None:
     meta, nodes = cluster
 
     async def go() -> None:
-        p = ServerPartition(0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=60.0), max_batches_in_flight=1)
+        p = ServerPartition(
+            0, GEN, await StoreSession.open(meta, 0, generation=GEN, timeout=60.0), max_batches_in_flight=1
+        )
         await p.start()
         for n in nodes[:2]:
             os.kill(n.proc.pid, signal.SIGSTOP)  # no quorum: the one in-flight batch stays in flight

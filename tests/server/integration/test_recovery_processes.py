@@ -13,13 +13,11 @@ import zlib
 from typing import Any
 
 import pytest
-
-from waltz import client_protocol as cp
-
 from support.daemons import setup, start_server, wait_served  # noqa: F401  (fixture)
 from support.processes import start, stop, wait_http
 from test_server_daemon import mounted
 from test_store_session import admin_read_all
+from waltz import client_protocol as cp
 
 CLIENT = 42
 
@@ -43,7 +41,9 @@ class Load:
                         data = self.sent[e.req_id[3]]
                         if e.transaction_id not in self.acked:
                             self.ack_times.append(time.monotonic())
-                        assert self.acked.setdefault(e.transaction_id, data) == data, f"transaction {e.transaction_id} changed"
+                        assert self.acked.setdefault(e.transaction_id, data) == data, (
+                            f"transaction {e.transaction_id} changed"
+                        )
 
     async def run(self) -> None:
         connection = 0
@@ -60,10 +60,13 @@ class Load:
                     seq = self.seq
                     self.sent[seq] = b"load-%d" % seq
                     c.send(cp.Append((CLIENT, resp.generation, 0, seq), max(self.acked, default=-1), 0, self.sent[seq]))
-                    self.absorb(await c.until(
-                        lambda m, s=seq: isinstance(m, cp.FeedData) and any(e.req_id[3] == s for e in m.entries), timeout=3.0,
-                    ))
-            except (AssertionError, OSError, asyncio.TimeoutError, ConnectionError) as e:
+                    self.absorb(
+                        await c.until(
+                            lambda m, s=seq: isinstance(m, cp.FeedData) and any(e.req_id[3] == s for e in m.entries),
+                            timeout=3.0,
+                        )
+                    )
+            except (TimeoutError, AssertionError, OSError, ConnectionError) as e:
                 if isinstance(e, AssertionError) and "changed" in str(e):
                     raise
                 await asyncio.sleep(0.1)
@@ -75,7 +78,9 @@ class Load:
         """Waits for `count` acknowledgements after `since`; returns the seconds from `since` to the first."""
         deadline = time.monotonic() + timeout
         while sum(1 for t in self.ack_times if t > since) < count:
-            assert time.monotonic() < deadline, f"appends did not resume: {sum(1 for t in self.ack_times if t > since)} acknowledged"
+            assert time.monotonic() < deadline, (
+                f"appends did not resume: {sum(1 for t in self.ack_times if t > since)} acknowledged"
+            )
             await asyncio.sleep(0.02)
         return min(t for t in self.ack_times if t > since) - since
 
@@ -105,7 +110,11 @@ def check_replicas(nodes: list[Any], load: Load) -> tuple[int, int]:
             break
         time.sleep(0.2)
     checksums = [zlib.crc32(b"\0".join(lg)) for lg in logs]
-    assert [len(lg) for lg in logs] == [top + 1] * 3 and len(set(checksums)) == 1, (top, [len(lg) for lg in logs], checksums)
+    assert [len(lg) for lg in logs] == [top + 1] * 3 and len(set(checksums)) == 1, (
+        top,
+        [len(lg) for lg in logs],
+        checksums,
+    )
     missing = {txid: data for txid, data in load.acked.items() if logs[0][txid] != data}
     assert not missing, f"acknowledged transactions lost or changed: {sorted(missing)[:10]}"
     return top, checksums[0]
@@ -164,8 +173,10 @@ def test_kill_nine_a_node_the_server_and_a_majority_under_load(setup, tmp_path: 
         load = asyncio.run(go())
         top, crc = check_replicas(nodes, load)
         assert len(load.acked) >= 200
-        print(f"\n{len(load.acked)} acknowledged, committed range 0..{top} identical on 3 replicas (crc32 {crc:08x}); "
-              + ", ".join(f"{k}: {v:.2f}s" for k, v in figures.items()))
+        print(
+            f"\n{len(load.acked)} acknowledged, committed range 0..{top} identical on 3 replicas (crc32 {crc:08x}); "
+            + ", ".join(f"{k}: {v:.2f}s" for k, v in figures.items())
+        )
     finally:
         stop_all(servers, nodes)
 
@@ -213,6 +224,8 @@ def test_a_replica_that_lost_its_files_keeps_nothing_from_being_lost(setup, tmp_
         assert top > behind
         log = (tmp_path / "s1.log").read_text()
         assert "lost what it held" in log, "no recovery met the replica that lost its files"
-        print(f"\n{len(load.acked)} acknowledged ({during} before storage-2 was back), 0..{top} identical on 3 replicas")
+        print(
+            f"\n{len(load.acked)} acknowledged ({during} before storage-2 was back), 0..{top} identical on 3 replicas"
+        )
     finally:
         stop_all(servers, nodes)

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-
+from support.processes import stop
+from test_store_session import cluster  # noqa: F401  (fixture)
 from waltz import client_protocol as cp
 from waltz.server import connection
 from waltz.server.connection import ClientConnection, Partitions
@@ -18,9 +19,6 @@ from waltz.server.lock_table import lock_hash
 from waltz.server.partition import AppendRequest, Committed, LockFailed, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
-
-from support.processes import stop
-from test_store_session import cluster  # noqa: F401  (fixture)
 
 GEN = 1
 LOCK = lock_hash("account", 1)
@@ -72,7 +70,9 @@ def append(client: int, seq: int, hwm: int, data: bytes = b"x", gen: int = GEN, 
 
 
 @contextlib.asynccontextmanager
-async def serving(meta: Any, writers: list[asyncio.StreamWriter] | None = None) -> AsyncIterator[tuple[int, ServerPartition, Partitions]]:
+async def serving(
+    meta: Any, writers: list[asyncio.StreamWriter] | None = None
+) -> AsyncIterator[tuple[int, ServerPartition, Partitions]]:
     """Partition 0 served on a port: (port, partition, the registry connections look it up in).
     The server's side of each connection goes into `writers`."""
     session = await StoreSession.open(meta, 0, generation=GEN)
@@ -129,7 +129,9 @@ def test_mount_feed_append_and_lock_failure(cluster) -> None:  # noqa: F811
         got = await c.until(lambda m: isinstance(m, cp.Failure))
         assert got[-1].kind == cp.FailureKind.NOT_COMMITTED  # type: ignore[attr-defined]
         c.send(cp.HighWaterMarkRequest(9, 0))
-        assert (await c.until(lambda m: isinstance(m, cp.HighWaterMarkResponse)))[-1] == cp.HighWaterMarkResponse(9, 0, 20)
+        assert (await c.until(lambda m: isinstance(m, cp.HighWaterMarkResponse)))[-1] == cp.HighWaterMarkResponse(
+            9, 0, 20
+        )
         c.send(cp.FeedRequest(10, 0, 15, 3))
         got = await c.until(lambda m: isinstance(m, cp.FeedData) and m.seq == 10)
         assert [e.transaction_id for e in got[-1].entries] == [16, 17, 18]  # type: ignore[attr-defined]
@@ -169,7 +171,9 @@ def test_an_older_connection_of_the_client_is_ignored(cluster) -> None:  # noqa:
         old.send(append(5, 1, -1, b"from the old connection"))
         new.send(append(5, 2, -1, b"from the new connection"))
         got = await new.until(lambda m: isinstance(m, cp.FeedData))
-        assert [(e.transaction_id, e.req_id[3]) for m in got if isinstance(m, cp.FeedData) for e in m.entries] == [(0, 2)]
+        assert [(e.transaction_id, e.req_id[3]) for m in got if isinstance(m, cp.FeedData) for e in m.entries] == [
+            (0, 2)
+        ]
         new.send(cp.Flush(2, 0))
         await new.until(lambda m: isinstance(m, cp.FlushResponse))
         assert p.high_water_mark == 0
@@ -391,7 +395,14 @@ def test_a_mount_answers_ready_only_after_the_clients_earlier_appends_resolved(c
         assert isinstance(ready, cp.MountResponse) and ready.status == cp.MountStatus.READY
         before = feed_ids(got)
         await asyncio.sleep(1.0)
-        committed_later = [e for e in (await p.feed(ready.high_water_mark, 1000).__anext__() if p.high_water_mark > ready.high_water_mark else [])]
+        committed_later = [
+            e
+            for e in (
+                await p.feed(ready.high_water_mark, 1000).__anext__()
+                if p.high_water_mark > ready.high_water_mark
+                else []
+            )
+        ]
         assert committed_later == [], f"{len(committed_later)} appends of the old connection committed after READY"
         assert before == list(range(ready.high_water_mark + 1))
         assert ready.high_water_mark >= 0  # some did commit, and all of them before READY
@@ -450,8 +461,12 @@ def test_a_mount_whose_partition_was_replaced_is_told_to_mount_again(cluster) ->
 def _small_buffers(c: RawClient, server_writer: asyncio.StreamWriter) -> None:
     """64 KiB in the kernel on every side of the connection (autotuning lets it take megabytes),
     so what the server holds back itself shows."""
-    for sock, option in ((c.writer.get_extra_info("socket"), socket.SO_RCVBUF), (c.writer.get_extra_info("socket"), socket.SO_SNDBUF),
-                         (server_writer.get_extra_info("socket"), socket.SO_RCVBUF), (server_writer.get_extra_info("socket"), socket.SO_SNDBUF)):
+    for sock, option in (
+        (c.writer.get_extra_info("socket"), socket.SO_RCVBUF),
+        (c.writer.get_extra_info("socket"), socket.SO_SNDBUF),
+        (server_writer.get_extra_info("socket"), socket.SO_RCVBUF),
+        (server_writer.get_extra_info("socket"), socket.SO_SNDBUF),
+    ):
         sock.setsockopt(socket.SOL_SOCKET, option, 64 << 10)
 
 
@@ -478,7 +493,9 @@ def test_a_client_that_never_reads_holds_a_bounded_number_of_answers(cluster) ->
             await asyncio.sleep(1.0)  # the server answers what it takes in, and then waits
             assert _data_tasks() <= connection.REQUESTS_IN_FLIGHT
             answers = [await c.next(30) for _ in range(n)]
-            assert [(a.seq, len(a.data)) for a in answers if isinstance(a, cp.TransactionDataResponse)] == [(i, len(data)) for i in range(n)]
+            assert [(a.seq, len(a.data)) for a in answers if isinstance(a, cp.TransactionDataResponse)] == [
+                (i, len(data)) for i in range(n)
+            ]
             c.close()
 
     asyncio.run(go())
@@ -495,7 +512,9 @@ def test_lock_failures_for_a_client_that_never_reads_stop_its_reading(cluster) -
     async def go() -> None:
         writers: list[asyncio.StreamWriter] = []
         async with serving(meta, writers) as (port, p, _):
-            assert isinstance(await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"w", write_locks=(LOCK,))), Committed)
+            assert isinstance(
+                await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"w", write_locks=(LOCK,))), Committed
+            )
             c = await mounted(port, 5)  # appends are taken only under the connection's mount
             _small_buffers(c, writers[0])
             n = 60_000
@@ -503,7 +522,9 @@ def test_lock_failures_for_a_client_that_never_reads_stop_its_reading(cluster) -
             await asyncio.sleep(3.0)
             held = writers[0].transport.get_write_buffer_size()
             assert held < 2 * connection.WRITE_BUFFER_LIMIT, f"{held} bytes of answers wait in the server"
-            assert c.writer.transport.get_write_buffer_size() > 0, "the server read every request of a client that reads nothing"
+            assert c.writer.transport.get_write_buffer_size() > 0, (
+                "the server read every request of a client that reads nothing"
+            )
             failures = 0
             while failures < n:
                 m = await c.next(30)
@@ -538,7 +559,9 @@ def test_a_feed_request_is_answered_when_storage_fails_and_bad_marks_are_refused
                 await asyncio.to_thread(stop, node.proc)
             c.send(cp.FeedRequest(3, 0, -1, 10))
             failed = await c.next(60)
-            assert isinstance(failed, cp.Failure) and failed.kind == cp.FailureKind.STORE_UNAVAILABLE and failed.seq == 3, failed
+            assert (
+                isinstance(failed, cp.Failure) and failed.kind == cp.FailureKind.STORE_UNAVAILABLE and failed.seq == 3
+            ), failed
             c.close()
 
     asyncio.run(go())

@@ -13,11 +13,10 @@ import sys
 import time
 from typing import Any
 
-from waltz import client_protocol as cp
-
 from support.daemons import PARTITIONS, Cli, setup, start_server, wait_served  # noqa: F401  (setup is a fixture)
 from support.processes import free_port, get
 from test_server_connection import RawClient, feed_ids
+from waltz import client_protocol as cp
 
 
 async def mounted(endpoint: str, hwm: int, connection_seq: int) -> tuple[RawClient, cp.MountResponse, list[cp.Message]]:
@@ -105,7 +104,10 @@ def test_failover_to_another_server_loses_nothing(setup, tmp_path: pathlib.Path)
         for p in range(PARTITIONS):
             wait_served(meta, p, not_by=old_server)
         deadline = time.monotonic() + 30
-        while not (report := Cli(url).json("--cluster", "e2e", "cluster", "verify", ok=None))["ok"] and time.monotonic() < deadline:
+        while (
+            not (report := Cli(url).json("--cluster", "e2e", "cluster", "verify", ok=None))["ok"]
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.3)
         assert report["ok"], report
     finally:
@@ -137,8 +139,11 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
     # partly read 1 MiB frame per connection.
     connections, size = 4, 1 << 20
     budget_mib = (16 * size + 2 * (4 << 20) + (8 << 20) + connections * 2 * size) / (1 << 20)
-    server = subprocess.Popen([sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
-                              stderr=open(tmp_path / "flood.log", "a"), text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "waltz.cli.node", "server", "--config", str(config)],
+        stderr=open(tmp_path / "flood.log", "a"),
+        text=True,
+    )
     try:
         endpoint, gen = wait_served(meta, 0)
         port = int(endpoint.rsplit(":", 1)[1])
@@ -177,10 +182,15 @@ def test_a_flood_of_large_appends_stays_within_the_memory_budget(setup, tmp_path
             return int(hwm)
 
         hwm = asyncio.run(flood())
-        print(f"flood: committed {hwm + 1} x 1 MiB; RSS {baseline:.0f} -> peak {peak:.0f} MiB (budget {budget_mib:.0f} MiB)")
+        print(
+            f"flood: committed {hwm + 1} x 1 MiB; RSS {baseline:.0f} -> peak {peak:.0f} MiB (budget {budget_mib:.0f} "
+            "MiB)"
+        )
         assert hwm >= 10
         overhead = 64.0
-        assert peak - baseline < budget_mib + overhead, f"RSS grew {peak - baseline:.0f} MiB (budget {budget_mib:.0f} MiB + {overhead:.0f})"
+        assert peak - baseline < budget_mib + overhead, (
+            f"RSS grew {peak - baseline:.0f} MiB (budget {budget_mib:.0f} MiB + {overhead:.0f})"
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         try:

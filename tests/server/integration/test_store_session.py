@@ -11,15 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
+from support.daemons import Node
+from support.processes import start, stop, wait_http
 from waltz import errors
 from waltz.cluster import open_store
 from waltz.cluster.metadata import UNRESOLVED, ClusterMetadata
 from waltz.server.store_session import StoreSession
 from waltz.storage import RecordBatch, ReqId
-
-from support.daemons import Node
-from support.processes import start, stop, wait_http
 
 PARTITIONS = 4  # test_cli.Node's partition count
 
@@ -175,7 +173,11 @@ def test_a_dirty_tail_on_one_replica_is_voted_down_and_truncated(cluster) -> Non
                 break
             await asyncio.sleep(0.05)
         await s2.close()
-        assert copies[0] == copies[1] == copies[2] and [bytes(r.data) for r in copies[0][3:]] == [b"b-0", b"b-1", b"b-2"]
+        assert copies[0] == copies[1] == copies[2] and [bytes(r.data) for r in copies[0][3:]] == [
+            b"b-0",
+            b"b-1",
+            b"b-2",
+        ]
 
     asyncio.run(go())
 
@@ -228,7 +230,9 @@ def test_too_few_replicas_reachable(cluster) -> None:
         stop(n.proc)
 
     async def go() -> None:
-        with pytest.raises(errors.RecoveryNeededError, match="undecidable: -1 has 1 of 3 votes and 2 replicas are unreachable"):
+        with pytest.raises(
+            errors.RecoveryNeededError, match="undecidable: -1 has 1 of 3 votes and 2 replicas are unreachable"
+        ):
             await StoreSession.open(meta, 0, generation=1, timeout=1.0, recovery_timeout=1.0)
 
     asyncio.run(go())
@@ -243,9 +247,10 @@ def test_too_few_replicas_reachable(cluster) -> None:
 GEN = 1
 
 
-# 5. (Fixed by the recovery vote.) settle() ignored the partition metadata's replica states, so replicas that never held the
-#    committed transactions can "agree". Documented procedure (docs/operations.md, "Adding or
-#    replacing a storage node", filling is optional): replace n1 by a new, empty n3 while n2 lags
+# 5. (Fixed by the recovery vote.) settle() ignored the partition metadata's replica states, so
+#    replicas that never held the committed transactions can "agree". Documented procedure
+#    (docs/operations.md, "Adding or replacing a storage node", filling is optional): replace n1
+#    by a new, empty n3 while n2 lags
 #    (it left the write path; catch-up is not built) and n0 is briefly down. n2 and n3 are a
 #    reachable majority of {n0, n2, n3} and agree on an empty log: the new session starts at -1,
 #    the acknowledged transactions 0..2 are lost and new ones are committed at the same ids.
@@ -283,7 +288,14 @@ def test_replicas_that_never_held_the_commits_cannot_settle_the_start(cluster, t
             await s.close()
             for n in (n2, n3):
                 held = await asyncio.to_thread(read_all, n, 99)
-                assert [bytes(r.data) for r in held] == [b"acked-0", b"acked-1", b"acked-2", b"other-0", b"other-1", b"other-2"]
+                assert [bytes(r.data) for r in held] == [
+                    b"acked-0",
+                    b"acked-1",
+                    b"acked-2",
+                    b"other-0",
+                    b"other-1",
+                    b"other-2",
+                ]
 
         asyncio.run(second_session())
     finally:

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import uvloop
-
 from waltz.client import ClientConfig
 from waltz.config import ConfigError, load_server_config
 from waltz.event_loop import loop_factory, tell_listener
@@ -45,7 +44,9 @@ def test_the_factory_makes_the_loop_named(name: str) -> None:
 
 def test_a_missing_uvloop_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)  # what `import uvloop` meets where it is not installed
-    with pytest.raises(ConfigError, match=r'\[server\] event_loop is "uvloop" but it cannot be imported .*set it to "asyncio"'):
+    with pytest.raises(
+        ConfigError, match=r'\[server\] event_loop is "uvloop" but it cannot be imported .*set it to "asyncio"'
+    ):
         loop_factory("uvloop", "[server] event_loop")
     assert loop_factory("asyncio", "[server] event_loop") is asyncio.new_event_loop
 

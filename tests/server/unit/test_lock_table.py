@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from waltz.server.lock_table import LockTable, lock_hash
 
 A, B, PARENT = lock_hash("account", 1), lock_hash("account", 2), lock_hash("customer", 7)
@@ -14,10 +13,10 @@ A, B, PARENT = lock_hash("account", 1), lock_hash("account", 2), lock_hash("cust
 
 def test_write_write_conflict_names_the_winner() -> None:
     t = LockTable(high_water_mark=9)
-    assert t.check_and_update(9, 10, write=[A]) is None          # both computed at hwm 9
+    assert t.check_and_update(9, 10, write=[A]) is None  # both computed at hwm 9
     lost = t.check_and_update(9, 11, write=[A])
     assert lost is not None and (lost.lock, lost.transaction_id, lost.exact) == (A, 10, True)
-    assert t.check_and_update(10, 11, write=[A]) is None          # after catching up
+    assert t.check_and_update(10, 11, write=[A]) is None  # after catching up
 
 
 def test_read_read_both_succeed_and_read_does_not_bump() -> None:
@@ -70,10 +69,10 @@ def test_a_new_table_is_conservative_below_its_starting_mark() -> None:
 
 ops = st.lists(
     st.tuples(
-        st.lists(st.integers(0, 40), max_size=3),   # write locks
-        st.lists(st.integers(0, 40), max_size=2),   # read locks
-        st.lists(st.integers(0, 40), max_size=2),   # append locks
-        st.integers(0, 12),                         # how far behind the client is
+        st.lists(st.integers(0, 40), max_size=3),  # write locks
+        st.lists(st.integers(0, 40), max_size=2),  # read locks
+        st.lists(st.integers(0, 40), max_size=2),  # append locks
+        st.integers(0, 12),  # how far behind the client is
     ),
     min_size=1,
     max_size=200,

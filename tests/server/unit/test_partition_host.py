@@ -8,7 +8,6 @@ import asyncio
 from typing import Any
 
 import pytest
-
 from waltz import errors
 from waltz.config import PartitionSection
 from waltz.server import daemon
@@ -148,7 +147,10 @@ def test_an_unchanged_assignment_keeps_the_session(fake_host) -> None:
     async def go() -> None:
         parts = Partitions()
         host = daemon.PartitionHost(
-            asyncio.get_running_loop(), _Assignment("127.0.0.1:3", "127.0.0.1:1", "127.0.0.1:2"), parts, PartitionSection(),  # type: ignore[arg-type]
+            asyncio.get_running_loop(),
+            _Assignment("127.0.0.1:3", "127.0.0.1:1", "127.0.0.1:2"),
+            parts,
+            PartitionSection(),  # type: ignore[arg-type]
         )
         await host._apply({0: 1})
         await _until(lambda: 0 in parts.by_id)

@@ -6,9 +6,17 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
-from waltz.server.recovery import Preparation, ReplicaReport, after_catch_up, after_recovery, electorate, last_session, prepare, vote
+from waltz.server.recovery import (
+    Preparation,
+    ReplicaReport,
+    after_catch_up,
+    after_recovery,
+    electorate,
+    last_session,
+    prepare,
+    vote,
+)
 
 L = 5  # the last session
 
@@ -87,7 +95,11 @@ def exhaustive(n: int, values: range) -> None:
                 assert got == may_be_committed, (holdings, reachable)
             if got is not None:
                 assert got >= may_be_committed, (holdings, reachable, got)
-                assert sum(1 for p in prepared.values() if p.high_water_mark >= got) >= q or got == -1, (holdings, reachable, got)
+                assert sum(1 for p in prepared.values() if p.high_water_mark >= got) >= q or got == -1, (
+                    holdings,
+                    reachable,
+                    got,
+                )
 
 
 def test_vote_exhaustively_3_replicas() -> None:
@@ -207,7 +219,15 @@ def test_recovery_after_a_failed_recovery() -> None:
 # -- metadata transitions --------------------------------------------------------------------------
 def test_after_recovery_follows_the_spec_rules() -> None:
     meta = PartitionMetadata(
-        2, 7, {"a": ReplicaState(L), "b": ReplicaState(L), "c": ReplicaState(L), "d": ReplicaState(3, 100), "e": ReplicaState(2)},
+        2,
+        7,
+        {
+            "a": ReplicaState(L),
+            "b": ReplicaState(L),
+            "c": ReplicaState(L),
+            "d": ReplicaState(3, 100),
+            "e": ReplicaState(2),
+        },
         members=("a", "b", "c"),
     )
     after = after_recovery(meta, 7, 120, ["a", "b", "f"], ["a", "b", "c", "f"])

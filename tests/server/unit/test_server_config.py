@@ -5,7 +5,6 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-
 from waltz.config import ConfigError, PartitionSection, load_server_config
 
 
@@ -30,8 +29,13 @@ def test_a_whole_batch_must_fit_a_frame(tmp_path: pathlib.Path) -> None:
     max_batch_bytes + max_transaction_bytes: more than a storage node's 64 MiB frame could never
     be appended (the node would close every replica's connection, again at each retry)."""
     ok = (64 << 20) - (4 << 20) - 1000 * 64 - 1024
-    assert load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok}\n")).partition.max_transaction_bytes == ok
-    with pytest.raises(ConfigError, match=r"\[partition\] max_batch_bytes \+ max_transaction_bytes .* must fit one frame of 67108864 bytes"):
+    assert (
+        load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok}\n")).partition.max_transaction_bytes == ok
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"\[partition\] max_batch_bytes \+ max_transaction_bytes .* must fit one frame of 67108864 bytes",
+    ):
         load_server_config(_server(tmp_path, f"max_transaction_bytes = {ok + 1}\n"))
     with pytest.raises(ConfigError, match=r"must fit one frame"):
         load_server_config(_server(tmp_path, f"max_batch_bytes = {60 << 20}\n"))

@@ -18,7 +18,10 @@ import pytest
 
 if importlib.util.find_spec("pyspark") is None:
     if os.environ.get("WALTZ_REQUIRE_SPARK"):
-        raise pytest.UsageError("PySpark is not installed but WALTZ_REQUIRE_SPARK is set: pip install -e '.[spark]' (scripts/setup.sh installs every extra)")
+        raise pytest.UsageError(
+            "PySpark is not installed but WALTZ_REQUIRE_SPARK is set: pip install -e '.[spark]' (scripts/setup.sh "
+            "installs every extra)"
+        )
     collect_ignore_glob = ["test_*.py"]
 
 
@@ -35,7 +38,7 @@ class _StderrOfSpark:
         self.path, self.seen = path, 0
 
     def new(self) -> str:
-        text = self.path.read_bytes()[self.seen:].decode(errors="replace")
+        text = self.path.read_bytes()[self.seen :].decode(errors="replace")
         self.seen += len(text.encode())
         return text
 
@@ -49,7 +52,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must import this venv's waltz
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
-
     from waltz.spark import register
 
     stderr = _StderrOfSpark(tmp_path_factory.mktemp("spark-stderr") / "stderr.log")
@@ -110,7 +112,6 @@ class Live:
 
     def __init__(self, directory: pathlib.Path) -> None:
         from support.client_app import MemoryApp
-
         from waltz.client import WaltzClient
         from waltz.local import LocalCluster
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from conftest import Live
-
 from waltz._native import Storage
 from waltz.storage.scan import iter_scan, scan_rows
 
@@ -72,10 +71,22 @@ def planted(tmp_path: pathlib.Path, n: int = 100, low_water_mark: int = 79) -> p
 def test_scan_of_a_live_replica_equals_the_feed_and_the_native_reader(spark: Any, live: Live) -> None:
     live.write("batch", 400)
     settled(live, 0)
-    df = (spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster)
-          .load(str(live.storage_dir(0))))
+    df = (
+        spark.read.format("waltz")
+        .option("metadata", live.url)
+        .option("cluster", live.cluster.cluster)
+        .load(str(live.storage_dir(0)))
+    )
     assert df.columns == COLUMNS
-    assert [f.dataType.simpleString() for f in df.schema.fields] == ["int", "bigint", "int", "int", "int", "int", "binary"]
+    assert [f.dataType.simpleString() for f in df.schema.fields] == [
+        "int",
+        "bigint",
+        "int",
+        "int",
+        "int",
+        "int",
+        "binary",
+    ]
     written = live.written()
     assert by_partition(df) == written
     lasts = {p: rows[-1][0] for p, rows in written.items()}
@@ -94,10 +105,19 @@ def test_all_replicas_at_once_read_each_partition_once(spark: Any, live: Live) -
 def test_reading_the_cluster_without_files(spark: Any, live: Live) -> None:
     df = spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).load()
     assert by_partition(df) == live.written()
-    sliced = (spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster)
-              .option("startingOffsets", '{"0": 5, "1": 190}').option("endingOffsets", '{"0": 7}').load())
+    sliced = (
+        spark.read.format("waltz")
+        .option("metadata", live.url)
+        .option("cluster", live.cluster.cluster)
+        .option("startingOffsets", '{"0": 5, "1": 190}')
+        .option("endingOffsets", '{"0": 7}')
+        .load()
+    )
     assert [(r.partition, r.transaction_id) for r in sliced.orderBy("partition", "transaction_id").collect()] == [
-        (0, 5), (0, 6), *((1, t) for t in range(190, 200))]
+        (0, 5),
+        (0, 6),
+        *((1, t) for t in range(190, 200)),
+    ]
 
 
 def test_without_the_cluster_a_live_replica_is_read_up_to_its_low_water_mark(spark: Any, live: Live) -> None:
@@ -118,7 +138,10 @@ def test_without_the_cluster_a_live_replica_is_read_up_to_its_low_water_mark(spa
 
 def test_committed_only_excludes_an_uncommitted_tail(spark: Any, tmp_path: pathlib.Path) -> None:
     d = str(planted(tmp_path))
-    assert spark.read.format("waltz").load(d).groupBy("partition").count().orderBy("partition").collect() == [(0, 80), (1, 80)]
+    assert spark.read.format("waltz").load(d).groupBy("partition").count().orderBy("partition").collect() == [
+        (0, 80),
+        (1, 80),
+    ]
     everything = spark.read.format("waltz").option("committedOnly", "false").load(d)
     assert everything.groupBy("partition").count().orderBy("partition").collect() == [(0, 100), (1, 100)]
 
@@ -128,11 +151,20 @@ def test_offsets_partitions_and_splits(spark: Any, tmp_path: pathlib.Path) -> No
 
     def ids(**options: str) -> list[tuple[int, int]]:
         df = spark.read.format("waltz").options(**options).load(d)
-        return [(r.partition, r.transaction_id) for r in df.select("partition", "transaction_id").orderBy("partition", "transaction_id").collect()]
+        return [
+            (r.partition, r.transaction_id)
+            for r in df.select("partition", "transaction_id").orderBy("partition", "transaction_id").collect()
+        ]
 
     assert ids(startingOffsets='{"0": 10}', endingOffsets='{"0": 20, "1": -1}') == [
-        *((0, t) for t in range(10, 20)), *((1, t) for t in range(100))]
-    assert ids(startingOffsets='{"0": -2, "1": 98}', endingOffsets="latest") == [*((0, t) for t in range(100)), (1, 98), (1, 99)]
+        *((0, t) for t in range(10, 20)),
+        *((1, t) for t in range(100)),
+    ]
+    assert ids(startingOffsets='{"0": -2, "1": 98}', endingOffsets="latest") == [
+        *((0, t) for t in range(100)),
+        (1, 98),
+        (1, 99),
+    ]
     assert ids(startingOffsets="latest") == []
     assert ids(startingOffsets='{"1": 500}') == [(0, t) for t in range(100)]  # past the end: nothing, not an error
     assert ids(partitions="1", endingOffsets='{"1": 3}') == [(1, 0), (1, 1), (1, 2)]
@@ -162,13 +194,18 @@ def test_a_corrupt_record_fails_the_task_naming_file_and_offset(spark: Any, tmp_
         ({"endingOffsets": '{"0": "x"}'}, "must be a transaction id"),
         ({"colour": "blue"}, "unknown option 'colour'"),
         # Spark hands a source its option names in lower case: the nearest valid one is spelt right.
-        ({"maxOffsetsPerTrigger": "5"}, "unknown option 'maxoffsetspertrigger' (did you mean 'maxTransactionsPerTrigger'?)"),
+        (
+            {"maxOffsetsPerTrigger": "5"},
+            "unknown option 'maxoffsetspertrigger' (did you mean 'maxTransactionsPerTrigger'?)",
+        ),
         ({"partitions": "7"}, "no directory in path holds partition 7"),
         ({"committedOnly": "maybe"}, "expected true or false"),
         ({"metadata": "http://x"}, "expected a metadata URL"),
     ],
 )
-def test_bad_options_are_clear_errors(spark: Any, tmp_path: pathlib.Path, options: dict[str, str], message: str) -> None:
+def test_bad_options_are_clear_errors(
+    spark: Any, tmp_path: pathlib.Path, options: dict[str, str], message: str
+) -> None:
     d = str(planted(tmp_path))
     with pytest.raises(Exception) as e:
         spark.read.format("waltz").options(**options).load(d).collect()
@@ -199,7 +236,8 @@ def test_committed_only_with_the_cluster_excludes_a_tail_planted_in_a_stopped_re
     assert by_partition(reader.load(str(live.storage_dir(2)))) == written
     everything = by_partition(reader.option("committedOnly", "false").load(str(live.storage_dir(2))))
     assert {p: rows[-5:] for p, rows in everything.items()} == {
-        p: [(written[p][-1][0] + i, {"id": "planted"}) for i in range(1, 6)] for p in (0, 1)}
+        p: [(written[p][-1][0] + i, {"id": "planted"}) for i in range(1, 6)] for p in (0, 1)
+    }
 
 
 def test_a_range_the_files_no_longer_hold_fails_instead_of_coming_back_short(tmp_path: pathlib.Path) -> None:
@@ -232,7 +270,9 @@ def directory(path: pathlib.Path, n: int, low_water_mark: int, *, drop_before: i
         return str(path), part.first_transaction_id
 
 
-def test_several_directories_are_read_as_their_union_and_lost_ids_fail_the_read(spark: Any, tmp_path: pathlib.Path) -> None:
+def test_several_directories_are_read_as_their_union_and_lost_ids_fail_the_read(
+    spark: Any, tmp_path: pathlib.Path
+) -> None:
     dropped, first = directory(tmp_path / "a", 300, 299, drop_before=150)  # retention dropped 0..first-1
     older, _ = directory(tmp_path / "b", 201, 200)  # a copy from before
     assert 0 < first <= 150
@@ -244,11 +284,15 @@ def test_several_directories_are_read_as_their_union_and_lost_ids_fail_the_read(
     assert ids(f"{dropped},{older}") == ids(f"{older},{dropped}") == list(range(300))
     with pytest.raises(Exception) as e:
         ids(dropped, startingOffsets='{"0": 0}')
-    assert f"transactions 0..{first - 1} of partition 0 are no longer in any directory" in str(e.value), str(e.value)[-2000:]
+    assert f"transactions 0..{first - 1} of partition 0 are no longer in any directory" in str(e.value), str(e.value)[
+        -2000:
+    ]
     assert ids(dropped, startingOffsets='{"0": 0}', failOnDataLoss="false") == list(range(first, 300))
 
 
-def test_an_unreachable_cluster_bounds_a_batch_read_by_low_water_marks(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreachable_cluster_bounds_a_batch_read_by_low_water_marks(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Planning only (the driver's log is this process's): a stream still needs the cluster."""
     from waltz.spark.options import Options
     from waltz.spark.source import RangePartition, WaltzReader, WaltzStreamReader
@@ -267,7 +311,9 @@ def test_an_unreachable_cluster_bounds_a_batch_read_by_low_water_marks(tmp_path:
         WaltzStreamReader(Options.parse({"metadata": nowhere, "timeout": "2"}, streaming=True)).initialOffset()
 
 
-def test_register_points_at_the_worker_transport_only_when_it_is_tcp(spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_register_points_at_the_worker_transport_only_when_it_is_tcp(
+    spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     from waltz.spark import UNIX_SOCKETS, register
 
     with caplog.at_level(logging.INFO, logger="waltz.spark"):
@@ -290,7 +336,9 @@ def test_register_points_at_the_worker_transport_only_when_it_is_tcp(spark: Any,
 
 # issue 36, item 3: WHERE conditions on partition and transaction_id narrow the scan.
 def test_filters_on_partition_and_transaction_id_narrow_the_plan_and_read_the_same_rows(
-    spark: Any, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+    spark: Any,
+    tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     d = str(planted(tmp_path, 100, 99))
     conditions = [
@@ -326,4 +374,6 @@ def test_filters_on_partition_and_transaction_id_narrow_the_plan_and_read_the_sa
     # Splits of at most 10 ids: 20 without pushdown, one for 90..99 of partition 0 with it.
     assert [unpushed[c][1] for c in conditions] == [20] * len(conditions)
     assert [pushed[c][1] for c in conditions] == [1, 1, 2, 10, 20, 10]
-    assert re.search(r"PushedFilters: \[.*EqualTo\(partition,0\).*GreaterThanOrEqual\(transaction_id,90\)", explained), explained
+    assert re.search(
+        r"PushedFilters: \[.*EqualTo\(partition,0\).*GreaterThanOrEqual\(transaction_id,90\)", explained
+    ), explained

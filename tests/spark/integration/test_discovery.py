@@ -39,7 +39,9 @@ def test_a_new_session_finds_the_source_without_register(tmp_path: pathlib.Path)
     script = tmp_path / "session.py"
     script.write_text(SESSION)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, str(script), str(d)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script), str(d)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     # Committed only: 0..79 of each partition; the filter is Spark's (pushdown is off by default).

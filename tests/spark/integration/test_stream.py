@@ -38,7 +38,9 @@ def batches_with_rows(query: Any) -> list[int]:
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
 
-def test_a_stopped_query_resumes_from_its_checkpoint_without_gap_or_duplicate(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
+def test_a_stopped_query_resumes_from_its_checkpoint_without_gap_or_duplicate(
+    spark: Any, live: Live, tmp_path: pathlib.Path
+) -> None:
     live.write("s0", 100)
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     first = stream(spark, live, out, checkpoint, processingTime="100 milliseconds")
@@ -68,8 +70,14 @@ def test_a_stopped_query_resumes_from_its_checkpoint_without_gap_or_duplicate(sp
 def test_a_stream_started_at_latest_sees_only_new_transactions(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
     before = {p: rows[-1][0] for p, rows in live.written().items()}
     query = (
-        spark.readStream.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).load()
-        .writeStream.format("memory").queryName("latest_only").trigger(processingTime="100 milliseconds").start()
+        spark.readStream.format("waltz")
+        .option("metadata", live.url)
+        .option("cluster", live.cluster.cluster)
+        .load()
+        .writeStream.format("memory")
+        .queryName("latest_only")
+        .trigger(processingTime="100 milliseconds")
+        .start()
     )
     try:
         deadline = time.monotonic() + 60
@@ -95,10 +103,17 @@ def test_the_sink_appends_every_row_as_a_transaction(spark: Any, live: Live) -> 
     df.write.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).mode("append").save()
     # Round robin over partitions when the rows name none.
     spark.createDataFrame([(json.dumps({"id": f"rr-{i}"}).encode(),) for i in range(10)], "data binary").write.format(
-        "waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).mode("append").save()
+        "waltz"
+    ).option("metadata", live.url).option("cluster", live.cluster.cluster).mode("append").save()
 
-    after = (spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster)
-             .option("startingOffsets", json.dumps({str(p): m + 1 for p, m in before.items()})).load().collect())
+    after = (
+        spark.read.format("waltz")
+        .option("metadata", live.url)
+        .option("cluster", live.cluster.cluster)
+        .option("startingOffsets", json.dumps({str(p): m + 1 for p, m in before.items()}))
+        .load()
+        .collect()
+    )
     got = {json.loads(bytes(r.data))["id"]: (r.partition, r.header) for r in after}
     assert {k: v for k, v in got.items() if k.startswith("sink-")} == {f"sink-{i}": (i % 2, i) for i in range(60)}
     assert sorted(k for k in got if k.startswith("rr-")) == sorted(f"rr-{i}" for i in range(10))
@@ -119,7 +134,9 @@ def test_the_sink_appends_every_row_as_a_transaction(spark: Any, live: Live) -> 
         ("data binary, partition int", [(b"{}", 0), (b"{}", -1)], "append", "column `partition` is -1"),
     ],
 )
-def test_the_sink_refuses_bad_rows_clearly(spark: Any, live: Live, schema: str, rows: list[Any], mode: str, message: str) -> None:
+def test_the_sink_refuses_bad_rows_clearly(
+    spark: Any, live: Live, schema: str, rows: list[Any], mode: str, message: str
+) -> None:
     df = spark.createDataFrame(rows, schema)
     with pytest.raises(Exception) as e:
         df.write.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster).mode(mode).save()
@@ -131,22 +148,39 @@ def test_a_bad_row_fails_its_batch_before_any_row_of_it_is_appended(spark: Any, 
     before = live.written()
     rows = [(json.dumps({"id": f"whole-{i}"}).encode(), i % 2 if i != 7 else 5) for i in range(10)]
     with pytest.raises(Exception, match="column `partition` is 5"):
-        (spark.createDataFrame(rows, "data binary, partition int").coalesce(1).write.format("waltz")
-         .option("metadata", live.url).option("cluster", live.cluster.cluster).mode("append").save())
-    after = (spark.read.format("waltz").option("metadata", live.url).option("cluster", live.cluster.cluster)
-             .option("startingOffsets", json.dumps({str(p): (r[-1][0] + 1 if r else 0) for p, r in before.items()})).load())
+        (
+            spark.createDataFrame(rows, "data binary, partition int")
+            .coalesce(1)
+            .write.format("waltz")
+            .option("metadata", live.url)
+            .option("cluster", live.cluster.cluster)
+            .mode("append")
+            .save()
+        )
+    after = (
+        spark.read.format("waltz")
+        .option("metadata", live.url)
+        .option("cluster", live.cluster.cluster)
+        .option("startingOffsets", json.dumps({str(p): (r[-1][0] + 1 if r else 0) for p, r in before.items()}))
+        .load()
+    )
     assert [r for r in after.collect() if b"whole-" in bytes(r.data)] == []
 
 
-def test_a_write_refuses_read_options_and_a_path_and_an_empty_one_connects_to_nothing(spark: Any, live: Live, tmp_path: pathlib.Path) -> None:
+def test_a_write_refuses_read_options_and_a_path_and_an_empty_one_connects_to_nothing(
+    spark: Any, live: Live, tmp_path: pathlib.Path
+) -> None:
     df = spark.createDataFrame([(b"{}",)], "data binary")
 
     def write(frame: Any, cluster: str, *path: str, **options: str) -> None:
         frame.write.format("waltz").option("metadata", cluster).option("cluster", live.cluster.cluster).options(
-            **options).mode("append").save(*path)
+            **options
+        ).mode("append").save(*path)
 
-    for options, message in (({"partitions": "1"}, "option(s) partitions do not apply to writes"),
-                             ({"startingOffsets": "earliest"}, "option(s) startingOffsets do not apply to writes")):
+    for options, message in (
+        ({"partitions": "1"}, "option(s) partitions do not apply to writes"),
+        ({"startingOffsets": "earliest"}, "option(s) startingOffsets do not apply to writes"),
+    ):
         with pytest.raises(Exception) as e:
             write(df, live.url, **options)
         assert message in str(e.value), str(e.value)[-2000:]
@@ -154,12 +188,16 @@ def test_a_write_refuses_read_options_and_a_path_and_an_empty_one_connects_to_no
         write(df, live.url, str(tmp_path / "x"))
     assert "a write goes to a live cluster, not to files" in str(e.value), str(e.value)[-2000:]
     # No rows, no connection: a cluster that does not exist is never asked.
-    write(spark.createDataFrame([], "data binary").repartition(2), f"embedded:{tmp_path}/nowhere/metadata.db", timeout="2")
+    write(
+        spark.createDataFrame([], "data binary").repartition(2), f"embedded:{tmp_path}/nowhere/metadata.db", timeout="2"
+    )
 
 
 def test_a_stream_needs_a_cluster(spark: Any, tmp_path: pathlib.Path) -> None:
     with pytest.raises(Exception) as e:
-        spark.readStream.format("waltz").load(str(tmp_path)).writeStream.format("memory").queryName("x").start().awaitTermination(30)
+        spark.readStream.format("waltz").load(str(tmp_path)).writeStream.format("memory").queryName(
+            "x"
+        ).start().awaitTermination(30)
     assert "streams and writes need a live cluster" in str(e.value), str(e.value)[-2000:]
 
 
@@ -184,7 +222,10 @@ class _ShortReader:
 
         from waltz.storage import ReqId
 
-        yield [SimpleNamespace(txid=t, req_id=ReqId(1, 1, partition, t), header=0, data=b"x") for t in range(start, start + 3)]
+        yield [
+            SimpleNamespace(txid=t, req_id=ReqId(1, 1, partition, t), header=0, data=b"x")
+            for t in range(start, start + 3)
+        ]
 
 
 def test_a_micro_batch_the_cluster_answers_short_fails_instead_of_skipping(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,7 +245,8 @@ def test_a_micro_batch_the_cluster_answers_short_fails_instead_of_skipping(monke
 
 
 def test_ids_the_replicas_dropped_fail_a_cluster_read_at_once_or_are_skipped_with_fail_on_data_loss_false(
-    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
+    tmp_path: pathlib.Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A stream restarted from a checkpoint below what the replicas still hold (their folders
     replaced by pruned copies, say): every replica answers "below the log's start", which no
@@ -214,7 +256,6 @@ def test_ids_the_replicas_dropped_fail_a_cluster_read_at_once_or_are_skipped_wit
     import logging
 
     from support.client_app import MemoryApp, Write
-
     from waltz import errors
     from waltz._native import Storage
     from waltz.client import WaltzClient
@@ -253,15 +294,26 @@ def test_ids_the_replicas_dropped_fail_a_cluster_read_at_once_or_are_skipped_wit
                 return [rec.txid async for recs in r.read(0, start, 299) for rec in recs]
 
         assert asyncio.run(read(first)) == list(range(first, 300))
-        with pytest.raises(errors.BelowLogStartError, match="partition 0: transaction 10 is held by no replica any more"):
+        with pytest.raises(
+            errors.BelowLogStartError, match="partition 0: transaction 10 is held by no replica any more"
+        ):
             asyncio.run(read(10))
 
         def ids(**options: str) -> list[int]:
-            opts = Options.parse({"metadata": cluster.metadata_url, "cluster": cluster.cluster, **options}, streaming=True)
-            return [t for batch in source._read_cluster(opts, 0, 10, 299) for t in batch.column("transaction_id").to_pylist()]
+            opts = Options.parse(
+                {"metadata": cluster.metadata_url, "cluster": cluster.cluster, **options}, streaming=True
+            )
+            return [
+                t
+                for batch in source._read_cluster(opts, 0, 10, 299)
+                for t in batch.column("transaction_id").to_pylist()
+            ]
 
-        with pytest.raises(DataLossError, match=f"transactions 10..{first - 1} of partition 0 are no longer in the cluster's replicas "
-                           f"\\(the first held is {first}\\): set failOnDataLoss=false"):
+        with pytest.raises(
+            DataLossError,
+            match=f"transactions 10..{first - 1} of partition 0 are no longer in the cluster's replicas "
+            f"\\(the first held is {first}\\): set failOnDataLoss=false",
+        ):
             ids()
         with caplog.at_level(logging.WARNING, logger="waltz.spark"):
             assert ids(failOnDataLoss="false") == list(range(first, 300))

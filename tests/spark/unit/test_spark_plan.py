@@ -9,9 +9,19 @@ import uuid
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from waltz._native import Storage
-from waltz.spark.options import EARLIEST, LATEST, MAX_BATCH_BYTES, DataLossError, OffsetSpec, OptionError, Options, parse_offsets, resolve, select
+from waltz.spark.options import (
+    EARLIEST,
+    LATEST,
+    MAX_BATCH_BYTES,
+    DataLossError,
+    OffsetSpec,
+    OptionError,
+    Options,
+    parse_offsets,
+    resolve,
+    select,
+)
 from waltz.spark.plan import Pushed, Range, Replica, bound, bounds, capped, ranges, split, survey
 
 
@@ -36,7 +46,9 @@ def test_without_the_cluster_the_low_water_mark_bounds_and_says_why() -> None:
 
 
 def test_a_replica_behind_the_mark_is_read_to_its_end_and_the_fullest_comes_first() -> None:
-    bs = bounds([replica("/a", 70, 5, 10), replica("/b", 95, 5, 10)], committed_only=True, high_water_mark=100, session=5)
+    bs = bounds(
+        [replica("/a", 70, 5, 10), replica("/b", 95, 5, 10)], committed_only=True, high_water_mark=100, session=5
+    )
     assert [(b.replica.path, b.last) for b in bs] == [("/b", 95), ("/a", 70)]
 
 
@@ -48,7 +60,9 @@ def test_ranges_resolve_offsets_as_kafka_does() -> None:
     held = {0: [Range(0, 0, 100, "/a")], 1: [Range(1, 10, 50, None)]}
     assert ranges(held, {0: 5}, {1: 20}) == [Range(0, 5, 100, "/a"), Range(1, 10, 20, None)]
     assert ranges({0: [Range(0, 0, 0)]}, "earliest", "latest") == []
-    assert ranges({0: [Range(0, 0, 0, "/new"), Range(0, 150, 150, "/old")]}, "earliest", "latest") == []  # nothing held anywhere
+    assert (
+        ranges({0: [Range(0, 0, 0, "/new"), Range(0, 150, 150, "/old")]}, "earliest", "latest") == []
+    )  # nothing held anywhere
     # start == end is the empty range: at latest, or both at one id.
     assert ranges({0: [Range(0, 0, 10)]}, "latest", "latest") == []
     assert ranges({0: [Range(0, 0, 10)]}, {0: 4}, {0: 4}) == []
@@ -71,7 +85,10 @@ def test_a_start_after_the_end_is_an_error(starting: OffsetSpec, ending: OffsetS
 
 @pytest.mark.parametrize("option", ["startingOffsets", "endingOffsets"])
 def test_an_offset_for_a_partition_not_read_is_an_error(option: str) -> None:
-    offsets: dict[str, tuple[OffsetSpec, OffsetSpec]] = {"startingOffsets": ({5: 10}, "latest"), "endingOffsets": ("earliest", {1: 3})}
+    offsets: dict[str, tuple[OffsetSpec, OffsetSpec]] = {
+        "startingOffsets": ({5: 10}, "latest"),
+        "endingOffsets": ("earliest", {1: 3}),
+    }
     starting, ending = offsets[option]
     with pytest.raises(OptionError, match=rf"option {option}: partition \d is not among the partitions read \(0\)"):
         ranges({0: [Range(0, 0, 10)]}, starting, ending)
@@ -91,14 +108,19 @@ def test_several_directories_are_read_as_their_union_each_id_from_the_fullest_ho
 
 def test_a_gap_between_directories_is_an_error_naming_it_unless_the_offsets_skip_it() -> None:
     held = {0: [Range(0, 250, 300, "/a"), Range(0, 0, 201, "/b")]}
-    with pytest.raises(OptionError, match=r"partition 0: transactions 201..249 are in none of the directories in path "
-                       r"\(each can serve: /b 0..200; /a 250..299\)"):
+    with pytest.raises(
+        OptionError,
+        match=r"partition 0: transactions 201..249 are in none of the directories in path "
+        r"\(each can serve: /b 0..200; /a 250..299\)",
+    ):
         ranges(held, "earliest", "latest")
     assert ranges(held, {0: 250}, "latest") == [Range(0, 250, 300, "/a")]
     assert ranges(held, "earliest", {0: 201}) == [Range(0, 0, 201, "/b")]
 
 
-def test_with_fail_on_data_loss_false_gaps_between_directories_are_skipped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_with_fail_on_data_loss_false_gaps_between_directories_are_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     held = {0: [Range(0, 250, 300, "/a"), Range(0, 100, 201, "/b"), Range(0, 0, 50, "/c")]}
     with pytest.raises(DataLossError, match=r"transactions 50..99, 201..249 are in none .* failOnDataLoss=false"):
         ranges(held, "earliest", "latest")
@@ -113,15 +135,26 @@ def test_bounds_serve_what_each_directory_holds_committed() -> None:
     dropped = replica("/a", 299, 5, 299, first=150)
     older = replica("/b", 250, 4, 200)  # above 200 a dirty tail of session 4, maybe
     assert [b.serves() for b in bounds([dropped, older], committed_only=True, high_water_mark=299, session=5)] == [
-        Range(0, 150, 300, "/a"), Range(0, 0, 201, "/b")]
-    assert bound(replica("/e", -1, -1, -1), committed_only=True, high_water_mark=None, session=None).serves() == Range(0, 0, 0, "/e")
+        Range(0, 150, 300, "/a"),
+        Range(0, 0, 201, "/b"),
+    ]
+    assert bound(replica("/e", -1, -1, -1), committed_only=True, high_water_mark=None, session=None).serves() == Range(
+        0, 0, 0, "/e"
+    )
 
 
-def test_a_start_below_the_first_id_held_fails_or_with_fail_on_data_loss_false_warns(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_start_below_the_first_id_held_fails_or_with_fail_on_data_loss_false_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     held = {0: [Range(0, 150, 300, "/a")]}
-    with pytest.raises(DataLossError, match=r"option startingOffsets: transactions 0..149 of partition 0 are no longer in any directory"):
+    with pytest.raises(
+        DataLossError,
+        match=r"option startingOffsets: transactions 0..149 of partition 0 are no longer in any directory",
+    ):
         ranges(held, {0: 0}, "latest")
-    with pytest.raises(DataLossError, match=r"transactions 10..19 of partition 0 are no longer in the cluster's replicas"):
+    with pytest.raises(
+        DataLossError, match=r"transactions 10..19 of partition 0 are no longer in the cluster's replicas"
+    ):
         select({0: 10}, {0: 20}, 0, 150, 300, fail_on_data_loss=True, holder="the cluster's replicas")
     with caplog.at_level(logging.WARNING, logger="waltz.spark"):
         assert ranges(held, {0: 0}, "latest", fail_on_data_loss=False) == [Range(0, 150, 300, "/a")]
@@ -151,14 +184,21 @@ def test_split_keeps_every_core_busy_and_covers_each_id_once() -> None:
 
 
 ranges_to_split = st.lists(
-    st.builds(lambda p, s, n, path: Range(p, s, s + n, path), st.integers(0, 3), st.integers(0, 50), st.integers(0, 60),
-              st.sampled_from([None, "/a"])),
+    st.builds(
+        lambda p, s, n, path: Range(p, s, s + n, path),
+        st.integers(0, 3),
+        st.integers(0, 50),
+        st.integers(0, 60),
+        st.sampled_from([None, "/a"]),
+    ),
     max_size=5,
 )
 
 
 @given(ranges_to_split, st.integers(1, 40), st.integers(1, 40))
-def test_split_honours_min_splits_and_max_per_split_and_covers_each_id_once(parts: list[Range], min_splits: int, max_per_split: int) -> None:
+def test_split_honours_min_splits_and_max_per_split_and_covers_each_id_once(
+    parts: list[Range], min_splits: int, max_per_split: int
+) -> None:
     def ids(rs: list[Range]) -> list[tuple[int, str, int]]:
         return sorted((r.partition, r.path or "", t) for r in rs for t in range(r.start, r.end))
 
@@ -185,7 +225,10 @@ def test_capped_shares_the_budget_by_backlog() -> None:
         ({"path": "/x", "tlsCa": "ca.pem"}, "needs all of tlsCa"),
         ({"path": "/x", "minPartitions": "0"}, "expected a positive integer"),
         ({"path": "/x", "maxBytesPerBatch": "1M"}, "maxBytesPerBatch='1M': expected a positive integer"),
-        ({"path": "/x", "maxBytesPerBatch": str(3 << 30)}, "maxBytesPerBatch='3221225472': at most 2147483647 (Arrow's 32-bit offsets)"),
+        (
+            {"path": "/x", "maxBytesPerBatch": str(3 << 30)},
+            "maxBytesPerBatch='3221225472': at most 2147483647 (Arrow's 32-bit offsets)",
+        ),
         ({"path": "/x", "failOnDataLoss": "sometimes"}, "failOnDataLoss='sometimes': expected true or false"),
         ({"path": "/x", "partitions": "a,b"}, "comma-separated"),
         ({"path": "/x", "startingOffsets": "[1]"}, "must be an object"),
@@ -208,7 +251,10 @@ def test_stream_options() -> None:
         Options.parse({"metadata": "embedded:/m", "path": "/x"}, streaming=True)
     assert Options.parse({"paths": '["/a", "/b"]'}).paths == ("/a", "/b")
     assert Options.parse({"path": "/x", "maxBytesPerBatch": str(MAX_BATCH_BYTES)}).batch_bytes == MAX_BATCH_BYTES
-    assert Options.parse({"path": "/x"}).fail_on_data_loss and not Options.parse({"path": "/x", "failOnDataLoss": "false"}).fail_on_data_loss
+    assert (
+        Options.parse({"path": "/x"}).fail_on_data_loss
+        and not Options.parse({"path": "/x", "failOnDataLoss": "false"}).fail_on_data_loss
+    )
     assert parse_offsets("x", '{"3": -2}') == {3: EARLIEST}
 
 
@@ -252,8 +298,13 @@ def test_pushed_filters_narrow_the_ranges_planned_and_say_what_spark_must_still_
     assert ranges(held, "earliest", "latest", pushed=pushed) == [Range(0, 1000, 5000)]
     # Conditions AND together; partition ranges and IN sets intersect.
     p2 = Pushed()
-    for column, op, value in [("partition", "in", (1, 2, 3)), ("partition", "<", 3), ("transaction_id", ">", 10),
-                              ("transaction_id", "<=", 20), ("TRANSACTION_ID", "<", 15)]:
+    for column, op, value in [
+        ("partition", "in", (1, 2, 3)),
+        ("partition", "<", 3),
+        ("transaction_id", ">", 10),
+        ("transaction_id", "<=", 20),
+        ("TRANSACTION_ID", "<", 15),
+    ]:
         p2, exact = p2.add(column, op, value)
         assert exact
     assert ranges(held, "earliest", "latest", pushed=p2) == [Range(1, 11, 15), Range(2, 11, 15)]
@@ -263,8 +314,13 @@ def test_pushed_filters_narrow_the_ranges_planned_and_say_what_spark_must_still_
     assert not exact and (p3.low, p3.high) == (3, 41)
     assert Pushed().add("transaction_id", "in", (7,))[1]
     # Anything else goes back to Spark unchanged: other columns, nulls, non-integers, booleans.
-    for column, op, value in [("header", "=", 1), ("partition", "=", None), ("transaction_id", ">", 1.5),
-                              ("partition", "=", True), ("partition", "in", ())]:
+    for column, op, value in [
+        ("header", "=", 1),
+        ("partition", "=", None),
+        ("transaction_id", ">", 1.5),
+        ("partition", "=", True),
+        ("partition", "in", ()),
+    ]:
         same, exact = Pushed().add(column, op, value)
         assert not exact and same == Pushed()
     # Contradictions and ranges past the data plan nothing, without an error.
@@ -297,8 +353,10 @@ def test_the_old_spellings_still_work_with_a_deprecation_warning(caplog: pytest.
     with pytest.warns(DeprecationWarning) as w:
         o = Options.parse({"cluster": "zk://h:1/w", "clusterName": "payments"}, streaming=True)
     assert (o.metadata, o.cluster) == ("zk://h:1/w", "payments")
-    assert [str(m.message).split(":")[0] for m in w] == ["option cluster as the metadata URL is deprecated",
-                                                          "option clusterName is deprecated"]
+    assert [str(m.message).split(":")[0] for m in w] == [
+        "option cluster as the metadata URL is deprecated",
+        "option clusterName is deprecated",
+    ]
     assert "deprecated" in caplog.text  # Spark's workers do not show warnings: the driver's log does
     with pytest.raises(OptionError, match="give only one of cluster and"):
         Options.parse({"path": "/x", "cluster": "a", "clusterName": "b"})
@@ -309,10 +367,22 @@ def test_the_old_spellings_still_work_with_a_deprecation_warning(caplog: pytest.
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"path": "/x", "maxOffsetsPerTrigger": "5"}, "unknown option 'maxOffsetsPerTrigger' (did you mean 'maxTransactionsPerTrigger'?)"),
-        ({"path": "/x", "startingoffset": "earliest"}, "unknown option 'startingoffset' (did you mean 'startingOffsets'?)"),
-        ({"path": "/x", "kafka.bootstrap.servers": "h:1"}, "unknown option 'kafka.bootstrap.servers' (did you mean 'metadata'?)"),
-        ({"path": "/x", "Frobnicate": "1"}, "unknown option 'Frobnicate' of the waltz source; it takes path, paths, metadata"),
+        (
+            {"path": "/x", "maxOffsetsPerTrigger": "5"},
+            "unknown option 'maxOffsetsPerTrigger' (did you mean 'maxTransactionsPerTrigger'?)",
+        ),
+        (
+            {"path": "/x", "startingoffset": "earliest"},
+            "unknown option 'startingoffset' (did you mean 'startingOffsets'?)",
+        ),
+        (
+            {"path": "/x", "kafka.bootstrap.servers": "h:1"},
+            "unknown option 'kafka.bootstrap.servers' (did you mean 'metadata'?)",
+        ),
+        (
+            {"path": "/x", "Frobnicate": "1"},
+            "unknown option 'Frobnicate' of the waltz source; it takes path, paths, metadata",
+        ),
     ],
 )
 def test_an_unknown_option_is_echoed_as_given_with_the_nearest_name(options: dict[str, str], message: str) -> None:

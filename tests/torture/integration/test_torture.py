@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support.processes import zookeeper_available
 from waltz.torture.nemesis import FAULTS
 from waltz.torture.run import TortureOptions, run_torture
@@ -23,8 +22,16 @@ def test_short_schedule_of_faults_loses_nothing(tmp_path):
         pytest.fail("ZooKeeper is not installed: run scripts/setup.sh")
     said: list[str] = []
     faults = FAULTS
-    options = TortureOptions(tmp_path / "run", duration=DURATION, seed=11, clients=2, partitions=2, zookeeper=True,
-                             hold=(1.0, 4.0), faults=faults)
+    options = TortureOptions(
+        tmp_path / "run",
+        duration=DURATION,
+        seed=11,
+        clients=2,
+        partitions=2,
+        zookeeper=True,
+        hold=(1.0, 4.0),
+        faults=faults,
+    )
     result = run_torture(options, say=said.append)
     assert result.problems == [], "\n".join(result.problems)
     assert result.report.ok, result.report.render()
@@ -46,16 +53,34 @@ def test_the_command_passes_a_quiet_run_and_its_checker_catches_a_lost_acknowled
 
     run = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "waltz.cli.main", "torture", "--duration", "3s", "--faults", "none", "--clients", "1",
-         "--partitions", "1", "--directory", str(run)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "waltz.cli.main",
+            "torture",
+            "--duration",
+            "3s",
+            "--faults",
+            "none",
+            "--clients",
+            "1",
+            "--partitions",
+            "1",
+            "--directory",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "history check: OK" in done.stdout and "PASSED" in done.stdout
     history = read_history(sorted((run / "history").glob("*.jsonl")))
     drains = read_drains(run / "drains.jsonl")
     acked = next(e for e in history.events if e.f == "append" and e.type == "ok")
-    damaged = {source: {p: [r for r in recs if r.txid != acked.txid] for p, recs in parts.items()}
-               for source, parts in drains.items()}
+    damaged = {
+        source: {p: [r for r in recs if r.txid != acked.txid] for p, recs in parts.items()}
+        for source, parts in drains.items()
+    }
     report = check(history, damaged)
     assert "lost-ack" in report.kinds(), report.render()

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-
 from waltz.torture.proxy import FaultProxy, ProxyLoop
 
 

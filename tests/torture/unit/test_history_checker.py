@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from waltz import errors
 from waltz.torture import (
     KINDS,
@@ -62,7 +61,9 @@ class Sim:
     mark; acks arrive after the commit, may be lost (info) or never arrive (process killed);
     consumers reconnect and resume; an observer asks for the mark. Every choice comes from `seed`."""
 
-    def __init__(self, seed: int, partitions: int = 2, clients: int = 4, consumers: int = 2, enforce_locks: bool = True) -> None:
+    def __init__(
+        self, seed: int, partitions: int = 2, clients: int = 4, consumers: int = 2, enforce_locks: bool = True
+    ) -> None:
         self.rng = random.Random(seed)
         self.enforce_locks = enforce_locks
         self.t = 1_000_000
@@ -80,7 +81,9 @@ class Sim:
         return self.t
 
     def emit(self, process: int, f: str, type_: str, partition: int, **fields: Any) -> None:
-        self.events.append({"process": process, "type": type_, "f": f, "partition": partition, "time": self.now(), **fields})
+        self.events.append(
+            {"process": process, "type": type_, "f": f, "partition": partition, "time": self.now(), **fields}
+        )
 
     def run(self, steps: int = 400) -> Sim:
         actions = [self.invoke, self.commit, self.complete, self.apply, self.read, self.observe]
@@ -97,7 +100,9 @@ class Sim:
         a = self.rng.sample(POOL, 1) if self.rng.random() < 0.1 else []
         op = _Op(c, p, f"p{c}-{len(self.ops):06d}", self.view[c, p], w, r, a)
         self.ops.append(op)
-        self.emit(c, "append", "invoke", p, payload=op.payload, write_locks=w, read_locks=r, append_locks=a, client_hwm=op.hwm)
+        self.emit(
+            c, "append", "invoke", p, payload=op.payload, write_locks=w, read_locks=r, append_locks=a, client_hwm=op.hwm
+        )
 
     def commit(self) -> None:
         waiting = [op for op in self.ops if op.phase == "invoked"]
@@ -112,7 +117,14 @@ class Sim:
             op.phase = "dropped"
         else:
             txid = len(log)
-            data = encode_payload(op.payload, client_hwm=op.hwm, write_locks=op.w, read_locks=op.r, append_locks=op.a, size=self.rng.choice([0, 40, 300]))
+            data = encode_payload(
+                op.payload,
+                client_hwm=op.hwm,
+                write_locks=op.w,
+                read_locks=op.r,
+                append_locks=op.a,
+                size=self.rng.choice([0, 40, 300]),
+            )
             log.append(record_from_bytes(txid, data, header=self.rng.choice([0, 0, 7])))
             for lock in op.w + op.a:
                 writer[lock] = txid
@@ -135,7 +147,14 @@ class Sim:
             txid = next(r.txid for r in self.logs[op.partition] if r.payload == op.payload)
             self.emit(op.process, "append", "ok", op.partition, payload=op.payload, txid=txid)
         elif op.phase == "refused" or (op.phase == "dropped" and self.rng.random() < 0.5):
-            self.emit(op.process, "append", "fail", op.partition, payload=op.payload, error="lock failure" if op.phase == "refused" else "dropped")
+            self.emit(
+                op.process,
+                "append",
+                "fail",
+                op.partition,
+                payload=op.payload,
+                error="lock failure" if op.phase == "refused" else "dropped",
+            )
         else:
             self.emit(op.process, "append", "info", op.partition, payload=op.payload)
 
@@ -190,7 +209,10 @@ def test_the_simulator_exercises_every_outcome() -> None:
     for seed in range(10):
         for c in Sim(seed).run().check().counts.values():
             total.update(dataclasses.asdict(c))
-    assert all(total[k] > 0 for k in ("acknowledged", "failed", "unknown", "committed", "unknown_committed", "reads", "hwm_observations")), total
+    assert all(
+        total[k] > 0
+        for k in ("acknowledged", "failed", "unknown", "committed", "unknown_committed", "reads", "hwm_observations")
+    ), total
 
 
 @settings(max_examples=25, derandomize=True, deadline=None)
@@ -225,7 +247,15 @@ def _replay(obj: dict[str, Any], w: HistoryWriter) -> None:
     elif obj["f"] == "hwm":
         w.hwm(p, obj["value"], invoked=obj.get("invoked"), time=t)
     elif obj["type"] == "invoke":
-        w.invoke(p, obj["payload"], write_locks=obj["write_locks"], read_locks=obj["read_locks"], append_locks=obj["append_locks"], client_hwm=obj["client_hwm"], time=t)
+        w.invoke(
+            p,
+            obj["payload"],
+            write_locks=obj["write_locks"],
+            read_locks=obj["read_locks"],
+            append_locks=obj["append_locks"],
+            client_hwm=obj["client_hwm"],
+            time=t,
+        )
     elif obj["type"] == "ok":
         w.ok(p, obj["payload"], obj["txid"], time=t)
     else:
@@ -241,7 +271,9 @@ def test_history_and_drains_round_trip_through_files(tmp_path: Path) -> None:
     writers: dict[int, HistoryWriter] = {}
     for obj in sim.events:
         if obj["process"] not in writers:
-            writers[obj["process"]] = HistoryWriter(tmp_path / "history" / f"process-{obj['process']}.jsonl", obj["process"])
+            writers[obj["process"]] = HistoryWriter(
+                tmp_path / "history" / f"process-{obj['process']}.jsonl", obj["process"]
+            )
         _replay(obj, writers[obj["process"]])
     writers[0].write({"f": "nemesis", "process": "nemesis", "time": 5, "what": "partition heals"})
     for w in writers.values():
@@ -253,7 +285,9 @@ def test_history_and_drains_round_trip_through_files(tmp_path: Path) -> None:
     assert _unplaced(history) == _unplaced(sim.history())
     assert history.other == [{"f": "nemesis", "process": "nemesis", "time": 5, "what": "partition heals"}]
     drains = read_drains(tmp_path / "drains.jsonl")
-    assert drains == {s: {p: rs for p, rs in ps.items() if rs} for s, ps in written.items()}  # an empty list writes no line
+    assert drains == {
+        s: {p: rs for p, rs in ps.items() if rs} for s, ps in written.items()
+    }  # an empty list writes no line
     report = check(history, drains, lagging=["r3"])
     assert report.ok, report.render()
     assert json.loads(report.to_json())["ok"] is True
@@ -276,9 +310,21 @@ class Scenario:
         self.t += 10
         self.objs.append({"process": process, "type": type_, "f": f, "partition": 0, "time": self.t, **fields})
 
-    def spec(self, payload: str, hwm: int | None = None, w: tuple[str, ...] = (), r: tuple[str, ...] = (), a: tuple[str, ...] = ()) -> dict[str, Any]:
+    def spec(
+        self,
+        payload: str,
+        hwm: int | None = None,
+        w: tuple[str, ...] = (),
+        r: tuple[str, ...] = (),
+        a: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         if payload not in self.specs:  # a client caught up with the log, unless told otherwise
-            self.specs[payload] = dict(client_hwm=len(self.data) - 1 if hwm is None else hwm, write_locks=list(w), read_locks=list(r), append_locks=list(a))
+            self.specs[payload] = dict(
+                client_hwm=len(self.data) - 1 if hwm is None else hwm,
+                write_locks=list(w),
+                read_locks=list(r),
+                append_locks=list(a),
+            )
         return self.specs[payload]
 
     def invoke(self, process: int, payload: str, **spec: Any) -> None:
@@ -650,7 +696,13 @@ def test_payload_round_trip_padding_and_damage() -> None:
     data = encode_payload("p1-000002", client_hwm=41, write_locks=["pool:1"], read_locks=["pool:2"], size=500)
     assert len(data) == 500
     p = decode_payload(data)
-    assert (p.payload, p.client_hwm, p.write_locks, p.read_locks, p.append_locks) == ("p1-000002", 41, ("pool:1",), ("pool:2",), ())
+    assert (p.payload, p.client_hwm, p.write_locks, p.read_locks, p.append_locks) == (
+        "p1-000002",
+        41,
+        ("pool:1",),
+        ("pool:2",),
+        (),
+    )
     assert len(encode_payload("x", client_hwm=-1, size=1)) > 1  # size is a minimum
     for i in (0, 20, 499):
         damaged = bytearray(data)
