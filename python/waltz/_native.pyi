@@ -147,6 +147,9 @@ class Partition:
         """Drops every transaction after `txid` (crash-safe); returns the new max id."""
     def drop_segments_before(self, txid: int) -> int:
         """Retention: deletes whole segments below `txid`; returns the new first id."""
+    def retention(self) -> dict[str, int]:
+        """first_transaction_id, segments, bytes_on_disk, oldest_ms (creation of the oldest
+        segment, -1 unknown), reclaimed_bytes (deleted since the partition was opened)."""
     def read_record(self, txid: int) -> Record | None: ...
     def read_header(self, txid: int) -> RecordHeader | None: ...
     def read_records(self, txid: int, max_count: int = 1000, max_bytes: int = 4 << 20) -> list[Record]: ...
@@ -228,6 +231,7 @@ class StorageNode:
         idle_timeout: float = 300.0,
         max_in_flight: int = 1024,
         max_connections: int = 4096,
+        retention_interval: float = 1.0,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
@@ -361,6 +365,19 @@ def encode_admin_request(
 
 def encode_admin_append(seq: int, partition_id: int, records: Iterable[Record]) -> bytes:
     """An admin Append frame carrying `records` (as read from another node) unchanged."""
+
+def encode_set_retention(
+    session_id: int,
+    seq: int,
+    partition_id: int,
+    *,
+    max_age_ms: int = -1,
+    max_bytes: int = -1,
+    min_kept: int = 0,
+    hold_from: int = 2**63 - 1,
+    lease_ms: int = 30_000,
+) -> bytes:
+    """A Set Retention frame: the partition's retention order for `lease_ms` (-1: no limit)."""
 
 def encode_append(session_id: int, seq: int, partition_id: int, first_txid: int, batch: RecordBatch) -> bytes:
     """An Append frame of `batch` as transactions first_txid, first_txid + 1, ..."""

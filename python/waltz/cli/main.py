@@ -14,6 +14,7 @@ from waltz.cli.demo import demo
 from waltz.cli.dev import dev
 from waltz.cli.disk import disk
 from waltz.cli.log import log
+from waltz.cli.retention import retention
 from waltz.cli.server import server
 from waltz.cli.storage import storage
 from waltz.cli.tls import tls
@@ -62,6 +63,7 @@ main.add_command(storage)
 main.add_command(server)
 main.add_command(disk)
 main.add_command(log)
+main.add_command(retention)
 main.add_command(tls)
 main.add_command(demo)
 main.add_command(dev)

@@ -36,6 +36,7 @@ class Paths:
         self.assignment = join(root, "assignment")
         self.manager = join(root, "manager")
         self.counters = join(root, "counters")
+        self.retention = join(root, "retention")
 
     def partition(self, partition_id: int) -> str:
         return join(self.partitions, partition_id)

@@ -34,6 +34,7 @@ from waltz.sd_notify import notify
 from waltz.server.connection import ClientConnection, ConnectionLimits, Partitions
 from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import ServerPartition
+from waltz.server.retention import RetentionPusher
 from waltz.server.store_session import StoreSession
 
 log = logging.getLogger("waltz.server")
@@ -280,6 +281,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         replica_watch = await asyncio.to_thread(
             DataWatch, store, metadata.paths.replica_assignment, lambda _data, _stat: host.replicas_changed()
         )
+        retention = RetentionPusher(metadata, partitions)
+        await retention.start()
         registry = CollectorRegistry()
         registry.register(ServerCollector(partitions, on_client))
         http = serve_endpoint(
@@ -309,6 +312,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
         log.info("stopping server %d", membership.server_id)
         await asyncio.to_thread(membership.close)
         replica_watch.stop()
+        await retention.close()
         server.close()
         await host.close()
         http.shutdown()

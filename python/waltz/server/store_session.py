@@ -730,6 +730,31 @@ class StoreSession:
         )
         self._advance()
 
+    # -- retention ---------------------------------------------------------------------------
+    async def set_retention(self, policy: Any, hold_from: int, lease_ms: int) -> None:
+        """Hands the retention order to every replica in the write path (recorded clean in this
+        session). Each node caps it by its own low-water mark; a replica that misses an order
+        keeps everything once its last one lapses."""
+        targets = [r for r in self._replicas if r.client is not None and r.in_write_path]
+        answers = await asyncio.gather(
+            *(
+                r.client.set_retention(
+                    self.partition,
+                    self.session_id,
+                    max_age_ms=policy.max_age_ms,
+                    max_bytes=policy.max_bytes,
+                    min_kept=policy.min_kept,
+                    hold_from=hold_from,
+                    lease_ms=lease_ms,
+                )
+                for r in targets
+            ),
+            return_exceptions=True,
+        )
+        for r, a in zip(targets, answers, strict=True):
+            if isinstance(a, BaseException):
+                log.debug("partition %d: retention order to %s failed: %s", self.partition, r.address, a)
+
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
         # Every replica this session served holds the same committed prefix; those still in the

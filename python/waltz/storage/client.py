@@ -27,6 +27,7 @@ from waltz._native import (
     encode_admin_request,
     encode_append,
     encode_request,
+    encode_set_retention,
 )
 from waltz.event_loop import tell_listener
 
@@ -375,6 +376,31 @@ class StorageClient(_Connection):
         await self._call(
             lambda seq: encode_request(
                 RequestKind.SET_LOW_WATER_MARK, session, seq, partition, low_water_mark=low_water_mark
+            )
+        )
+
+    async def set_retention(
+        self,
+        partition: int,
+        session: int,
+        *,
+        max_age_ms: int | None,
+        max_bytes: int | None,
+        min_kept: int,
+        hold_from: int,
+        lease_ms: int,
+    ) -> None:
+        """Hands the node the partition's retention order for `lease_ms` (docs/protocol.md)."""
+        await self._call(
+            lambda seq: encode_set_retention(
+                session,
+                seq,
+                partition,
+                max_age_ms=-1 if max_age_ms is None else max_age_ms,
+                max_bytes=-1 if max_bytes is None else max_bytes,
+                min_kept=min_kept,
+                hold_from=hold_from,
+                lease_ms=lease_ms,
             )
         )
 

@@ -110,6 +110,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             idle_timeout=n.idle_timeout,
             max_in_flight=n.max_in_flight,
             max_connections=max_connections,
+            retention_interval=n.retention_interval,
             tls_ca=tls.ca,
             tls_cert=tls.cert,
             tls_key=tls.key,

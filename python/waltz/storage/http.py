@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -83,7 +84,26 @@ class NodeCollector(Collector):
             "failed": GaugeMetricFamily(
                 "waltz_storage_partition_failed", "1 when the partition refuses appends", labels=["partition"]
             ),
+            "first_transaction_id": GaugeMetricFamily(
+                "waltz_storage_partition_first_transaction_id",
+                "Lowest id still held (retention moves it up)",
+                labels=["partition"],
+            ),
+            "bytes_on_disk": GaugeMetricFamily(
+                "waltz_storage_partition_bytes_on_disk", "Segment and index bytes on disk", labels=["partition"]
+            ),
+            "oldest_age": GaugeMetricFamily(
+                "waltz_storage_partition_oldest_segment_age_seconds",
+                "Age of the oldest segment held: an upper bound on the age of the oldest transaction",
+                labels=["partition"],
+            ),
         }
+        reclaimed = CounterMetricFamily(
+            "waltz_storage_partition_reclaimed_bytes",
+            "Bytes retention deleted since the node opened the partition",
+            labels=["partition"],
+        )
+        now_ms = time.time() * 1000
         counters = {
             k: CounterMetricFamily(f"waltz_storage_partition_{k}", h, labels=["partition"])
             for k, h in (
@@ -109,6 +129,16 @@ class NodeCollector(Collector):
             label = [str(pid)]
             gauges["max_transaction_id"].add_metric(label, p.max_transaction_id)
             gauges["failed"].add_metric(label, 0 if p.failed is None else 1)
+            try:
+                r = p.retention()
+            except errors.WaltzError:
+                r = None
+            if r is not None:
+                gauges["first_transaction_id"].add_metric(label, r["first_transaction_id"])
+                gauges["bytes_on_disk"].add_metric(label, r["bytes_on_disk"])
+                if r["oldest_ms"] >= 0:
+                    gauges["oldest_age"].add_metric(label, max(0.0, (now_ms - r["oldest_ms"]) / 1000))
+                reclaimed.add_metric(label, r["reclaimed_bytes"])
             st = p.stats()
             for k, fam in counters.items():
                 fam.add_metric(label, st[k])  # type: ignore[literal-required]
@@ -116,6 +146,7 @@ class NodeCollector(Collector):
             batch_hist.add_metric(label, *_buckets(st["batch_records"], BATCH_RECORDS_BOUNDS, 1))
         yield from gauges.values()
         yield from counters.values()
+        yield reclaimed
         yield sync_hist
         yield batch_hist
 

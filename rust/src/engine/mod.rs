@@ -9,5 +9,6 @@ pub mod index;
 pub mod inspect;
 pub mod partition;
 pub mod record;
+pub mod retention;
 pub mod segment;
 pub mod storage;

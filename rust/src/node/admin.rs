@@ -191,18 +191,25 @@ fn status(shared: &Shared, h: MsgHeader) -> AdminResponse {
         let st = s.partition(id).and_then(|p| Ok((p, s.partition_info(id)?)));
         let (readable, writable) = avail.get(&id).copied().unwrap_or((true, true));
         partitions.push(match st {
-            Ok((p, info)) => PartitionStatus {
-                partition_id: id,
-                first_txid: p.first_txid(),
-                max_txid: p.max_txid(),
-                session_id: info.session_id,
-                low_water_mark: info.low_water_mark,
-                local_low_water_mark: info.local_low_water_mark,
-                newest_session: s.fence(id).unwrap_or(info.session_id),
-                readable,
-                writable,
-                failure: p.is_failed().unwrap_or_default(),
-            },
+            Ok((p, info)) => {
+                let spans = p.segment_spans().unwrap_or_default();
+                PartitionStatus {
+                    partition_id: id,
+                    first_txid: p.first_txid(),
+                    max_txid: p.max_txid(),
+                    session_id: info.session_id,
+                    low_water_mark: info.low_water_mark,
+                    local_low_water_mark: info.local_low_water_mark,
+                    newest_session: s.fence(id).unwrap_or(info.session_id),
+                    readable,
+                    writable,
+                    failure: p.is_failed().unwrap_or_default(),
+                    bytes_on_disk: spans.iter().map(|s| s.bytes as i64).sum(),
+                    oldest_ms: spans.first().map_or(-1, |s| s.creation_ms),
+                    reclaimed_bytes: p.reclaimed_bytes() as i64,
+                    retention_limit: shared.retention.limit(shared, id),
+                }
+            }
             Err(e) => PartitionStatus {
                 partition_id: id,
                 first_txid: -1,
@@ -214,6 +221,10 @@ fn status(shared: &Shared, h: MsgHeader) -> AdminResponse {
                 readable,
                 writable,
                 failure: format!("cannot open: {e}"),
+                bytes_on_disk: -1,
+                oldest_ms: -1,
+                reclaimed_bytes: 0,
+                retention_limit: -1,
             },
         });
     }

@@ -28,6 +28,8 @@ pub struct NodeOptions {
     /// Connections open at once on each port; one more is closed as soon as it is accepted.
     /// A storage connection costs a thread and three file descriptors.
     pub max_connections: usize,
+    /// How often the retention thread applies the standing orders (`node::retention`).
+    pub retention_interval: Duration,
 }
 
 impl Default for NodeOptions {
@@ -40,6 +42,7 @@ impl Default for NodeOptions {
             max_in_flight: 1024,
             tls: None,
             max_connections: 4096,
+            retention_interval: Duration::from_secs(1),
         }
     }
 }
@@ -81,6 +84,8 @@ pub(super) struct Shared {
     pub(super) storage_unopened: Arc<AtomicUsize>,
     /// Connections refused since the last warning about them, and when that was.
     pub(super) refused: Mutex<(u64, Option<Instant>)>,
+    /// The store sessions' retention orders and the deletion thread's stop signal.
+    pub(super) retention: crate::node::retention::Retention,
 }
 
 pub(super) fn failure_kind(e: &Error) -> FailureKind {

@@ -338,6 +338,7 @@ pub mod msg {
     pub const RECORD: u8 = 0x17;
     pub const RECORD_HEADER_LIST: u8 = 0x18;
     pub const RECORD_LIST: u8 = 0x19;
+    pub const SET_RETENTION: u8 = 0x1A;
     pub const SUCCESS: u8 = 0x80;
     pub const FAILURE: u8 = 0x81;
     pub const HELLO_OK: u8 = 0x82;
@@ -397,6 +398,23 @@ pub enum Request {
         txid: i64,
         max_count: i32,
     },
+    /// The partition's retention order from its store session (docs/internals.md, "Retention"):
+    /// the policy (-1: no limit), the lowest id a hold protects (i64::MAX: none) and how long
+    /// the order stands unless renewed.
+    SetRetention(RetentionOrder),
+}
+
+/// What a store session asks of a replica's retention; the node caps it by its own low-water
+/// mark whatever it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionOrder {
+    pub h: MsgHeader,
+    pub max_age_ms: i64,
+    pub max_bytes: i64,
+    /// Transactions below the low-water mark always kept (the newest of them).
+    pub min_kept: i64,
+    pub hold_from: i64,
+    pub lease_ms: i64,
 }
 
 /// Failure kinds, so a client can react without parsing messages.
@@ -477,7 +495,8 @@ impl Request {
             | RecordHeader { h, .. }
             | Record { h, .. }
             | RecordHeaderList { h, .. }
-            | RecordList { h, .. } => Some(*h),
+            | RecordList { h, .. }
+            | SetRetention(RetentionOrder { h, .. }) => Some(*h),
         }
     }
 
@@ -548,6 +567,15 @@ impl Request {
                     o.extend_from_slice(&max_count.to_be_bytes());
                 }),
             ),
+            SetRetention(r) => (
+                msg::SET_RETENTION,
+                Box::new(move |o| {
+                    r.h.put(o);
+                    for v in [r.max_age_ms, r.max_bytes, r.min_kept, r.hold_from, r.lease_ms] {
+                        o.extend_from_slice(&v.to_be_bytes());
+                    }
+                }),
+            ),
         };
         encode_frame(out, MAGIC_STORAGE, t, body);
     }
@@ -580,6 +608,14 @@ impl Request {
                 txid: r.i64("transaction id")?,
                 max_count: r.i32("max count")?,
             },
+            msg::SET_RETENTION => Request::SetRetention(RetentionOrder {
+                h: MsgHeader::read(&mut r)?,
+                max_age_ms: r.i64("max age")?,
+                max_bytes: r.i64("max bytes")?,
+                min_kept: r.i64("min kept")?,
+                hold_from: r.i64("hold from")?,
+                lease_ms: r.i64("lease")?,
+            }),
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -769,6 +805,13 @@ pub struct PartitionStatus {
     pub writable: bool,
     /// Why the partition refuses appends (write or fsync error), empty when healthy.
     pub failure: String,
+    /// Retention: segment bytes on disk, creation of the oldest segment (ms, -1 unknown),
+    /// bytes deleted since the node opened the partition, and the highest first id the
+    /// partition's current retention order allows (-1: no order, nothing is deleted).
+    pub bytes_on_disk: i64,
+    pub oldest_ms: i64,
+    pub reclaimed_bytes: i64,
+    pub retention_limit: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -780,7 +823,7 @@ pub enum AdminResponse {
     RecordList { h: MsgHeader, records: Vec<WireRecord> },
 }
 
-const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4;
+const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4 + 4 * 8;
 
 impl AdminRequest {
     pub fn header(&self) -> Option<MsgHeader> {
@@ -917,6 +960,9 @@ impl AdminResponse {
                         o.push(p.readable as u8);
                         o.push(p.writable as u8);
                         put_bytes(o, p.failure.as_bytes());
+                        for v in [p.bytes_on_disk, p.oldest_ms, p.reclaimed_bytes, p.retention_limit] {
+                            o.extend_from_slice(&v.to_be_bytes());
+                        }
                     }
                 })
             }
@@ -955,6 +1001,10 @@ impl AdminResponse {
                         readable: r.bool("readable")?,
                         writable: r.bool("writable")?,
                         failure: r.string("failure")?,
+                        bytes_on_disk: r.i64("bytes on disk")?,
+                        oldest_ms: r.i64("oldest segment")?,
+                        reclaimed_bytes: r.i64("reclaimed bytes")?,
+                        retention_limit: r.i64("retention limit")?,
                     });
                 }
                 AdminResponse::Status { h, partitions }
@@ -1008,6 +1058,14 @@ mod tests {
             Request::Record { h: h(7), txid: 6 },
             Request::RecordHeaderList { h: h(8), txid: 0, max_count: 100 },
             Request::RecordList { h: h(9), txid: 1, max_count: 10 },
+            Request::SetRetention(RetentionOrder {
+                h: h(10),
+                max_age_ms: 60_000,
+                max_bytes: -1,
+                min_kept: 1000,
+                hold_from: i64::MAX,
+                lease_ms: 30_000,
+            }),
         ]
     }
 
@@ -1156,6 +1214,10 @@ mod tests {
             readable: true,
             writable: false,
             failure: "fsync: EIO".into(),
+            bytes_on_disk: 1 << 30,
+            oldest_ms: 1_700_000_000_000,
+            reclaimed_bytes: 5,
+            retention_limit: -1,
         };
         for m in [
             AdminResponse::Status { h: h(0), partitions: vec![st.clone(), st] },

@@ -44,6 +44,7 @@ pub struct NodeHandle {
     shared: Arc<Shared>,
     shutdown: Arc<Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
+    retention: Option<std::thread::JoinHandle<()>>,
 }
 
 impl NodeHandle {
@@ -54,6 +55,10 @@ impl NodeHandle {
     /// Stops accepting, closes connections and waits for the runtime to wind down.
     pub fn stop(&mut self) {
         self.shutdown.notify_one();
+        self.shared.retention.stop();
+        if let Some(t) = self.retention.take() {
+            let _ = t.join();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -95,7 +100,9 @@ pub fn start(
         storage_unopened: Arc::default(),
         admin_open: Arc::default(),
         refused: Mutex::new((0, None)),
+        retention: Default::default(),
     });
+    let retention = Some(crate::node::retention::spawn(&shared, shared.opts.retention_interval)?);
     let shutdown = Arc::new(Notify::new());
     let (sh, stop, conns) = (shared.clone(), shutdown.clone(), shared.clone());
     let acceptor = shared.opts.tls.clone().map(crate::node::tls::TlsAcceptor::from);
@@ -156,7 +163,7 @@ pub fn start(
         stop_connections(&conns, Duration::from_secs(10));
         rt.shutdown_timeout(Duration::from_secs(10));
     })?;
-    Ok(NodeHandle { addr, admin_addr, shared, shutdown, thread: Some(thread) })
+    Ok(NodeHandle { addr, admin_addr, shared, shutdown, thread: Some(thread), retention })
 }
 
 fn fail(h: MsgHeader, kind: FailureKind, message: impl Into<String>) -> Response {
@@ -711,6 +718,11 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
                 Ok(rs) => Response::RecordList { h, records: rs.into_iter().map(WireRecord::from).collect() },
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
+        }
+        // Only remembered: the retention thread applies it, capped by this replica's own state.
+        Request::SetRetention(order) => {
+            shared.retention.set(order);
+            now(Response::Success { h })
         }
         Request::Hello { .. } | Request::Open { .. } => unreachable!("handled above"),
     }

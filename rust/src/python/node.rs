@@ -16,7 +16,7 @@ pub struct PyStorageNode {
 #[pymethods]
 impl PyStorageNode {
     #[staticmethod]
-    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, tls_ca=None, tls_cert=None, tls_key=None))]
+    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, retention_interval=1.0, tls_ca=None, tls_cert=None, tls_key=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         py: Python<'_>,
@@ -30,6 +30,7 @@ impl PyStorageNode {
         idle_timeout: f64,
         max_in_flight: usize,
         max_connections: usize,
+        retention_interval: f64,
         tls_ca: Option<std::path::PathBuf>,
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
@@ -38,9 +39,10 @@ impl PyStorageNode {
             || max_in_flight == 0
             || max_frame < 64
             || max_connections == 0
+            || !(retention_interval > 0.0 && retention_interval <= 86_400.0)
         {
             return Err(InvalidArgumentError::new_err(
-                "idle_timeout must be finite, positive and at most a day; max_in_flight, max_connections and max_frame positive",
+                "idle_timeout and retention_interval must be positive and at most a day; max_in_flight, max_connections and max_frame positive",
             ));
         }
         let tls = match (tls_ca, tls_cert, tls_key) {
@@ -59,6 +61,7 @@ impl PyStorageNode {
             max_in_flight,
             tls,
             max_connections,
+            retention_interval: std::time::Duration::from_secs_f64(retention_interval),
         };
         let s = storage.0.clone();
         let bind = format!("{host}:{port}");

@@ -3,7 +3,8 @@ use super::errors::{InvalidArgumentError, ProtocolError};
 use super::types::{parse_key, PyRecord, PyRecordBatch, PyRecordHeader};
 use crate::engine::record::{crc32, Record};
 use crate::node::protocol::{
-    split_frame, AdminRequest, FailureKind, FrameBuf, MsgHeader, Request, Response, WireRecord, MAGIC_STORAGE,
+    split_frame, AdminRequest, FailureKind, FrameBuf, MsgHeader, Request, Response, RetentionOrder, WireRecord,
+    MAGIC_STORAGE,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
@@ -104,6 +105,28 @@ fn encode_request<'py>(
     let mut out = Vec::new();
     req.encode(&mut out);
     Ok(PyBytes::new(py, &out))
+}
+
+/// Encodes a Set Retention request (docs/protocol.md): the partition's policy (-1: no limit),
+/// the floor of transactions kept, the lowest held id (i64::MAX: none) and the order's lease.
+#[pyfunction]
+#[pyo3(signature = (session_id, seq, partition_id, *, max_age_ms=-1, max_bytes=-1, min_kept=0, hold_from=i64::MAX, lease_ms=30_000))]
+#[allow(clippy::too_many_arguments)]
+fn encode_set_retention<'py>(
+    py: Python<'py>,
+    session_id: i64,
+    seq: i64,
+    partition_id: i32,
+    max_age_ms: i64,
+    max_bytes: i64,
+    min_kept: i64,
+    hold_from: i64,
+    lease_ms: i64,
+) -> Bound<'py, PyBytes> {
+    let h = MsgHeader { session_id, seq, partition_id };
+    let mut out = Vec::new();
+    Request::SetRetention(RetentionOrder { h, max_age_ms, max_bytes, min_kept, hold_from, lease_ms }).encode(&mut out);
+    PyBytes::new(py, &out)
 }
 
 /// Encodes one admin-protocol request frame; `kind` is an AdminRequestKind or its protocol
@@ -401,6 +424,10 @@ impl PyResponseReader {
                     d.set_item("readable", p.readable)?;
                     d.set_item("writable", p.writable)?;
                     d.set_item("failure", if p.failure.is_empty() { None } else { Some(p.failure) })?;
+                    d.set_item("bytes_on_disk", p.bytes_on_disk)?;
+                    d.set_item("oldest_ms", p.oldest_ms)?;
+                    d.set_item("reclaimed_bytes", p.reclaimed_bytes)?;
+                    d.set_item("retention_limit", p.retention_limit)?;
                     list.append(d)?;
                 }
                 ("status", h, list.into_any().unbind())
@@ -422,6 +449,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_append, m)?)?;
     m.add_function(wrap_pyfunction!(encode_admin_request, m)?)?;
     m.add_function(wrap_pyfunction!(encode_admin_append, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_set_retention, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_class::<RequestKind>()?;
     m.add_class::<AdminRequestKind>()?;

@@ -339,6 +339,20 @@ impl PyPartition {
         run(py, move || p.drop_segments_before(txid))
     }
 
+    /// What retention reports of the partition: first id, segment bytes on disk, creation of
+    /// the oldest segment (ms since the epoch, -1 unknown), bytes deleted since it was opened.
+    fn retention<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.0.clone();
+        let spans = run(py, move || p.segment_spans())?;
+        let d = PyDict::new(py);
+        d.set_item("first_transaction_id", self.0.first_txid())?;
+        d.set_item("segments", spans.len())?;
+        d.set_item("bytes_on_disk", spans.iter().map(|s| s.bytes).sum::<u64>())?;
+        d.set_item("oldest_ms", spans.first().map_or(-1, |s| s.creation_ms))?;
+        d.set_item("reclaimed_bytes", self.0.reclaimed_bytes())?;
+        Ok(d)
+    }
+
     fn read_record(&self, py: Python<'_>, txid: i64) -> PyResult<Option<PyRecord>> {
         let p = self.0.clone();
         let r = run(py, move || p.read_record(txid))?;

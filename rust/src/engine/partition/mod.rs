@@ -191,7 +191,22 @@ pub struct Partition {
     syncs: AtomicU64,
     sync_micros: Histogram<10>,
     batch_records: Histogram<8>,
+    /// Bytes of segment files retention deleted since the partition was opened.
+    reclaimed: AtomicU64,
+    /// One retention deletion at a time: the doomed prefix is taken out of the state under its
+    /// lock and unlinked outside it, and put back if an unlink fails.
+    retention: Mutex<()>,
     pub recovery: RecoveryReport,
+}
+
+/// A segment as retention sees it: its ids, its size on disk, and when it was created (every
+/// record of a sealed segment was written before the next segment's creation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSpan {
+    pub first_txid: i64,
+    pub next_txid: i64,
+    pub bytes: u64,
+    pub creation_ms: i64,
 }
 
 /// Columns of a scanned range, ready to become Arrow buffers: one entry per record, data packed
@@ -499,6 +514,8 @@ impl Partition {
             syncs: AtomicU64::new(0),
             sync_micros: Histogram::default(),
             batch_records: Histogram::default(),
+            reclaimed: AtomicU64::new(0),
+            retention: Mutex::new(()),
             recovery: report,
         }
     }
@@ -1150,16 +1167,63 @@ impl Partition {
 
     /// Deletes whole segments that hold only transactions below `txid` (never the last one).
     /// Returns the partition's new first transaction id.
+    ///
+    /// Off the append path: the doomed segments leave the partition's state under its lock
+    /// (reads from then on start at the new first id), and their files are unlinked after the
+    /// lock is released, lowest first, so a crash leaves a log that starts at some segment
+    /// boundary. Readers that already hold a doomed segment keep its open file until they are
+    /// done. A failed unlink is returned, not poisoning: the segments not yet deleted go back at
+    /// the head of the log, which they still continue.
     pub fn drop_segments_before(&self, txid: i64) -> Result<i64> {
         self.check_writable()?;
-        let mut st = lock(&self.state);
-        self.check_writable()?;
-        while st.segments.len() > 1 && st.segments[1].first_txid() <= txid {
-            let first = st.segments[0].first_txid();
-            Self::delete_segment_files(self.fs.as_ref(), &self.dir, first).map_err(|e| self.poison(e))?;
-            st.segments.remove(0);
+        let _one = lock(&self.retention);
+        let doomed: Vec<Segment> = {
+            let mut st = lock(&self.state);
+            self.check_writable()?;
+            let n = st.segments.iter().skip(1).take_while(|s| s.first_txid() <= txid).count();
+            st.segments.drain(..n).collect()
+        };
+        for (i, seg) in doomed.iter().enumerate() {
+            let bytes = Self::disk_bytes(seg);
+            if let Err(e) = Self::delete_segment_files(self.fs.as_ref(), &self.dir, seg.first_txid()) {
+                let mut st = lock(&self.state);
+                let back: Vec<Segment> = doomed[i..].to_vec();
+                st.segments.splice(0..0, back);
+                return Err(e);
+            }
+            self.reclaimed.fetch_add(bytes, Ordering::Relaxed);
         }
-        Ok(st.segments[0].first_txid())
+        Ok(self.first_txid())
+    }
+
+    /// Every segment's span, oldest first; the creation times are read from the segments'
+    /// headers, outside the state lock.
+    pub fn segment_spans(&self) -> Result<Vec<SegmentSpan>> {
+        self.check_open()?;
+        let segs: Vec<Segment> = lock(&self.state).segments.clone();
+        let mut out = Vec::with_capacity(segs.len());
+        for s in &segs {
+            let mut b = [0u8; 12];
+            let got = s.files.data.read_full_at(&mut b, 0).at(&s.files.data_path)?;
+            let creation_ms = if got == b.len() { be_i64(&b[4..12]) } else { -1 };
+            out.push(SegmentSpan {
+                first_txid: s.first_txid(),
+                next_txid: s.next_txid(),
+                bytes: Self::disk_bytes(s),
+                creation_ms,
+            });
+        }
+        Ok(out)
+    }
+
+    fn disk_bytes(s: &Segment) -> u64 {
+        let index = s.files.index.file.as_ref().and_then(|f| f.len().ok()).unwrap_or(0);
+        s.files.data.len().unwrap_or(s.end) + index
+    }
+
+    /// Bytes of segment files retention deleted since the partition was opened.
+    pub fn reclaimed_bytes(&self) -> u64 {
+        self.reclaimed.load(Ordering::Relaxed)
     }
 
     fn snapshot(&self, from: i64) -> Result<(Vec<Segment>, i64)> {
