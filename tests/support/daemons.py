@@ -55,12 +55,19 @@ class Node:
     `run` and `admin` connect with."""
 
     def __init__(
-        self, directory: pathlib.Path, key: uuid.UUID, *, sections: dict[str, Any] | None = None, ssl: Any = None
+        self,
+        directory: pathlib.Path,
+        key: uuid.UUID,
+        *,
+        sections: dict[str, Any] | None = None,
+        ssl: Any = None,
+        **keys: Any,
     ) -> None:
+        """`keys` are `storage_keys` and `node_keys` of `write_config`."""
         directory.mkdir()
         self.key = key
         self.ssl = ssl
-        self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS, sections=sections)
+        self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS, sections=sections, **keys)
         self.proc = start(self.config)
         wait_http(self.ports["http_port"], self.proc)
 

@@ -37,9 +37,16 @@ def write_config(
     partition_count: int = 2,
     *,
     sections: Mapping[str, Mapping[str, Any]] | None = None,
+    storage_keys: Mapping[str, Any] | None = None,
+    node_keys: Mapping[str, Any] | None = None,
     **extra: str,
 ) -> tuple[pathlib.Path, dict[str, int]]:
-    """A storage node's TOML file; `extra` are more [logging] keys, `sections` whole sections ([tls])."""
+    """A storage node's TOML file; `extra` are more [logging] keys, `sections` whole sections ([tls]),
+    `storage_keys` and `node_keys` more [storage] and [node] keys."""
+    more = {
+        name: "".join(f"{k} = {v}\n" for k, v in (keys or {}).items())
+        for name, keys in (("storage", storage_keys), ("node", node_keys))
+    }
     ports = {"port": free_port(), "admin_port": free_port(), "http_port": free_port()}
     text = (
         f"""
@@ -48,13 +55,13 @@ directory = "{tmp_path / "data"}"
 cluster_key = "{key}"
 partition_count = {partition_count}
 checkpoint_interval = 100
-
+{more["storage"]}
 [node]
 host = "127.0.0.1"
 port = {ports["port"]}
 admin_port = {ports["admin_port"]}
 http_port = {ports["http_port"]}
-
+{more["node"]}
 [logging]
 level = "info"
 json = true
