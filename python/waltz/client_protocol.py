@@ -45,6 +45,9 @@ class MountStatus(enum.IntEnum):
     CLIENT_AHEAD = 2
     """The client claims a higher high-water mark than the partition has: a configuration error
     (wrong cluster, restored database) that must not be papered over."""
+    BEHIND_RETENTION = 3
+    """The client's mark is below what the partition still holds: retention deleted the
+    transactions after it. The response's high-water mark field carries the first id held."""
 
 
 class FailureKind(enum.IntEnum):
@@ -58,6 +61,9 @@ class FailureKind(enum.IntEnum):
     CLIENT_REFUSED = 7
     """A Mount refused: its client id is mounted on this partition by a connection that proved
     another token, or its connection seq is far ahead of the server's clock."""
+    TRANSACTIONS_DELETED = 8
+    """The transactions asked for were deleted by retention; the message names the range and
+    ends with "(the log starts at F)"."""
 
 
 class LimitExceeded(ProtocolError):

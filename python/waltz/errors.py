@@ -159,6 +159,67 @@ class ClientAheadError(ClientError):
     or its database was restored from a newer backup. Refused rather than papered over."""
 
 
+class ClientBehindRetentionError(ClientError):
+    """The application's high-water mark is below what the cluster still holds: retention
+    deleted the transactions after it (`partition`, the application's `high_water_mark`, the
+    `first_id` the cluster holds). Refused for good: bootstrap the application's database from
+    a snapshot taken at a known high-water mark at or above `first_id - 1` (docs/client.md)."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        outcome_unknown: bool = False,
+        partition: int = -1,
+        high_water_mark: int = -2,
+        first_id: int = -1,
+    ) -> None:
+        super().__init__(message, outcome_unknown=outcome_unknown)
+        self.partition, self.high_water_mark, self.first_id = partition, high_water_mark, first_id
+
+
+class TransactionsDeletedError(WaltzError):
+    """Transactions a reader asked for were deleted by retention: `partition`, the range gone
+    (`first_missing`..`last_missing`, inclusive) and the `first_id` still held (-1 when not known)."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        partition: int = -1,
+        first_missing: int = -1,
+        last_missing: int = -1,
+        first_id: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.partition, self.first_missing, self.last_missing, self.first_id = (
+            partition,
+            first_missing,
+            last_missing,
+            first_id,
+        )
+
+
+def transactions_deleted(partition: int, first_missing: int, first_id: int) -> TransactionsDeletedError:
+    """The error naming what retention deleted below `first_id` from `first_missing` on."""
+    return TransactionsDeletedError(
+        f"partition {partition}: transactions {first_missing}..{first_id - 1} were deleted by retention "
+        f"(the log starts at {first_id})",
+        partition=partition,
+        first_missing=first_missing,
+        last_missing=first_id - 1,
+        first_id=first_id,
+    )
+
+
+def log_start_in(message: str) -> int:
+    """The first id held that a `transactions_deleted` message names, -1 when it names none."""
+    import re
+
+    m = re.search(r"\(the log starts at (-?\d+)\)", message)
+    return int(m.group(1)) if m else -1
+
+
 class TransactionExpiredError(ClientError, TimeoutError):
     """A transaction context was not completed within its timeout and is not retried any more."""
 
@@ -194,6 +255,10 @@ __all__ = [
     "PartitionNotMountedError",
     "TlsError",
     "ClientAheadError",
+    "ClientBehindRetentionError",
+    "TransactionsDeletedError",
+    "transactions_deleted",
+    "log_start_in",
     "ClientClosedError",
     "ClientError",
     "ClusterError",

@@ -331,7 +331,12 @@ class AsyncWaltzClient:
     async def transaction_data(self, partition: int, transaction_id: int) -> bytes:
         """A committed transaction's data (RPC; `Transaction.data` caches it)."""
         self._check_partition(partition)
-        resp = await self._rpc(partition, lambda seq: cp.TransactionDataRequest(seq, partition, transaction_id))
+        try:
+            resp = await self._rpc(partition, lambda seq: cp.TransactionDataRequest(seq, partition, transaction_id))
+        except errors.RequestFailedError as e:
+            if e.kind == "transactions_deleted":
+                raise errors.transactions_deleted(partition, transaction_id, errors.log_start_in(str(e))) from e
+            raise
         assert isinstance(resp, cp.TransactionDataResponse)
         return resp.data
 

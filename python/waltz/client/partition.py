@@ -74,7 +74,7 @@ class ClientPartition:
         self.newest_own = -1
         """The newest transaction of ours the feed delivered."""
         self.error: BaseException | None = None
-        """ClientAheadError: the partition is refused for good."""
+        """ClientAheadError or ClientBehindRetentionError: the partition is refused for good."""
         self.unavailable: errors.MountTimeoutError | None = None
         self._remount = asyncio.Event()
         self._remount_why = "first mount"
@@ -125,7 +125,7 @@ class ClientPartition:
                 try:
                     if await self._mount_once():
                         break
-                except errors.ClientAheadError as e:
+                except (errors.ClientAheadError, errors.ClientBehindRetentionError) as e:
                     self._refuse(e)
                     return
                 except errors.ClientClosedError:
@@ -179,6 +179,16 @@ class ClientPartition:
             raise errors.ClientAheadError(
                 f"partition {self.pid}: the application's high-water mark {self.received} is above the cluster's "
                 f"{resp.high_water_mark} (a different cluster, or a database restored from a newer backup)"
+            )
+        if resp.status == cp.MountStatus.BEHIND_RETENTION:
+            raise errors.ClientBehindRetentionError(
+                f"partition {self.pid}: the application's high-water mark {self.received} is below what the cluster "
+                f"holds: retention deleted transactions {self.received + 1}..{resp.high_water_mark - 1} and the log "
+                f"starts at {resp.high_water_mark}; restore the application's database from a snapshot taken at a "
+                f"high-water mark of at least {resp.high_water_mark - 1} (docs/client.md)",
+                partition=self.pid,
+                high_water_mark=self.received,
+                first_id=resp.high_water_mark,
             )
         if resp.status != cp.MountStatus.READY:
             raise Unavailable(f"server {endpoint} does not serve partition {self.pid} yet")

@@ -479,6 +479,16 @@ class ClientConnection:
                     await self._send(
                         cp.MountResponse(mount.seq, mount.partition, cp.MountStatus.READY, target, p.generation).frame()
                     )
+        except errors.TransactionsDeletedError as e:
+            if not ready:
+                # Below what the cluster holds: the client must bootstrap from a snapshot, not wait.
+                await self._send(
+                    cp.MountResponse(
+                        mount.seq, mount.partition, cp.MountStatus.BEHIND_RETENTION, e.first_id, p.generation
+                    ).frame()
+                )
+            else:  # deleted under a mounted reader: it mounts again and is told as above
+                await self._send(cp.Failure(-1, mount.partition, cp.FailureKind.TRANSACTIONS_DELETED, str(e)).frame())
         except errors.StoreSessionError as e:
             await self._send(cp.Failure(-1, mount.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
 
@@ -503,6 +513,11 @@ class ClientConnection:
                 async for batch in p.feed(msg.after, max(1, min(msg.max_count, FEED_BATCH))):
                     entries = [cp.FeedEntry(e.transaction_id, e.req_id.as_tuple(), e.header) for e in batch]
                     break
+        except errors.TransactionsDeletedError as e:
+            await self._send(
+                cp.Failure(msg.seq, msg.partition, cp.FailureKind.TRANSACTIONS_DELETED, f"feed request: {e}").frame()
+            )
+            return
         except errors.StoreSessionError as e:  # the headers had to come from storage, and it failed
             await self._send(
                 cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, f"feed request: {e}").frame()
@@ -523,6 +538,9 @@ class ClientConnection:
             data = await p.transaction_data(msg.transaction_id)
         except errors.InvalidArgumentError as e:
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.NOT_COMMITTED, str(e)).frame())
+            return
+        except errors.TransactionsDeletedError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.TRANSACTIONS_DELETED, str(e)).frame())
             return
         except errors.StoreSessionError as e:
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())

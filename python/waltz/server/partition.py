@@ -141,6 +141,10 @@ class ServerPartition:
         self.locks = LockTable(session.high_water_mark, lock_budget_bytes)
         self._session_start = session.high_water_mark
         self._next = session.high_water_mark + 1
+        self.retention_active = False
+        self.log_start = -1
+        """The lowest first id the replicas reported holding (`note_log_start`, from their answers
+        to retention orders): feeds from below it are refused, whatever the cache still has."""
         # None in the queue only wakes the append loop (`_wake`).
         self._queue: asyncio.Queue[_Queued | None] = asyncio.Queue(queue_limit)
         self._in_flight = asyncio.Semaphore(max_batches_in_flight)
@@ -295,6 +299,19 @@ class ServerPartition:
                 self._wake()
             for _ in range(held):
                 self._in_flight.release()
+
+    def note_log_start(self, first: int, *, retention_active: bool | None = None) -> None:
+        """The replicas hold nothing below `first` any more (it only rises); `retention_active`
+        when their policy may delete more."""
+        self.log_start = max(self.log_start, first)
+        if retention_active is not None:
+            self.retention_active = retention_active
+
+    def _may_be_deleted(self, txid: int) -> bool:
+        """Whether a replica may have deleted `txid` since it last said where its log starts: only
+        ids at or below this session's starting mark (no replica deletes above its own low-water
+        mark, and this session set every replica's), and only once retention ever ran."""
+        return txid < self.log_start or ((self.retention_active or self.log_start > 0) and txid <= self._session_start)
 
     def _wake(self) -> None:
         """Wakes an idle append loop when a new session is due (a replica that lost its files,
@@ -586,6 +603,15 @@ class ServerPartition:
         if max_entries < 1:
             raise errors.InvalidArgumentError(f"max_entries must be at least 1, not {max_entries}")
         nxt = after + 1
+        if self._may_be_deleted(nxt) and nxt >= self._cached_from():
+            # Retention may have deleted them on the replicas: the headers still cached here must
+            # not hide that (their data is gone, and so is every other copy). `log_start` may be a
+            # push behind: one header from storage says for sure, and names where the log starts.
+            try:
+                await self.session.read_headers(nxt, 1)
+            except errors.TransactionsDeletedError as e:
+                self.note_log_start(e.first_id)
+                raise
         while True:
             cached_from = self._cached_from()
             if nxt < cached_from:
@@ -613,7 +639,8 @@ class ServerPartition:
     async def transaction_data(self, txid: int) -> bytes:
         if not 0 <= txid <= self.high_water_mark:
             raise errors.InvalidArgumentError(f"partition {self.partition_id} has no committed transaction {txid}")
-        data = self._data.get(txid)
+        # As the feed: one answer for what is gone, cached or not (storage names the range).
+        data = None if self._may_be_deleted(txid) else self._data.get(txid)
         if data is not None:
             return data
         return await self.session.read_data(txid)

@@ -67,7 +67,10 @@ class RetentionPusher:
         now = int(time.time() * 1000)
         lease_ms = int(self.lease * 1000)
         for pid, part in list(self.partitions.by_id.items()):
-            await part.session.set_retention(config.policy_for(pid), config.hold_from(pid, now), lease_ms)
+            policy = config.policy_for(pid)
+            first = await part.session.set_retention(policy, config.hold_from(pid, now), lease_ms)
+            if first is not None:
+                part.note_log_start(first, retention_active=not policy.keeps_everything)
 
     async def close(self) -> None:
         if self._watch is not None:

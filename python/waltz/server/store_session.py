@@ -731,10 +731,11 @@ class StoreSession:
         self._advance()
 
     # -- retention ---------------------------------------------------------------------------
-    async def set_retention(self, policy: Any, hold_from: int, lease_ms: int) -> None:
+    async def set_retention(self, policy: Any, hold_from: int, lease_ms: int) -> int | None:
         """Hands the retention order to every replica in the write path (recorded clean in this
         session). Each node caps it by its own low-water mark; a replica that misses an order
-        keeps everything once its last one lapses."""
+        keeps everything once its last one lapses. Returns the lowest first id the replicas that
+        answered hold (None when none answered): below it, nothing can be read any more."""
         targets = [r for r in self._replicas if r.client is not None and r.in_write_path]
         answers = await asyncio.gather(
             *(
@@ -751,9 +752,13 @@ class StoreSession:
             ),
             return_exceptions=True,
         )
+        firsts = []
         for r, a in zip(targets, answers, strict=True):
             if isinstance(a, BaseException):
                 log.debug("partition %d: retention order to %s failed: %s", self.partition, r.address, a)
+            else:
+                firsts.append(a)
+        return min(firsts, default=None)
 
     # -- reading committed transactions ---------------------------------------------------------
     def _readers(self) -> list[_Replica]:
@@ -763,15 +768,26 @@ class StoreSession:
             (r for r in self._replicas if r.client is not None and r.served), key=lambda r: not r.in_write_path
         )
 
+    def _raise_if_deleted(self, start: int, firsts: list[int], asked: int) -> None:
+        """Every replica asked answered that retention deleted `start`: the range is gone for
+        good (the lowest first id among them is where the log now starts)."""
+        if firsts and len(firsts) == asked and min(firsts) > start:
+            raise errors.transactions_deleted(self.partition, start, min(firsts))
+
     async def read_headers(self, start: int, count: int) -> list[Any]:
         """Headers of committed transactions from `start` (at most `count`; fewer at the end)."""
         end = min(start + count - 1, self.high_water_mark)
         if end < start:
             return []
         problems = []
+        deleted: list[int] = []
         for r in self._readers():
             try:
                 headers = await r.client.record_headers(self.partition, self.session_id, start, end - start + 1)
+            except errors.BelowLogStartError as e:
+                deleted.append(getattr(e, "first", -1))
+                problems.append(f"{r.address}: {e}")
+                continue
             except errors.WaltzError as e:
                 problems.append(f"{r.address}: {e}")
                 continue
@@ -779,6 +795,7 @@ class StoreSession:
             if headers:
                 return headers
             problems.append(f"{r.address}: nothing at {start} yet")
+        self._raise_if_deleted(start, deleted, len(problems))
         raise errors.StoreSessionError(
             f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})"
         )
@@ -788,15 +805,21 @@ class StoreSession:
         if not 0 <= txid <= self.high_water_mark:
             raise errors.InvalidArgumentError(f"partition {self.partition}: transaction {txid} is not committed")
         problems = []
+        deleted: list[int] = []
         for r in self._readers():
             try:
                 record = await r.client.record(self.partition, self.session_id, txid)
+            except errors.BelowLogStartError as e:
+                deleted.append(getattr(e, "first", -1))
+                problems.append(f"{r.address}: {e}")
+                continue
             except errors.WaltzError as e:
                 problems.append(f"{r.address}: {e}")
                 continue
             if record is not None:
                 return bytes(record.data)
             problems.append(f"{r.address}: absent")
+        self._raise_if_deleted(txid, deleted, len(problems))
         raise errors.StoreSessionError(
             f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})"
         )

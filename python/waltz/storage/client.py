@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import ssl as _ssl
 import struct
 import uuid
@@ -50,6 +51,9 @@ _FAILURES: dict[str, type[errors.StorageError]] = {
 _PARTITION_AT = struct.Struct(">i")
 
 
+_FIRST_HELD = re.compile(r"first transaction id (-?\d+)")
+
+
 def _failure(address: str, kind: str, message: str) -> errors.StorageError:
     cls = _FAILURES.get(kind, errors.StorageRequestError)
     text = f"storage node {address}: {message}"
@@ -57,6 +61,10 @@ def _failure(address: str, kind: str, message: str) -> errors.StorageError:
         return cls(text, kind)
     err = cls(text)
     err.kind = kind  # type: ignore[attr-defined]
+    if kind == "below_log_start":
+        # The node's message names where its log starts (the engine's BelowLogStart).
+        m = _FIRST_HELD.search(message)
+        err.first = int(m.group(1)) if m else -1  # type: ignore[attr-defined]
     return err
 
 
@@ -389,9 +397,10 @@ class StorageClient(_Connection):
         min_kept: int,
         hold_from: int,
         lease_ms: int,
-    ) -> None:
-        """Hands the node the partition's retention order for `lease_ms` (docs/protocol.md)."""
-        await self._call(
+    ) -> int:
+        """Hands the node the partition's retention order for `lease_ms` (docs/protocol.md);
+        returns the first id the replica holds now."""
+        return await self._call(
             lambda seq: encode_set_retention(
                 session,
                 seq,
@@ -401,7 +410,8 @@ class StorageClient(_Connection):
                 min_kept=min_kept,
                 hold_from=hold_from,
                 lease_ms=lease_ms,
-            )
+            ),
+            "retention",
         )
 
     async def append(self, partition: int, session: int, first_txid: int, batch: RecordBatch) -> None:

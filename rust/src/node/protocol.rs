@@ -348,6 +348,7 @@ pub mod msg {
     pub const RECORD_RESPONSE: u8 = 0x97;
     pub const RECORD_HEADER_LIST_RESPONSE: u8 = 0x98;
     pub const RECORD_LIST_RESPONSE: u8 = 0x99;
+    pub const RETENTION_RESPONSE: u8 = 0x9A;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -470,15 +471,47 @@ impl FailureKind {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    HelloOk { version: u8 },
-    Success { h: MsgHeader },
-    Failure { h: MsgHeader, kind: FailureKind, message: String },
-    LastSessionInfo { h: MsgHeader, session_id: i64, low_water_mark: i64 },
-    MaxTransactionId { h: MsgHeader, txid: i64 },
-    RecordHeader { h: MsgHeader, header: Option<RecordHeader> },
-    Record { h: MsgHeader, record: Option<WireRecord> },
-    RecordHeaderList { h: MsgHeader, headers: Vec<RecordHeader> },
-    RecordList { h: MsgHeader, records: Vec<WireRecord> },
+    HelloOk {
+        version: u8,
+    },
+    Success {
+        h: MsgHeader,
+    },
+    Failure {
+        h: MsgHeader,
+        kind: FailureKind,
+        message: String,
+    },
+    LastSessionInfo {
+        h: MsgHeader,
+        session_id: i64,
+        low_water_mark: i64,
+    },
+    MaxTransactionId {
+        h: MsgHeader,
+        txid: i64,
+    },
+    RecordHeader {
+        h: MsgHeader,
+        header: Option<RecordHeader>,
+    },
+    Record {
+        h: MsgHeader,
+        record: Option<WireRecord>,
+    },
+    RecordHeaderList {
+        h: MsgHeader,
+        headers: Vec<RecordHeader>,
+    },
+    RecordList {
+        h: MsgHeader,
+        records: Vec<WireRecord>,
+    },
+    /// The answer to Set Retention: the first id the replica holds now.
+    Retention {
+        h: MsgHeader,
+        first_txid: i64,
+    },
 }
 
 impl Request {
@@ -672,6 +705,10 @@ impl Response {
                 h.put(o);
                 put_records(o, records);
             }),
+            Retention { h, first_txid } => encode_frame(out, MAGIC_STORAGE, msg::RETENTION_RESPONSE, |o| {
+                h.put(o);
+                o.extend_from_slice(&first_txid.to_be_bytes());
+            }),
         }
     }
 
@@ -715,6 +752,9 @@ impl Response {
             }
             msg::RECORD_LIST_RESPONSE => {
                 Response::RecordList { h: MsgHeader::read(&mut r)?, records: read_records(&mut r)? }
+            }
+            msg::RETENTION_RESPONSE => {
+                Response::Retention { h: MsgHeader::read(&mut r)?, first_txid: r.i64("first transaction id")? }
             }
             t => return Err(FrameError::UnknownType(t)),
         };
@@ -1087,6 +1127,7 @@ mod tests {
             Response::Record { h: h(1), record: None },
             Response::RecordHeaderList { h: h(1), headers: vec![hd, hd] },
             Response::RecordList { h: h(1), records: vec![rec(1, 1), rec(2, 2)] },
+            Response::Retention { h: h(1), first_txid: 4096 },
         ]
     }
 

@@ -722,7 +722,7 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
         // Only remembered: the retention thread applies it, capped by this replica's own state.
         Request::SetRetention(order) => {
             shared.retention.set(order);
-            now(Response::Success { h })
+            now(Response::Retention { h, first_txid: part.first_txid() })
         }
         Request::Hello { .. } | Request::Open { .. } => unreachable!("handled above"),
     }

@@ -387,6 +387,9 @@ impl PyResponseReader {
                 }
                 ("record_list", h, items.into_any().unbind())
             }
+            Response::Retention { h, first_txid } => {
+                ("retention", h, first_txid.into_pyobject(py)?.into_any().unbind())
+            }
         };
         response_tuple(py, kind, h, value).map(Some)
     }

@@ -17,6 +17,8 @@ from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
 from support.processes import get, stop
 from test_server_daemon import mounted
 from waltz import client_protocol as cp
+from waltz import errors
+from waltz.client import ClientConfig, Transaction, WaltzClient, WaltzClientCallbacks
 from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 
@@ -108,6 +110,43 @@ def read_all(node: Node, first: int, last: int) -> list[tuple[int, bytes]]:
     return node.admin(read)
 
 
+class Behind(WaltzClientCallbacks):
+    def get_client_high_water_mark(self, partition: int) -> int:
+        return 5
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        raise AssertionError(f"nothing can be applied after a gap: {transaction}")
+
+
+def readers_behind_retention(endpoint: str, url: str, first: int) -> None:
+    """A mount below the log's start is refused with the range, within the mount timeout; the
+    feed and transaction data requests name the range that is gone."""
+    started = time.monotonic()
+    config = ClientConfig(metadata=url, cluster="e2e", partitions=(0,), mount_timeout=10.0)
+    with pytest.raises(errors.ClientBehindRetentionError) as refused:
+        with WaltzClient(Behind(), config):
+            pass
+    assert time.monotonic() - started < 10.0
+    e = refused.value
+    assert (e.partition, e.high_water_mark, e.first_id) == (0, 5, first), e
+    assert f"deleted transactions 6..{first - 1}" in str(e)
+
+    async def ask() -> list[cp.Message]:
+        c, _, _ = await mounted(endpoint, 499, 10)
+        c.send(cp.TransactionDataRequest(7, 0, 3))
+        got = await c.until(lambda m: isinstance(m, cp.Failure) and m.seq == 7)
+        c.send(cp.FeedRequest(8, 0, 10, 5))
+        got += await c.until(lambda m: isinstance(m, cp.Failure) and m.seq == 8)
+        c.close()
+        return [m for m in got if isinstance(m, cp.Failure)]
+
+    data, feed = asyncio.run(ask())
+    for f, gone in ((data, 3), (feed, 11)):
+        assert f.kind == cp.FailureKind.TRANSACTIONS_DELETED, f
+        assert f"transactions {gone}..{first - 1} were deleted by retention" in f.message, f
+        assert errors.log_start_in(f.message) == first
+
+
 def test_policy_deletes_under_load_below_the_low_water_mark_and_respects_holds(
     small_segments, tmp_path: pathlib.Path
 ) -> None:
@@ -165,5 +204,6 @@ def test_policy_deletes_under_load_below_the_low_water_mark_and_respects_holds(
         assert 'waltz_storage_partition_first_transaction_id{partition="0"}' in metrics
         # Partition 1 keeps everything (its override).
         assert all(status(n, 1)["reclaimed_bytes"] == 0 for n in nodes)
+        readers_behind_retention(endpoint, url, min(status(n)["first_transaction_id"] for n in nodes))
     finally:
         stop_server(server)
