@@ -108,6 +108,15 @@ class _Replica:
     tail at ids this session committed differently."""
 
 
+class _Deleted(Exception):
+    """A catch-up source no longer holds the id asked for: retention deleted it (`first` is where
+    its log starts)."""
+
+    def __init__(self, first: int) -> None:
+        super().__init__(first)
+        self.first = first
+
+
 def _new_session_id(metadata: Metadata, partition: int, generation: int) -> int:
     while True:
         meta, version = metadata.partition_metadata(partition)
@@ -620,6 +629,7 @@ class StoreSession:
         """Fills the replica from the write path from `nxt` on, records it clean once it holds the
         session's start, and joins it once it holds everything committed."""
         turn = 0  # which write-path member to read from: the next one after a failure or a lag
+        deleted: dict[str, int] = {}  # write-path member -> its first id, when it no longer holds `nxt`
         writes: deque[asyncio.Future[None]] = deque()  # catch-up appends in flight, in id order
 
         async def drain(keep: int = 0) -> None:
@@ -646,7 +656,36 @@ class StoreSession:
                 sources = [x for x in self._replicas if x.in_write_path]
                 if not sources:
                     return
-                records = await self._read_for_catch_up(r, sources[turn % len(sources)], nxt)
+                source = sources[turn % len(sources)]
+                try:
+                    records = await self._read_for_catch_up(r, source, nxt)
+                except _Deleted as gone:
+                    if gone.first <= nxt:  # not a start past r's end: the source's trouble
+                        turn += 1
+                        await asyncio.sleep(0.05)
+                        continue
+                    deleted[source.address] = gone.first
+                    if not {x.address for x in sources} <= deleted.keys():
+                        turn += 1
+                        continue
+                    # Every write-path member deleted what r lacks: it restarts at the lowest id
+                    # they still hold, and is filled from there like any lagging replica.
+                    await drain()
+                    start = min(deleted.values())
+                    log.warning(
+                        "partition %d session %d: %s ends at %d, below what the others hold (from %d): restarting "
+                        "its log at %d",
+                        self.partition,
+                        self.session_id,
+                        r.address,
+                        nxt - 1,
+                        start,
+                        start,
+                    )
+                    await r.client.restart_log(self.partition, self.session_id, start)
+                    nxt, deleted = start, {}
+                    continue
+                deleted = {}
                 if not records:
                     turn += 1
                     await drain()
@@ -689,6 +728,8 @@ class StoreSession:
             got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
         except errors.StaleSessionError:
             raise
+        except errors.BelowLogStartError as e:
+            raise _Deleted(getattr(e, "first", -1)) from e
         except errors.StorageConnectionError as e:
             # The source's connection is gone, so it cannot take appends either: it leaves the
             # write path now rather than at the next append, which may never come while clients

@@ -380,6 +380,10 @@ class StorageClient(_Connection):
     async def truncate(self, partition: int, session: int, txid: int) -> None:
         await self._call(lambda seq: encode_request(RequestKind.TRUNCATE, session, seq, partition, txid=txid))
 
+    async def restart_log(self, partition: int, session: int, first_txid: int) -> None:
+        """Replaces the replica's log with an empty one starting at `first_txid` (past its end)."""
+        await self._call(lambda seq: encode_request(RequestKind.RESTART_LOG, session, seq, partition, txid=first_txid))
+
     async def set_low_water_mark(self, partition: int, session: int, low_water_mark: int) -> None:
         await self._call(
             lambda seq: encode_request(

@@ -310,6 +310,32 @@ impl Storage {
         Ok(p)
     }
 
+    /// Restarts the partition's log empty at `first` (`Partition::restart_files`), holding the
+    /// open partitions' lock throughout so nothing opens it meanwhile. Refused unless `first` is
+    /// past everything the partition holds: it replaces a log its peers no longer continue, it
+    /// never cuts one.
+    pub fn restart_partition(&self, pid: i32, first: i64) -> Result<Arc<Partition>> {
+        if self.opts.recover.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let p = self.partition(pid)?;
+        let mut map = lock(&self.partitions);
+        let max = p.settled_max_txid()?;
+        if first <= max + 1 {
+            return Err(Error::InvalidArgument(format!(
+                "partition {pid} holds up to {max}: a restart at {first} would not be past its end"
+            )));
+        }
+        if let Some(open) = map.remove(&pid) {
+            open.close();
+        }
+        let dir = self.partition_dir(pid);
+        Partition::restart_files(self.fs.as_ref(), &dir, pid, self.cluster_key, first)?;
+        let reopened = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
+        map.insert(pid, reopened.clone());
+        Ok(reopened)
+    }
+
     /// Writes every open partition's index tail and syncs it: the files are then complete as
     /// they would be after a clean close (before copying a live directory, say).
     /// One partition's failure does not keep the others from being flushed; the first error is

@@ -339,6 +339,7 @@ pub mod msg {
     pub const RECORD_HEADER_LIST: u8 = 0x18;
     pub const RECORD_LIST: u8 = 0x19;
     pub const SET_RETENTION: u8 = 0x1A;
+    pub const RESTART_LOG: u8 = 0x1B;
     pub const SUCCESS: u8 = 0x80;
     pub const FAILURE: u8 = 0x81;
     pub const HELLO_OK: u8 = 0x82;
@@ -403,6 +404,12 @@ pub enum Request {
     /// the policy (-1: no limit), the lowest id a hold protects (i64::MAX: none) and how long
     /// the order stands unless renewed.
     SetRetention(RetentionOrder),
+    /// Replaces the replica's whole log with an empty one starting at `first_txid`, which must be
+    /// past its end: a replica its peers' retention left behind restarts where they still hold.
+    RestartLog {
+        h: MsgHeader,
+        first_txid: i64,
+    },
 }
 
 /// What a store session asks of a replica's retention; the node caps it by its own low-water
@@ -529,7 +536,8 @@ impl Request {
             | Record { h, .. }
             | RecordHeaderList { h, .. }
             | RecordList { h, .. }
-            | SetRetention(RetentionOrder { h, .. }) => Some(*h),
+            | SetRetention(RetentionOrder { h, .. })
+            | RestartLog { h, .. } => Some(*h),
         }
     }
 
@@ -600,6 +608,13 @@ impl Request {
                     o.extend_from_slice(&max_count.to_be_bytes());
                 }),
             ),
+            RestartLog { h, first_txid } => (
+                msg::RESTART_LOG,
+                Box::new(move |o| {
+                    h.put(o);
+                    o.extend_from_slice(&first_txid.to_be_bytes());
+                }),
+            ),
             SetRetention(r) => (
                 msg::SET_RETENTION,
                 Box::new(move |o| {
@@ -641,6 +656,9 @@ impl Request {
                 txid: r.i64("transaction id")?,
                 max_count: r.i32("max count")?,
             },
+            msg::RESTART_LOG => {
+                Request::RestartLog { h: MsgHeader::read(&mut r)?, first_txid: r.i64("first transaction id")? }
+            }
             msg::SET_RETENTION => Request::SetRetention(RetentionOrder {
                 h: MsgHeader::read(&mut r)?,
                 max_age_ms: r.i64("max age")?,
@@ -1098,6 +1116,7 @@ mod tests {
             Request::Record { h: h(7), txid: 6 },
             Request::RecordHeaderList { h: h(8), txid: 0, max_count: 100 },
             Request::RecordList { h: h(9), txid: 1, max_count: 10 },
+            Request::RestartLog { h: h(11), first_txid: 1 << 40 },
             Request::SetRetention(RetentionOrder {
                 h: h(10),
                 max_age_ms: 60_000,

@@ -628,7 +628,13 @@ fn refusal(shared: &Shared, h: MsgHeader, req: &Request, part: &Partition) -> Op
         .get(&h.partition_id)
         .copied()
         .unwrap_or((true, true));
-    let mutates = matches!(req, Request::Append { .. } | Request::Truncate { .. } | Request::SetLowWaterMark { .. });
+    let mutates = matches!(
+        req,
+        Request::Append { .. }
+            | Request::Truncate { .. }
+            | Request::SetLowWaterMark { .. }
+            | Request::RestartLog { .. }
+    );
     if mutates && !writable {
         return Some(fail(
             h,
@@ -719,6 +725,15 @@ fn dispatch(shared: &Arc<Shared>, h: MsgHeader, part: Arc<Partition>, req: Reque
                 Err(e) => fail(h, failure_kind(&e), e.to_string()),
             })
         }
+        // Past the replica's end only (the engine refuses anything else): it never cuts a log, it
+        // replaces one that its peers' retention left behind.
+        Request::RestartLog { first_txid, .. } => blocking(shared, h, move |sh| {
+            gated_mutation(sh, h, || match sh.storage.restart_partition(h.partition_id, first_txid) {
+                Ok(_) => Response::Success { h },
+                Err(Error::InvalidArgument(m)) => fail(h, FailureKind::Refused, m),
+                Err(e) => fail(h, failure_kind(&e), e.to_string()),
+            })
+        }),
         // Only remembered: the retention thread applies it, capped by this replica's own state.
         Request::SetRetention(order) => {
             shared.retention.set(order);

@@ -49,6 +49,7 @@ request_kinds! {
         Record "RECORD" "record",
         RecordHeaderList "RECORD_HEADER_LIST" "record_header_list",
         RecordList "RECORD_LIST" "record_list",
+        RestartLog "RESTART_LOG" "restart_log",
     }
 }
 
@@ -101,6 +102,7 @@ fn encode_request<'py>(
         RequestKind::Record => Request::Record { h, txid },
         RequestKind::RecordHeaderList => Request::RecordHeaderList { h, txid, max_count },
         RequestKind::RecordList => Request::RecordList { h, txid, max_count },
+        RequestKind::RestartLog => Request::RestartLog { h, first_txid: txid },
     };
     let mut out = Vec::new();
     req.encode(&mut out);

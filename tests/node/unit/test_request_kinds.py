@@ -14,7 +14,7 @@ def _members(kind):
 
 def test_every_request_kind_encodes_as_its_protocol_name():
     members = _members(RequestKind)
-    assert len(members) == 10
+    assert len(members) == 11
     for name, kind in members.items():
         args = dict(txid=7, max_count=3, low_water_mark=5, cluster_key=KEY, partition_count=4)
         assert encode_request(kind, 9, 2, 1, **args) == encode_request(name.lower(), 9, 2, 1, **args), name

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
-from support.processes import get, stop
+from support.processes import get, start, stop, wait_http
 from test_server_daemon import mounted
 from waltz import client_protocol as cp
 from waltz import errors
@@ -77,10 +77,10 @@ async def append_many(endpoint: str, first_seq: int, count: int, hwm: int, conne
     """Appends `count` transactions to partition 0 in batches of 20; returns the last committed id."""
     c, resp, _ = await mounted(endpoint, hwm, connection_seq)
     gen, last = resp.generation, resp.high_water_mark
-    for start in range(0, count, 20):
-        n = min(20, count - start)
+    for batch in range(0, count, 20):
+        n = min(20, count - batch)
         for i in range(n):
-            c.send(cp.Append((42, gen, 0, first_seq + start + i), last, 0, PAYLOAD))
+            c.send(cp.Append((42, gen, 0, first_seq + batch + i), last, 0, PAYLOAD))
         target = last + n
         await c.until(lambda m: isinstance(m, cp.FeedData) and m.entries[-1].transaction_id >= target)
         last = target
@@ -205,5 +205,40 @@ def test_policy_deletes_under_load_below_the_low_water_mark_and_respects_holds(
         # Partition 1 keeps everything (its override).
         assert all(status(n, 1)["reclaimed_bytes"] == 0 for n in nodes)
         readers_behind_retention(endpoint, url, min(status(n)["first_transaction_id"] for n in nodes))
+    finally:
+        stop_server(server)
+
+
+def test_a_replica_down_past_the_retained_range_restarts_at_the_first_id_the_others_hold(
+    small_segments, tmp_path: pathlib.Path
+) -> None:
+    meta, nodes, url = small_segments
+    cli = Cli(url)
+    server = start_server(tmp_path, url, "s1", sections={"partition": {"checkpoint_interval": 50}})
+    try:
+        endpoint, _ = wait_served(meta, 0)
+        asyncio.run(append_many(endpoint, 0, 100, -1, 1))
+        down = nodes[2]
+        wait_for("the third replica to hold 0..99", lambda: status(down)["max_transaction_id"] == 99)
+        stop(down.proc)
+        cli("--cluster", "e2e", "retention", "set", "--max-bytes", "16KiB")
+        asyncio.run(append_many(endpoint, 100, 400, 99, 2))  # two of three replicas commit
+        wait_for(
+            "the others to delete past 100", lambda: all(status(n)["first_transaction_id"] > 100 for n in nodes[:2])
+        )
+        down.proc = start(down.config)
+        wait_http(down.ports["http_port"], down.proc)
+        wait_for("the third replica to catch up", lambda: status(down)["max_transaction_id"] == 499)
+        st = status(down)
+        # It restarted at an id the others held when it came back: nothing of 0..99 is left, and
+        # from its first id on it holds exactly the committed log.
+        assert st["first_transaction_id"] > 100, st
+        got = read_all(down, st["first_transaction_id"], 499)
+        assert [t for t, _ in got] == list(range(st["first_transaction_id"], 500))
+        assert all(d == PAYLOAD for _, d in got)
+        assert "restarting its log at" in (tmp_path / "s1.log").read_text()
+        # Back in the write path: the next appends commit on all three.
+        asyncio.run(append_many(endpoint, 500, 20, 499, 3))
+        wait_for("the third replica to take new appends", lambda: status(down)["max_transaction_id"] == 519)
     finally:
         stop_server(server)

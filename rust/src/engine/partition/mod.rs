@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
+/// Written before a restart (`Partition::restart_files`) deletes the log, removed once the new
+/// empty log is in place; finished on open.
+pub const RESTART_INTENT: &str = "restart.intent";
 const READ_CHUNK_MIN: usize = 64 << 10;
 const READ_CHUNK_MAX: usize = 8 << 20;
 
@@ -306,6 +309,52 @@ impl Partition {
         Ok(true)
     }
 
+    /// Replaces a closed partition's whole log with an empty one starting at `first`: for a
+    /// replica whose peers deleted (retention) everything up to past its end, so that it can be
+    /// filled again from `first` on. Crash-safe: the intent file is written first, and whatever
+    /// an interrupted restart left is finished by the next open.
+    pub fn restart_files(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16], first: i64) -> Result<()> {
+        let intent = dir.join(RESTART_INTENT);
+        write_file_atomically(fs, &intent, &encode_intent(first)).at(&intent)?;
+        Self::finish_restart(fs, dir, id, cluster_key, first)
+    }
+
+    fn finish_restart(fs: &dyn FileSystem, dir: &Path, id: i32, cluster_key: [u8; 16], first: i64) -> Result<()> {
+        let mut segs: Vec<i64> = fs
+            .list_dir(dir)
+            .at(dir)?
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()).and_then(|n| parse_segment_name(n, "seg")))
+            .collect();
+        segs.sort_unstable();
+        // Lowest first, as retention does; the new segment only once none is left, so the folder
+        // never holds a gap that an open without the intent would take for a lost segment.
+        for t in segs.iter().filter(|&&t| t != first) {
+            Self::delete_segment_files(fs, dir, *t)?;
+        }
+        if !segs.contains(&first) {
+            create_segment(fs, dir, &Self::header(cluster_key, id, first))?;
+        }
+        let intent = dir.join(RESTART_INTENT);
+        fs.remove_file(&intent).at(&intent)?;
+        fs.sync_dir(dir).at(dir)
+    }
+
+    fn read_restart_intent(fs: &dyn FileSystem, dir: &Path) -> Result<Option<i64>> {
+        let path = dir.join(RESTART_INTENT);
+        if !fs.exists(&path) {
+            return Ok(None);
+        }
+        let mut b = [0u8; 12];
+        let f = fs.open(&path, false).at(&path)?;
+        let n = f.read_full_at(&mut b, 0).at(&path)?;
+        if n == 12 && crc32(&b[0..8]) == be_u32(&b[8..12]) && be_i64(&b[0..8]) >= 0 {
+            Ok(Some(be_i64(&b[0..8])))
+        } else {
+            Err(Error::corruption(&path, 0, "restart intent file is damaged"))
+        }
+    }
+
     pub fn open(
         fs: Arc<dyn FileSystem>,
         dir: &Path,
@@ -314,6 +363,12 @@ impl Partition {
         opts: PartitionOptions,
     ) -> Result<Partition> {
         let ro = opts.recover.read_only;
+        if let Some(first) = Self::read_restart_intent(fs.as_ref(), dir)? {
+            if ro {
+                return Err(Error::corruption(dir, 0, format!("a restart at {first} was interrupted: open writable")));
+            }
+            Self::finish_restart(fs.as_ref(), dir, id, cluster_key, first)?;
+        }
         let mut report = RecoveryReport::default();
         let (mut segs, idxs, intent) = Self::list_files(fs.as_ref(), dir, ro, &mut report)?;
         segs.sort();
@@ -363,6 +418,8 @@ impl Partition {
                 segs.push(t);
             } else if let Some(t) = parse_segment_name(&name, "idx") {
                 idxs.push(t);
+            } else if name == RESTART_INTENT {
+                // Finished before listing (`open`); a read-only open refused it.
             } else if name == TRUNCATE_INTENT {
                 let mut b = [0u8; 12];
                 let f = fs.open(&path, false).at(&path)?;

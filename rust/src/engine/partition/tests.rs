@@ -243,6 +243,32 @@ fn truncating_into_a_sealed_segment_then_appending_other_sizes_reads_back_exactl
 }
 
 #[test]
+fn a_restart_replaces_the_log_with_an_empty_one_and_an_interrupted_one_finishes_on_open() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    for i in 0..30 {
+        append_n(&p, i * 5, 5);
+    }
+    p.close();
+    drop(p);
+    Partition::restart_files(&StdFs, d.path(), 0, KEY, 500).unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    assert_eq!((p.first_txid(), p.max_txid(), p.segment_count()), (500, 499, 1));
+    assert!(matches!(p.read_record(100), Err(Error::BelowLogStart { .. })));
+    append_n(&p, 500, 5);
+    p.close();
+    drop(p);
+    // Crashed after the intent and part of the deletion: the open finishes it.
+    let intent = d.path().join(RESTART_INTENT);
+    std::fs::write(&intent, super::encode_intent(900)).unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    assert_eq!((p.first_txid(), p.max_txid()), (900, 899));
+    assert!(!intent.exists());
+    append_n(&p, 900, 3);
+    check_all(&p, 902);
+}
+
+#[test]
 fn retention_drops_whole_segments_and_keeps_the_start_across_reopen() {
     let d = tempfile::tempdir().unwrap();
     let p = open(d.path(), opts(4096, 10));
