@@ -136,7 +136,7 @@ class LogReader:
         nxt, deadline, last = start, time.monotonic() + self.timeout, "no replica tried"
         backoff = Backoff(RETRY_BASE, RETRY_CAP)
         while nxt <= end:
-            progressed, gone = False, []
+            progressed, gone, firsts = False, [], []
             replicas = await asyncio.to_thread(self._readable_replicas, partition)
             for address in replicas:
                 try:
@@ -161,6 +161,7 @@ class LogReader:
                 except errors.BelowLogStartError as e:
                     last = f"{address}: {e}"
                     gone.append(last)
+                    firsts.append(getattr(e, "first", -1))
                 except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
                     last = f"{address}: {e}"
                     await self._drop_admin(address)
@@ -168,9 +169,14 @@ class LogReader:
                     return
             if replicas and len(gone) == len(replicas):
                 # Every replica that can serve it has dropped it: waiting cannot bring it back.
-                raise errors.BelowLogStartError(
-                    f"partition {partition}: transaction {nxt} is held by no replica any more ({'; '.join(gone)})"
+                held = min(firsts)
+                gap = f"transactions {nxt}..{held - 1} are" if held > nxt else f"transaction {nxt} is"
+                e = errors.BelowLogStartError(
+                    f"partition {partition}: {gap} held by no replica any more (deleted by retention, or a "
+                    f"directory replaced by a pruned copy; the log starts at {held}) ({'; '.join(gone)})"
                 )
+                e.first = held  # type: ignore[attr-defined]
+                raise e
             if time.monotonic() > deadline:
                 raise errors.RequestTimeoutError(
                     f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})"

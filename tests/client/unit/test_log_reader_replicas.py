@@ -20,9 +20,11 @@ class _Replica:
 
     async def records(self, partition: int, txid: int, count: int) -> list[Any]:
         if txid < self.first:
-            raise errors.BelowLogStartError(
+            e = errors.BelowLogStartError(
                 f"transaction {txid} is below the partition's first transaction id {self.first}"
             )
+            e.first = self.first  # as StorageAdminClient sets it from the node's answer
+            raise e
         return [types.SimpleNamespace(txid=t) for t in range(txid, min(self.last, txid + count - 1) + 1)]
 
     async def status(self) -> list[dict[str, Any]]:
@@ -82,8 +84,12 @@ def test_a_read_below_every_replicas_first_id_fails_at_once() -> None:
     async def go() -> list[int]:
         return [r.txid async for batch in reader.read(0, 100, 200) for r in batch]
 
-    with pytest.raises(errors.BelowLogStartError, match="partition 0: transaction 100 is held by no replica any more"):
+    with pytest.raises(
+        errors.BelowLogStartError,
+        match=r"partition 0: transactions 100\.\.119 are held by no replica any more .*the log starts at 120",
+    ) as e:
         asyncio.run(go())
+    assert e.value.first == 120
 
 
 def test_a_replica_that_cannot_serve_the_partition_does_not_lower_the_first_id() -> None:
