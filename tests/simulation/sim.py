@@ -121,6 +121,10 @@ class SimNode:
         self.slow = 1.0
         self.lost_upto = -1
         """Wiped: it may have held (and acknowledged) every id up to this one before its disk was lost."""
+        self.first = 0
+        """Retention: ids below this are deleted (their entries stay in `log`, unreadable)."""
+        self.local_lwm = -1
+        """As the real node's control file: the committed prefix it held when a session set its mark."""
 
     def crash(self, rng: random.Random) -> None:
         self.up = False
@@ -140,6 +144,21 @@ class SimNode:
         self.epoch += 1
         self.lost_upto = max(self.lost_upto, self.synced - 1)  # acknowledgements may still be on their way
         self.log, self.synced, self.info, self.fence = [], 0, (-1, -1), -1
+        self.first, self.local_lwm = 0, -1
+
+    def retain(self, rng: random.Random) -> int | None:
+        """Retention as the real node applies it: never an id above its own local low-water mark."""
+        if self.local_lwm + 1 <= self.first:
+            return None
+        self.first = rng.choice((rng.randint(self.first + 1, self.local_lwm + 1), self.local_lwm + 1))
+        return self.first
+
+    def _below_start(self, txid: int) -> errors.BelowLogStartError:
+        e = errors.BelowLogStartError(
+            f"{self.address}: transaction {txid} is below the partition's first transaction id {self.first}"
+        )
+        e.first = self.first  # as the storage client reads it from the node's answer
+        return e
 
     def durable(self) -> list[SimRecord]:
         return self.log[: self.synced]
@@ -155,6 +174,8 @@ class SimNode:
             return top
         if op == "truncate":
             (txid,) = args
+            if txid < self.first - 1:
+                raise self._below_start(txid + 1)
             if txid < top:
                 del self.log[txid + 1 :]
                 self.synced = min(self.synced, len(self.log))
@@ -163,6 +184,15 @@ class SimNode:
         if op == "set_low_water_mark":
             (lwm,) = args
             self.info = (session, lwm)
+            self.local_lwm = min(self.synced - 1, lwm)
+            return None
+        if op == "restart_log":
+            (first,) = args
+            if first <= top + 1:
+                raise errors.StorageRequestError(f"{self.address}: a restart at {first} is not past {top}", "refused")
+            # Placeholders for the ids it no longer holds: the log stays indexed by id.
+            self.log.extend(SimRecord(t, (-1, -1), 0, b"") for t in range(top + 1, first))
+            self.synced, self.first = first, first
             return None
         if op == "append":
             first, batch = args
@@ -173,9 +203,13 @@ class SimNode:
             return None
         if op in ("records", "record_headers"):
             txid, count = args
+            if txid < self.first and txid <= top:
+                raise self._below_start(txid)
             return self.log[max(txid, 0) : max(txid, 0) + count]
         if op == "record":
             (txid,) = args
+            if txid < self.first and txid <= top:
+                raise self._below_start(txid)
             return self.log[txid] if 0 <= txid <= top else None
         raise SimulationError(f"unknown request {op}")
 
@@ -216,6 +250,8 @@ class SimClient:
             except errors.WaltzError as e:
                 loop.call_later(w.latency(node), _fail, fut, e)
                 return
+            if op == "restart_log":
+                w.log(f"{node.address} restarts its log at {args[0]}")
             if op == "truncate":
                 try:
                     w.check(f"truncate on {node.address}")
@@ -304,6 +340,9 @@ class SimClient:
 
     async def record(self, partition: int, session: int, txid: int) -> SimRecord | None:
         return await self._call("record", session, txid)  # type: ignore[no-any-return]
+
+    async def restart_log(self, partition: int, session: int, first: int) -> None:
+        await self._call("restart_log", session, first)
 
     async def close(self) -> None:
         self.closed = True
@@ -440,8 +479,12 @@ class World:
             data = self.acked[txid]
             # A wiped replica is counted for what it may have held: the loss of its copies is the
             # fault injected, not the system's doing (the nemesis keeps every id on a majority but one).
+            # Retention deleted an id only at or below the replica's own local low-water mark
+            # (`SimNode.retain`): its copy counts, as on every replica that deleted it legitimately.
             holders = sum(
-                1 for n in self.nodes if (txid < n.synced and n.log[txid].data == data) or txid <= n.lost_upto
+                1
+                for n in self.nodes
+                if (txid < n.synced and (n.log[txid].data == data or txid < n.first)) or txid <= n.lost_upto
             )
             if holders < self.quorum:
                 raise SimulationError(
@@ -546,6 +589,9 @@ class World:
             if kind in ("crash", "majority-crash"):
                 count = self.quorum if kind == "majority-crash" else rng.randint(1, self.n - self.quorum)
                 await self.outage(kind, rng.sample(self.nodes, count), lambda v: v.crash(rng))
+            elif kind == "long-crash":
+                # Down for long enough that the others' sessions move on, and their retention past it.
+                await self.outage(kind, [rng.choice(self.nodes)], lambda v: v.crash(rng), down=rng.uniform(0.8, 2.0))
             elif kind == "wipe":
                 await self.outage(kind, [rng.choice(self.wipeable())], SimNode.wipe)
             elif kind == "partition":
@@ -567,6 +613,8 @@ class World:
                 # A new server takes over while the old one still appends (it must be fenced).
                 self.start_writer()
                 self.log("nemesis: failover to a new writer")
+            elif kind == "retention":
+                self.retention()
             elif kind == "server-crash":
                 for t in self.writers:
                     if not t.done():
@@ -575,7 +623,14 @@ class World:
                 self.log("nemesis: server crash")
                 self.start_writer()
 
-    async def outage(self, kind: str, victims: list[SimNode], stop: Any) -> None:
+    def retention(self) -> None:
+        """A policy deletes on every replica that is up, each by its own local low-water mark."""
+        for v in self.nodes:
+            cut = v.retain(self.rng) if v.up else None
+            if cut is not None:
+                self.log(f"nemesis: retention on {v.address} deletes below {cut}")
+
+    async def outage(self, kind: str, victims: list[SimNode], stop: Any, down: float | None = None) -> None:
         """`stop` each victim (a crash, a lost disk), check the invariants, restart them a little later."""
         for v in victims:
             stop(v)
@@ -584,7 +639,9 @@ class World:
             self.check(kind)
         except SimulationError as e:
             self.fail(e)
-        await asyncio.sleep(self.rng.uniform(0.02, 0.6))
+        await asyncio.sleep(self.rng.uniform(0.02, 0.6) if down is None else down)
+        if kind == "long-crash" and "retention" in self.kinds:
+            self.retention()  # the others delete past where the victim stopped
         for v in victims:
             v.restart()
         self.log(f"nemesis: restart {[v.address for v in victims]}")
@@ -657,20 +714,24 @@ class World:
         finally:
             await s.close()
         await asyncio.sleep(0.1)  # let the last replies land
-        logs = [n.durable() for n in self.nodes]
+        # Ids below every replica's retained start may legitimately be gone; all the rest is checked.
+        start = max(n.first for n in self.nodes)
+        logs = [n.durable()[start:] for n in self.nodes]
         for n, lg in zip(self.nodes, logs):
             if lg != logs[0]:
                 raise SimulationError(
                     f"seed {self.seed}: {n.address} differs from {self.nodes[0].address} after healing"
                 )
-            if [r.txid for r in lg] != list(range(len(lg))):
+            if [r.txid for r in lg] != list(range(start, start + len(lg))):
                 raise SimulationError(f"seed {self.seed}: {n.address} has ids that are not dense")
         for txid, data in self.acked.items():
-            if txid >= len(logs[0]) or logs[0][txid].data != data:
+            if txid < start:
+                continue
+            if txid - start >= len(logs[0]) or logs[0][txid - start].data != data:
                 raise SimulationError(f"seed {self.seed}: acknowledged transaction {txid} is not in the final log")
-        if len(logs[0]) != final[1] + 1:
+        if start + len(logs[0]) != final[1] + 1:
             raise SimulationError(
-                f"seed {self.seed}: the log ends at {len(logs[0]) - 1}, the last commit was {final[1]}"
+                f"seed {self.seed}: the log ends at {start + len(logs[0]) - 1}, the last commit was {final[1]}"
             )
 
 

@@ -52,6 +52,31 @@ def test_disks_lost_one_at_a_time_lose_nothing() -> None:
     assert handed > 0, "no session met a replica that lost its files while it ran"
 
 
+RETENTION_FAULTS = (
+    "retention",
+    "retention",
+    "retention",
+    "long-crash",
+    "crash",
+    "partition",
+    "server-crash",
+    "failover",
+)
+
+
+def test_retention_during_faults_loses_nothing_it_must_keep() -> None:
+    """Retention deletes below random replicas' own low-water marks while replicas crash, are cut
+    off and fail over: replicas left behind restart at the first id the others hold and are
+    caught up; every acknowledged id above what retention deleted everywhere is in the final log."""
+    restarts = deleted = 0
+    for seed in range(16):
+        r = sim.run(seed, duration=3.0, faults=RETENTION_FAULTS)
+        assert r.acknowledged > 100
+        deleted += sum(1 for line in r.trace if "retention on" in line)
+        restarts += sum(1 for line in r.trace if "restarts its log at" in line)
+    assert deleted > 0 and restarts > 0, (deleted, restarts)
+
+
 def test_a_seed_replays_exactly() -> None:
     a, b = sim.run(7, duration=2.0), sim.run(7, duration=2.0)
     assert a.trace == b.trace and len(a.trace) > 20
