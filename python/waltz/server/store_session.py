@@ -373,9 +373,23 @@ class StoreSession:
             got = await source.client.records(self.partition, self.session_id, nxt, CATCH_UP_BATCH)
         except errors.StaleSessionError:
             raise
-        except errors.WaltzError as e:
-            self._drop(source, str(e))
-            return False
+        except errors.BelowLogStartError as e:
+            first = getattr(e, "first", -1)
+            if first <= nxt:
+                self._drop(source, str(e))
+                return False
+            # The source's retention deleted past r's end: r restarts where the source holds (as
+            # a lagging replica's catch-up does) and is filled from there in the next rounds.
+            try:
+                await r.client.restart_log(self.partition, self.session_id, first)
+            except errors.StaleSessionError:
+                raise
+            except errors.WaltzError as e2:
+                self._drop(r, str(e2))
+                return False
+            self._note(f"{r.address} ends at {nxt - 1}, below {source.address}'s first id {first}: restarted there")
+            r.prepared = dataclasses.replace(r.prepared, high_water_mark=first - 1)
+            return True
         records = _upto(got, upto)
         if not records:
             return False
