@@ -144,6 +144,8 @@ class LocalCluster:
         servers: int = 2,
         tls: bool = False,
         server_session_timeout: float = 3.0,
+        storage_keys: dict[str, int] | None = None,
+        partition_keys: dict[str, int] | None = None,
     ) -> LocalCluster:
         """Writes the cluster's directory: configuration files, certificates and the cluster in
         the metadata store (embedded in the directory unless `metadata` names a store)."""
@@ -168,6 +170,8 @@ class LocalCluster:
             "partitions": partitions,
             "tls": tls,
             "server_session_timeout": server_session_timeout,
+            "storage_keys": dict(storage_keys or {}),
+            "partition_keys": dict(partition_keys or {}),
             "members": [dataclasses.asdict(m) for m in members],
             "initialized": False,
         }
@@ -231,8 +235,10 @@ class LocalCluster:
         return (
             f'[storage]\ndirectory = "{self.directory / "data" / m.name}"\ncluster_key = '
             f'"{self.state["cluster_key"]}"\n'
-            f"partition_count = {self.partitions}\n\n"
-            f'[node]\nhost = "127.0.0.1"\nport = {m.port}\nadmin_port = {m.admin_port}\nhttp_port = {m.http_port}\n\n'
+            f"partition_count = {self.partitions}\n"
+            + "".join(f"{k} = {v}\n" for k, v in self.state.get("storage_keys", {}).items())
+            + "\n"
+            + f'[node]\nhost = "127.0.0.1"\nport = {m.port}\nadmin_port = {m.admin_port}\nhttp_port = {m.http_port}\n\n'
             '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("storage")
         )
 
@@ -242,7 +248,9 @@ class LocalCluster:
             f'[server]\nmetadata = "{self.metadata_url}"\ncluster = "{self.cluster}"\nhost = "127.0.0.1"\n'
             f"port = {m.port}\nhttp_port = {m.http_port}\nsession_timeout = {self.state['server_session_timeout']}\n"
             f"{advertised}\n"
-            '[logging]\nlevel = "info"\njson = true\n' + self._tls_toml("server")
+            + _section("partition", self.state.get("partition_keys", {}))
+            + '[logging]\nlevel = "info"\njson = true\n'
+            + self._tls_toml("server")
         )
 
     @property
@@ -526,6 +534,11 @@ class LocalCluster:
     @property
     def cluster_key(self) -> uuid.UUID:
         return uuid.UUID(self.state["cluster_key"])
+
+
+def _section(name: str, keys: dict[str, Any]) -> str:
+    """A TOML section of plain numbers (empty when there are none)."""
+    return f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) + "\n" if keys else ""
 
 
 def _failing(body: str) -> str:
