@@ -40,6 +40,12 @@ def _seconds(value: str) -> float:
     "--zookeeper", is_flag=True, help="Keep the metadata in a real ZooKeeper (Debian package) that is killed too."
 )
 @click.option(
+    "--retention",
+    metavar="DURATION",
+    help="Run with a retention policy of this max age (e.g. 20s), small segments and frequent checkpoints, so "
+    "deletions happen during the faults; the checker then allows the ids deleted everywhere to be missing.",
+)
+@click.option(
     "--directory",
     type=click.Path(file_okay=False, path_type=pathlib.Path),
     help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.",
@@ -52,6 +58,7 @@ def torture(
     partitions: int,
     faults: str | None,
     zookeeper: bool,
+    retention: str | None,
     directory: pathlib.Path | None,
 ) -> None:
     """Run clients against a local cluster while faults strike, then check every history.
@@ -81,6 +88,7 @@ def torture(
             partitions=partitions,
             faults=kinds,
             zookeeper=zookeeper,
+            retention_max_age=None if retention is None else _seconds(retention),
         ),
         say=lambda s: console.print(f"  {s}", highlight=False),
     )

@@ -34,9 +34,11 @@ from typing import Any
 from waltz import errors
 from waltz.client import WaltzClient
 from waltz.client.log_reader import LogReader
+from waltz.cluster import retention as retention_policy
 from waltz.local import LocalCluster
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.storage import Storage
+from waltz.storage.client import StorageAdminClient
 from waltz.torture.checker import check
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
@@ -66,6 +68,9 @@ class TortureOptions:
     hold: tuple[float, float] = (1.0, 6.0)
     """How long a fault lasts (uniform)."""
     heal_timeout: float = 180.0
+    retention_max_age: float | None = None
+    """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
+    transactions, so that replicas delete during the faults (None: keep everything)."""
 
 
 @dataclasses.dataclass
@@ -187,11 +192,23 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             say(f"starting ZooKeeper on {zookeeper.hosts}")
             zookeeper.start()
             metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
-        cluster = LocalCluster.create(d / "cluster", metadata=metadata, partitions=o.partitions, cluster="torture")
+        retention = o.retention_max_age is not None
+        cluster = LocalCluster.create(
+            d / "cluster",
+            metadata=metadata,
+            partitions=o.partitions,
+            cluster="torture",
+            storage_keys={"segment_size": 64 << 10} if retention else None,
+            partition_keys={"checkpoint_interval": 200} if retention else None,
+        )
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
             cluster.advertise(m.name, proxies[m.name].port)
         cluster.start(step=say)
+        if o.retention_max_age is not None:
+            with cluster.metadata() as meta:
+                retention_policy.set_policy(meta, None, max_age_ms=int(o.retention_max_age * 1000))
+            say(f"retention: transactions older than {o.retention_max_age:g} s are deleted during the run")
         say(f"cluster up: {', '.join(f'{m.name}@{cluster.dialed_address(m)}' for m in cluster.members)}")
         spec = {
             "seed": o.seed,
@@ -237,10 +254,13 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             "the clients did not complete their operations",
         )
         cluster.wait_replicas(o.heal_timeout)
+        starts: dict[int, int] = {}
+        if o.retention_max_age is not None:
+            starts = _stop_retention(cluster, say)
         targets = _marks(cluster)
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
-        drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout)}
+        drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout, starts)}
         # Each worker records a read per transaction its feed delivers: growing histories are progress.
         _wait(
             lambda: all(w.proc.poll() is not None for w in workers),
@@ -261,7 +281,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         write_drains(d / "drains.jsonl", drains)
         nemesis_log.close()
         history = read_history(sorted((d / "history").glob("*.jsonl")))
-        report = check(history, drains, reference="cluster", lagging=lagging)
+        report = check(history, drains, reference="cluster", lagging=lagging, first_id=None if starts else 0)
         transactions = sum(t + 1 for t in targets.values())
         result = TortureResult(
             report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
@@ -329,9 +349,48 @@ def _marks(cluster: LocalCluster) -> dict[int, int]:
     return asyncio.run(ask())
 
 
-def _drain_feed(cluster: LocalCluster, targets: dict[int, int], timeout: float) -> dict[int, list[Record]]:
-    """The log as a new client receives it: the cluster's own serving path."""
+def _stop_retention(cluster: LocalCluster, say: Callable[[str], None]) -> dict[int, int]:
+    """Sets the policy back to keep everything, waits until the replicas' first ids stop moving
+    (the servers push the change within 5 s), and returns where each partition's log now starts:
+    the ids below were deleted everywhere and may legitimately be missing."""
+    with cluster.metadata() as meta:
+        retention_policy.set_policy(meta, None, max_age_ms=None)
+        nodes = meta.storage_nodes()
+        info = meta.info()
+
+        def firsts() -> dict[int, int]:
+            out: dict[int, int] = {}
+            for node in nodes:
+                for row in asyncio.run(_status(node, info)):
+                    if row["first_transaction_id"] >= 0:
+                        p = row["partition"]
+                        out[p] = min(out.get(p, row["first_transaction_id"]), row["first_transaction_id"])
+            return out
+
+        time.sleep(7.0)
+        before = firsts()
+        while (now := firsts()) != before:
+            before = now
+            time.sleep(2.0)
+    say(f"retention stopped; the logs start at {now}")
+    return now
+
+
+async def _status(node: Any, info: Any) -> list[dict[str, Any]]:
+    async with await StorageAdminClient.connect(
+        node.host, node.admin_port, cluster_key=info.cluster_key, partition_count=info.partitions, timeout=10.0
+    ) as c:
+        return await c.status()
+
+
+def _drain_feed(
+    cluster: LocalCluster, targets: dict[int, int], timeout: float, starts: dict[int, int] | None = None
+) -> dict[int, list[Record]]:
+    """The log as a new client receives it: the cluster's own serving path (from where each
+    partition's log starts, when retention deleted its head)."""
     feed = FeedRecorder(keep=True)
+    for p, first in (starts or {}).items():
+        feed.marks[p] = first - 1
     with WaltzClient(feed, cluster.client_config()):
         behind = feed.wait_for(targets, timeout)
     if behind:
