@@ -371,7 +371,21 @@ async def _recover(
             d_max = d_status["max_transaction_id"]
             # Only what is at or below the destination's own low-water mark is known committed:
             # everything above it must equal the source's, record by record.
-            nxt = max(d_status["low_water_mark"], -1) + 1
+            s_first = s_status["first_transaction_id"]
+            if d_max + 1 < s_first:
+                # The source's retention deleted past the destination's end: it restarts where the
+                # source starts (all of it is below the source's own low-water mark, committed).
+                await d.restart_log(partition, s_first)
+                d_status = {x["partition"]: x for x in await d.status()}[partition]
+                d_max = d_status["max_transaction_id"]
+            nxt = max(d_status["low_water_mark"] + 1, d_status["first_transaction_id"], 0)
+            if nxt < s_first <= d_max:
+                raise Failed(
+                    f"destination {dst.address} holds transactions {nxt}..{s_first - 1} above its low-water mark "
+                    f"that the source {src.address} no longer holds (retention) to compare with; remove the "
+                    "destination's files (`waltz storage remove-partition --delete-files --force`), add it again, "
+                    "and rerun"
+                )
             while nxt <= d_max:
                 ours = await d.records(partition, nxt, min(batch_size, d_max - nxt + 1))
                 theirs = await s.records(partition, nxt, len(ours))
@@ -392,11 +406,6 @@ async def _recover(
                         "add it again, and rerun"
                     )
                 nxt = ours[min(len(ours), len(theirs)) - 1].txid + 1
-            if d_max < 0 and s_status["first_transaction_id"] > 0 and target >= 0:
-                raise Failed(
-                    f"source {src.address} starts at transaction {s_status['first_transaction_id']}, not 0; an empty "
-                    "replica cannot be filled from it"
-                )
 
             with Progress(
                 TextColumn("partition {task.fields[p]}"),

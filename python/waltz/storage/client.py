@@ -581,6 +581,13 @@ class StorageAdminClient(_Connection):
             )
         )
 
+    async def restart_log(self, partition: int, first_txid: int) -> None:
+        """Replaces the replica's log with an empty one starting at `first_txid` (past its end);
+        refused unless the partition is marked unwritable (maintenance)."""
+        await self._call(
+            lambda seq: encode_admin_request(AdminRequestKind.RESTART_LOG, seq, partition, txid=first_txid)
+        )
+
     async def status(self) -> list[dict[str, Any]]:
         """Per partition: first and max transaction id, last session and low-water marks, the
         newest session seen (the fence), readable, writable, and why it failed (or None)."""

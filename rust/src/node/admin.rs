@@ -125,6 +125,16 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
             set_partition_info(shared, h, session_id, low_water_mark)
         }
         AdminRequest::ResetFence { session_id, .. } => reset_fence(shared, h, session_id),
+        AdminRequest::RestartLog { first_txid, .. } => {
+            if let Some(refused) = unless_in_maintenance(shared, h) {
+                return refused;
+            }
+            match s.restart_partition(pid, first_txid) {
+                Ok(_) => AdminResponse::Success { h },
+                Err(crate::engine::error::Error::InvalidArgument(m)) => admin_fail(h, FailureKind::Refused, m),
+                Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
+            }
+        }
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
 }

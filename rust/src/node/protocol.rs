@@ -791,6 +791,7 @@ pub mod admin_msg {
     pub const APPEND: u8 = 0x26;
     pub const SET_PARTITION_INFO: u8 = 0x27;
     pub const RESET_FENCE: u8 = 0x28;
+    pub const RESTART_LOG: u8 = 0x29;
     pub const STATUS_RESPONSE: u8 = 0xA4;
     pub const RECORD_LIST_RESPONSE: u8 = 0xA5;
 }
@@ -847,6 +848,12 @@ pub enum AdminRequest {
         h: MsgHeader,
         session_id: i64,
     },
+    /// The storage protocol's Restart Log for a partition under maintenance (`recover-partition`
+    /// filling a replica from a source whose log starts past the replica's end).
+    RestartLog {
+        h: MsgHeader,
+        first_txid: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -895,7 +902,8 @@ impl AdminRequest {
             | AdminRequest::RecordList { h, .. }
             | AdminRequest::Append { h, .. }
             | AdminRequest::SetPartitionInfo { h, .. }
-            | AdminRequest::ResetFence { h, .. } => Some(*h),
+            | AdminRequest::ResetFence { h, .. }
+            | AdminRequest::RestartLog { h, .. } => Some(*h),
         }
     }
 
@@ -946,6 +954,10 @@ impl AdminRequest {
                 h.put(o);
                 o.extend_from_slice(&session_id.to_be_bytes());
             }),
+            AdminRequest::RestartLog { h, first_txid } => encode_frame(out, MAGIC_ADMIN, admin_msg::RESTART_LOG, |o| {
+                h.put(o);
+                o.extend_from_slice(&first_txid.to_be_bytes());
+            }),
         }
     }
 
@@ -981,6 +993,9 @@ impl AdminRequest {
             },
             admin_msg::RESET_FENCE => {
                 AdminRequest::ResetFence { h: MsgHeader::read(&mut r)?, session_id: r.i64("session id")? }
+            }
+            admin_msg::RESTART_LOG => {
+                AdminRequest::RestartLog { h: MsgHeader::read(&mut r)?, first_txid: r.i64("first transaction id")? }
             }
             t => return Err(FrameError::UnknownType(t)),
         };
@@ -1250,6 +1265,7 @@ mod tests {
             AdminRequest::Assign { h: h(2) },
             AdminRequest::Unassign { h: h(2), delete_files: true },
             AdminRequest::ResetFence { h: h(2), session_id: 7 },
+            AdminRequest::RestartLog { h: h(3), first_txid: 4096 },
             AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
             AdminRequest::Status { h: h(-1) },
             AdminRequest::RecordList { h: h(3), txid: 7, max_count: 100 },

@@ -65,6 +65,7 @@ request_kinds! {
         RecordList "RECORD_LIST" "record_list",
         SetPartitionInfo "SET_PARTITION_INFO" "set_partition_info",
         ResetFence "RESET_FENCE" "reset_fence",
+        RestartLog "RESTART_LOG" "restart_log",
     }
 }
 
@@ -166,6 +167,7 @@ fn encode_admin_request<'py>(
         AdminRequestKind::RecordList => AdminRequest::RecordList { h, txid, max_count },
         AdminRequestKind::SetPartitionInfo => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
         AdminRequestKind::ResetFence => AdminRequest::ResetFence { h, session_id },
+        AdminRequestKind::RestartLog => AdminRequest::RestartLog { h, first_txid: txid },
     };
     let mut out = Vec::new();
     req.encode(&mut out);

@@ -595,3 +595,51 @@ def test_reset_fence_lowers_a_wrongly_raised_fence_never_below_the_metadata(
         node.admin(lambda c: c.reset_fence(0, 1))
     with pytest.raises(errors.StorageRequestError, match="nothing to lower"):
         node.admin(lambda c: c.reset_fence(0, 9))
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_recover_partition_restarts_a_destination_behind_the_sources_retained_start(
+    cli: Cli, tmp_path: pathlib.Path
+) -> None:
+    """The source's retention deleted past the destination's end (issue 35): the destination
+    restarts where the source starts and is filled from there; before, an empty destination was
+    refused and `waltz torture --retention` could not heal a corrupted replica."""
+    created = cli.json("cluster", "create", "--partitions", str(PARTITIONS), "--replicas", "3")
+    key = uuid.UUID(created["cluster_key"])
+    keys = {"storage_keys": {"segment_size": 8192}, "node_keys": {"retention_interval": 0.1}}
+    src, dst = (Node(tmp_path / f"node{i}", key, **keys) for i in range(2))
+    try:
+        for n in (src, dst):
+            cli("storage", "add-node", "--storage", n.address, "--admin-port", str(n.ports["admin_port"]))
+            cli("storage", "assign", "--storage", n.address, "-p", "0")
+            cli("storage", "add-partition", "--storage", n.address, "-p", "0")
+
+        async def fill_and_delete(c: StorageClient) -> int:
+            for i in range(20):  # segments roll between appends: 8 KiB segments of a few batches each
+                await c.append(0, 7, i * 10, batch(10, b"s" * 100))
+            await c.set_low_water_mark(0, 7, 149)
+            await c.set_retention(0, 7, max_age_ms=None, max_bytes=0, min_kept=0, hold_from=2**63 - 1, lease_ms=60_000)
+            deadline = time.monotonic() + 30
+            while (
+                first := await c.set_retention(
+                    0, 7, max_age_ms=None, max_bytes=0, min_kept=0, hold_from=2**63 - 1, lease_ms=60_000
+                )
+            ) == 0:
+                assert time.monotonic() < deadline, "the source never deleted its head"
+                time.sleep(0.1)
+            return first
+
+        first = src.run(fill_and_delete)
+        assert 0 < first <= 150
+        done = cli.json(
+            "storage", "recover-partition", "--source", src.address, "--destination", dst.address, "-p", "0"
+        )
+        assert (done["copied"], done["destination_max"], done["low_water_mark"]) == (150 - first, 149, 149), done
+        state = {s["partition"]: s for s in dst.admin(lambda c: c.status())}[0]
+        assert (state["first_transaction_id"], state["writable"]) == (first, True)
+        got = dst.admin(lambda c: c.records(0, first, 1000))
+        assert [r.txid for r in got] == list(range(first, 150))
+    finally:
+        for n in (src, dst):
+            if n.proc.poll() is None:
+                stop(n.proc)
