@@ -3,6 +3,7 @@ and over a live cluster, committed-only bounds, offsets, splits, corrupt files, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import pathlib
@@ -377,3 +378,68 @@ def test_filters_on_partition_and_transaction_id_narrow_the_plan_and_read_the_sa
     assert re.search(
         r"PushedFilters: \[.*EqualTo\(partition,0\).*GreaterThanOrEqual\(transaction_id,90\)", explained
     ), explained
+
+
+def test_earliest_after_a_retention_policy_deleted_the_head_reads_from_the_first_id_held(
+    spark: Any, tmp_path: pathlib.Path
+) -> None:
+    """A real policy (issue 35): the servers hand it to the replicas, which delete their heads
+    below their low-water marks; `startingOffsets` earliest then reads exactly the retained
+    range, and a start below it fails naming what is gone."""
+    import time
+
+    from support.client_app import MemoryApp, Write
+    from waltz.client import WaltzClient
+    from waltz.client.log_reader import LogReader
+    from waltz.cluster import retention
+    from waltz.local import LocalCluster
+
+    cluster = LocalCluster.create(
+        tmp_path / "c",
+        partitions=1,
+        storage_nodes=3,
+        servers=1,
+        storage_keys={"segment_size": 4096},
+        partition_keys={"checkpoint_interval": 50},
+    )
+    cluster.start()
+    try:
+        client = WaltzClient(MemoryApp(), cluster.client_config())
+        try:
+            for i in range(300):  # one at a time: batches small enough for segments to roll often
+                assert client.submit(Write(f"w-{i}", partition=0, header=i)).result(timeout=60)
+            with cluster.metadata() as meta:
+                retention.set_policy(meta, None, max_bytes=4096)
+            client.submit(Write("after", partition=0, header=300)).result(timeout=60)  # a new checkpoint
+            client.flush()
+        finally:
+            client.close()
+
+        async def first_held() -> int:
+            async with LogReader(cluster.metadata_url, cluster.cluster, timeout=60) as r:
+                return await r.first_transaction_id(0)
+
+        deadline, first, last = time.monotonic() + 60, 0, -1
+        while first == 0 or first != last:  # deleted, and no longer moving
+            assert time.monotonic() < deadline, "the replicas never deleted their heads"
+            time.sleep(1.5)
+            first, last = asyncio.run(first_held()), first
+        df = (
+            spark.read.format("waltz")
+            .option("metadata", cluster.metadata_url)
+            .option("cluster", cluster.cluster)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
+        assert [r.transaction_id for r in df.orderBy("transaction_id").collect()] == list(range(first, 301))
+        below = (
+            spark.read.format("waltz")
+            .option("metadata", cluster.metadata_url)
+            .option("cluster", cluster.cluster)
+            .option("startingOffsets", '{"0": 3}')
+            .load()
+        )
+        with pytest.raises(Exception, match=rf"transactions 3\.\.{first - 1}"):
+            below.collect()
+    finally:
+        cluster.stop()
