@@ -257,8 +257,6 @@ __all__ = [
     "ClientAheadError",
     "ClientBehindRetentionError",
     "TransactionsDeletedError",
-    "transactions_deleted",
-    "log_start_in",
     "ClientClosedError",
     "ClientError",
     "ClusterError",
