@@ -21,6 +21,7 @@ import contextlib
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -68,15 +69,31 @@ def track(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
     return proc
 
 
+def _leads_group(proc: subprocess.Popen[Any]) -> bool:
+    """Started with `start_new_session`: its descendants (a launcher script's VM) share its group."""
+    try:
+        return os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:
+        return False
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL to the process and, when it leads a group of its own, to everything in that group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if _leads_group(proc):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+
+
 def kill_leftovers() -> int:
-    """SIGKILL to every tracked process still running (the last line of cleanup after an error
-    or an interrupt); returns how many there were."""
+    """SIGKILL to every tracked process still running, with its group (the last line of cleanup
+    after an error or an interrupt); returns how many there were."""
     n = 0
     for p in _SPAWNED:
         if p.poll() is None:
             n += 1
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
+            _kill(p)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
     _SPAWNED.clear()
@@ -92,8 +109,7 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        _kill(proc)
         proc.wait(timeout=10)
 
 
