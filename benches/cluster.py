@@ -625,6 +625,18 @@ def cell(rows: list[dict[str, Any]] | None, clients: int) -> dict[str, Any] | No
     return next((r for r in rows or [] if r["clients"] == clients), None)
 
 
+def strongest_durable_peer(sysres: dict[str, Any], clients: tuple[int, ...]) -> dict[str, Any]:
+    """Per client count, the durable peer with the most committed operations/s in this run (what
+    every throughput target is also stated against)."""
+    out = {}
+    for n in clients:
+        rows = [(c["tx_per_s"], p) for p in durable_peers() if (c := cell(sysres.get(p), n))]
+        if rows:
+            tx, peer = max(rows)
+            out[str(n)] = {"peer": peer, "tx_per_s": tx}
+    return out
+
+
 def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
     """Adds ratios (ours ÷ peer, same client count) and the targets to `res`."""
     sysres = res["systems"]
@@ -641,6 +653,7 @@ def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
                         "cpu_per_tx": a["cpu_us_per_tx"] / b["cpu_us_per_tx"],
                     }
     res["peer_ratios"] = ratios
+    res["strongest_durable_peer"] = strongest_durable_peer(sysres, clients)
     refs = [res["references_before"], res["references_after"]]
     # The lower of the two measurements: other work on the machine only ever adds to either.
     fsync = min(r["fdatasync"]["p50_us"] for r in refs)
@@ -757,6 +770,11 @@ def report(res: dict[str, Any]) -> None:
             f"the same bound with it: 1.5 x ({lf['fdatasync_3_writers_p50_us']:.0f} + 2 x "
             f"{lf['loopback_rtt_p50_us']:.0f}) "
             f"= {lf['bound_3_writers_us']:.0f} us (informative; the target keeps the issue's formula)"
+        )
+    if strongest := res.get("strongest_durable_peer"):
+        print(
+            "\nStrongest durable peer per client count: "
+            + "; ".join(f"{n}: {LABELS[s['peer']]} {s['tx_per_s']:,.0f}/s" for n, s in strongest.items())
         )
     for name, err in res["errors"].items():
         print(f"\n{name}: NOT MEASURED: {err}")
