@@ -43,6 +43,7 @@ async def _prepare(name: str, cluster: Any) -> Callable[[], Awaitable[Any]]:
     """What the peer needs before its first write, and how to open one client session."""
     if name == "rabbitmq":
         await RabbitMQSession.declare(cluster.leader_port)
+        cluster.locate_queue()
         return lambda: RabbitMQSession.open(cluster.leader_port)
     if name == "jetstream":
         await cluster.create_stream()

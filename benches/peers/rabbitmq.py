@@ -17,9 +17,10 @@ with classic-config peer discovery naming node 0, which is `join_cluster` done a
 (each `rabbitmqctl` call starts an Elixir VM: tens of seconds on a loaded 2-core machine). The
 membership is checked with `erl_call` (a C program, no VM).
 
-All sessions connect to node 0, where the queue is declared and so where its leader is (3.10's
-default leader locator is client-local): a publish to another node is forwarded to the leader,
-one more hop, so this is RabbitMQ's best case on this machine."""
+The queue is declared through node 0, so its leader is there (3.10's default leader locator is
+client-local); the harness asks the cluster where the leader is and connects all sessions to it:
+a publish through another node is forwarded to the leader, one more hop, so this is RabbitMQ's
+best case on this machine."""
 
 from __future__ import annotations
 
@@ -106,6 +107,12 @@ def members_in(erl_term: str) -> set[str]:
     return set(re.findall(r"'?(waltzbench\d+@localhost)'?", erl_term))
 
 
+def leader_in(erl_term: str) -> str | None:
+    """The `{leader, Node}` of a queue's infos printed by erl_call."""
+    m = re.search(r"\{leader,\s*'?(waltzbench\d+@localhost)'?\s*\}", erl_term)
+    return m.group(1) if m else None
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -171,7 +178,7 @@ class RabbitMQCluster:
         self._boot(2)
         self.wait_started([1, 2], deadline)
         self.wait_clustered(deadline)
-        log(f"RabbitMQ {self.version}: 3 nodes clustered, clients on node 0 (:{self.leader_port})")
+        log(f"RabbitMQ {self.version}: 3 nodes in one cluster")
 
     def _boot(self, i: int) -> None:
         d = self.directory / f"node{i}"
@@ -237,9 +244,15 @@ class RabbitMQCluster:
             time.sleep(0.5)
         raise PeerUnavailable(f"RabbitMQ nodes did not form one cluster: running {last.strip()}")
 
-    def queue_members(self) -> set[str]:
-        """The members of the benchmark's quorum queue, as the cluster reports them."""
-        return members_in(self.rpc('rabbit_amqqueue:info_all(<<"/">>, [name, members]).'))
+    def locate_queue(self) -> None:
+        """Checks that the declared quorum queue has a member on every node and points the
+        sessions at its leader (node 0 unless the declare went elsewhere)."""
+        infos = self.rpc('rabbit_amqqueue:info_all(<<"/">>, [name, leader, members]).')
+        members, leader = members_in(infos), leader_in(infos)
+        if members != {node_name(i) for i in range(NODES)} or leader is None:
+            raise PeerUnavailable(f"the quorum queue is not on all {NODES} nodes with a leader: {infos.strip()}")
+        self.leader_port = self.amqp_ports[int(leader.split("@")[0].removeprefix("waltzbench"))]
+        log(f"RabbitMQ: quorum queue {QUEUE!r} on 3 nodes, leader {leader} (:{self.leader_port})")
 
     def log_text(self, i: int) -> str:
         try:
