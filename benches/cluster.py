@@ -508,7 +508,8 @@ def terminate_on_sigterm() -> Iterator[None]:
 def measure_all(
     root: pathlib.Path, systems: list[str], clients: tuple[int, ...], t: Timing, quick: bool
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"systems": {}, "errors": {}, "versions": {}, "durability": {}}
+    out: dict[str, Any] = {"systems": {}, "errors": {}, "versions": {}}
+    out["durability"] = {p: DURABILITY[p] for p in PEERS if p in systems}
     calls = 2000 if quick else 5000
     log("references: write + fdatasync of 1 KiB, loopback round trip")
     out["references_before"] = {
@@ -611,7 +612,6 @@ def measure_all(
             out["errors"]["jetstream"] = str(err)
         finally:
             j.stop()
-    out["durability"] = {p: DURABILITY[p] for p in PEERS if p in systems}
     out["references_after"] = {
         "fdatasync": loadgen.fdatasync_p50_us(root / "raw1", calls),
         "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw1m", calls),
