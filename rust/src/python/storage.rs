@@ -295,6 +295,14 @@ impl PyPartition {
         d.set_item("syncs", s.syncs)?;
         d.set_item("sync_micros", s.sync_micros)?;
         d.set_item("batch_records", s.batch_records)?;
+        if let Some(phases) = s.phases {
+            // Only with WALTZ_ENGINE_PHASES=1: {phase: (count, total ns, max ns)}.
+            let p = PyDict::new(py);
+            for (name, count, total, max) in phases {
+                p.set_item(name, (count, total, max))?;
+            }
+            d.set_item("phases", p)?;
+        }
         Ok(d)
     }
     /// What opening the partition found and did.

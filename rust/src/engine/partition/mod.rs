@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod phases;
+use phases::{Phase, Phases};
+
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
 const READ_CHUNK_MIN: usize = 64 << 10;
@@ -135,6 +138,8 @@ pub struct PartitionStats {
     pub sync_micros: (Vec<u64>, u64),
     /// Records per append: bucket counts (bounds BATCH_RECORDS_BOUNDS, then +Inf), sum.
     pub batch_records: (Vec<u64>, u64),
+    /// Per phase of the append path (name, count, total ns, max ns), when `WALTZ_ENGINE_PHASES=1`.
+    pub phases: Option<Vec<(&'static str, u64, u64, u64)>>,
 }
 
 struct State {
@@ -148,6 +153,8 @@ struct State {
     /// After a failed preallocation, the tail offset before which none is tried again: a full
     /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
     prealloc_retry_at: u64,
+    /// Whether the last flush zero-filled ahead (its sync then writes the zeros too).
+    zero_filled: bool,
     /// After a failed checkpoint window write, the tail position before which none is tried
     /// again: one attempt per checkpoint interval, not one per sync.
     index_retry_at: u64,
@@ -191,6 +198,7 @@ pub struct Partition {
     syncs: AtomicU64,
     sync_micros: Histogram<10>,
     batch_records: Histogram<8>,
+    phases: Phases,
     pub recovery: RecoveryReport,
 }
 
@@ -478,6 +486,7 @@ impl Partition {
                 queue: Vec::new(),
                 tail_allocated,
                 prealloc_retry_at: 0,
+                zero_filled: false,
                 index_retry_at: 0,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
@@ -499,6 +508,7 @@ impl Partition {
             syncs: AtomicU64::new(0),
             sync_micros: Histogram::default(),
             batch_records: Histogram::default(),
+            phases: Phases::default(),
             recovery: report,
         }
     }
@@ -679,6 +689,7 @@ impl Partition {
         }
         // Never far past the segment size: the file is cut back at the roll anyway.
         let to = from.next_multiple_of(step).min(self.opts.segment_size.max(from));
+        let t = self.phases.start();
         let zero_fill = || -> std::io::Result<()> {
             let mut at = from;
             while at < to {
@@ -688,7 +699,10 @@ impl Partition {
             }
             Ok(())
         };
-        match zero_fill() {
+        let filled = zero_fill();
+        st.zero_filled = true;
+        self.phases.end(Phase::Prealloc, t);
+        match filled {
             Ok(()) => st.tail_allocated = to,
             Err(e) => {
                 log::warn!(
@@ -745,6 +759,7 @@ impl Partition {
             syncs: self.syncs.load(Ordering::Relaxed),
             sync_micros: self.sync_micros.snapshot(),
             batch_records: self.batch_records.snapshot(),
+            phases: self.phases.snapshot(),
         }
     }
 
@@ -777,7 +792,9 @@ impl Partition {
             }
         }
         let seq = {
+            let t = self.phases.start();
             let mut st = lock(&self.state);
+            self.phases.end(Phase::LockWait, t);
             // Checked again under the lock: a failure may have happened while we waited for it.
             self.check_writable()?;
             let first_txid = first.unwrap_or(st.next_txid);
@@ -793,9 +810,13 @@ impl Partition {
                 tail.count > 0 && tail.end >= self.opts.segment_size
             };
             if needs_roll {
+                let t = self.phases.start();
                 self.roll(&mut st).map_err(|e| self.poison(e))?;
+                self.phases.end(Phase::Roll, t);
             }
+            let t = self.phases.start();
             self.write_batch(&mut st, first_txid, records).map_err(|e| self.poison(e))?;
+            self.phases.end(Phase::Encode, t);
             st.write_seq += 1;
             let (seq, last) = (st.write_seq, first_txid + records.len() as i64 - 1);
             st.inflight.push_back((seq, last));
@@ -864,7 +885,10 @@ impl Partition {
         let files = tail.files.clone();
         let at = tail.end - st.queue.len() as u64;
         let written_end = tail.end;
+        st.zero_filled = false;
+        let t = self.phases.start();
         let result = files.data.write_all_at(&st.queue, at).at(&files.data_path);
+        self.phases.end(Phase::Write, t);
         let result = result.and_then(|_| self.preallocate(st, &files, written_end));
         st.queue.clear();
         if st.queue.capacity() > SCRATCH_KEEP {
@@ -966,14 +990,19 @@ impl Partition {
             }
             s.leader = true;
             drop(s);
-            let (written, target_seq, target_txid, files) = {
+            let (written, target_seq, target_txid, files, zero_filled) = {
+                let t = self.phases.start();
                 let mut st = self.gather_round(lock(&self.state), gather);
+                self.phases.end(Phase::Gather, t);
                 let w = self.flush_queue(&mut st);
-                (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone())
+                let zf = std::mem::take(&mut st.zero_filled);
+                (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone(), zf)
             };
             let started = Instant::now();
             let result = written.and_then(|_| files.data.sync_data().at(&files.data_path));
             let took = started.elapsed();
+            let phase = if zero_filled { Phase::SyncZeros } else { Phase::Sync };
+            self.phases.end(phase, phases::Timer::since(started, &self.phases));
             self.last_sync_ns.store(took.as_nanos() as u64, Ordering::Relaxed);
             self.sync_micros.observe(&SYNC_MICROS_BOUNDS, took.as_micros() as u64);
             self.syncs.fetch_add(1, Ordering::Relaxed);
@@ -998,7 +1027,9 @@ impl Partition {
             drop(s);
             self.synced.notify_all();
             if counted {
+                let t = self.phases.start();
                 self.write_checkpoint_windows(&mut st);
+                self.phases.end(Phase::Checkpoint, t);
             }
             drop(st);
             s = lock(&self.sync);
