@@ -21,7 +21,15 @@ import uuid
 
 os.environ["WALTZ_ENGINE_PHASES"] = "1"
 
+from waltz._native import raw_append_loop  # noqa: E402
 from waltz.storage import RecordBatch, ReqId, Storage  # noqa: E402
+
+RECORD_OVERHEAD = 40
+
+
+def percentiles(lat_us: list[float]) -> dict[int, float]:
+    lat_us = sorted(lat_us)
+    return {q: lat_us[min(len(lat_us) - 1, int(q / 100 * len(lat_us)))] for q in (50, 90, 99, 100)}
 
 
 def main() -> None:
@@ -55,9 +63,17 @@ def main() -> None:
         wall = time.perf_counter() - t0
         stats = p.stats()
         s.close()
-    lat.sort()
-    pct = {q: lat[min(len(lat) - 1, int(q / 100 * len(lat)))] * 1e6 for q in (50, 90, 99, 100)}
+    pct = percentiles([x * 1e6 for x in lat])
     recs = args.appends * args.writers * args.batch
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        raw_ns = raw_append_loop(
+            os.path.join(d, "raw"), bytes(args.batch * (RECORD_OVERHEAD + args.size)), args.appends
+        )
+    raw = percentiles([x / 1e3 for x in raw_ns])
+    print(
+        f"raw ceiling, same bytes per call: {args.appends * args.batch / (sum(raw_ns) / 1e9):,.0f} rec/s; "
+        f"p50 {raw[50]:,.0f} p90 {raw[90]:,.0f} p99 {raw[99]:,.0f} max {raw[100]:,.0f} us"
+    )
     print(
         f"{args.writers} writer(s), {args.appends} x {args.batch} x {args.size} B: {recs / wall:,.0f} rec/s, "
         f"{stats['syncs']} syncs; append p50 {pct[50]:,.0f} p90 {pct[90]:,.0f} p99 {pct[99]:,.0f} "

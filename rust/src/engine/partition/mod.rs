@@ -57,6 +57,12 @@ pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
+/// Flushes at least this large grow the file instead of zero-filling ahead. Zeros save a flush
+/// the inode write (about 35 µs here) but cost their own bytes once: worth it for small flushes,
+/// a loss from about this size up, where a fill ran on nearly every flush (at 1 MiB a flush, the
+/// disk wrote twice the records' bytes) and put a 1 MiB write on one sync in ten at 100 KiB
+/// (docs/performance.md, "Where an append's time goes").
+const ZERO_FILL_MAX_FLUSH: u64 = 32 << 10;
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
@@ -682,9 +688,14 @@ impl Partition {
     /// preallocation step, when `from` passed the preallocated space. Never fails an append: on
     /// an error (a disk too full for the zeros) the partial zeros are cut away and the records
     /// go on with writes that grow the file.
-    fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64) -> Result<()> {
+    fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64, flushed: u64) -> Result<()> {
         let step = self.opts.preallocate;
         if step == 0 || from <= st.tail_allocated || from < st.prealloc_retry_at {
+            return Ok(());
+        }
+        if flushed >= ZERO_FILL_MAX_FLUSH {
+            // This flush grew the file: it now ends at the records.
+            st.tail_allocated = from;
             return Ok(());
         }
         // Never far past the segment size: the file is cut back at the roll anyway.
@@ -889,7 +900,8 @@ impl Partition {
         let t = self.phases.start();
         let result = files.data.write_all_at(&st.queue, at).at(&files.data_path);
         self.phases.end(Phase::Write, t);
-        let result = result.and_then(|_| self.preallocate(st, &files, written_end));
+        let flushed = st.queue.len() as u64;
+        let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
         st.queue.clear();
         if st.queue.capacity() > SCRATCH_KEEP {
             st.queue = Vec::new();
