@@ -213,8 +213,8 @@ impl PyPartition {
         let p = self.0.clone();
         if let Ok(batch) = records.cast::<PyRecordBatch>() {
             let batch = batch.borrow();
-            let recs = batch.records();
-            return run(py, move || p.append_at_opt(first, &recs));
+            let (recs, owner) = (batch.records(), batch.data.clone());
+            return run(py, move || p.append_shared(first, &recs, &owner));
         }
         // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
         let mut metas = Vec::new();

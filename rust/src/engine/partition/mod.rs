@@ -10,7 +10,7 @@ use crate::engine::format::{now_ms, FORMAT_VERSION};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
 use crate::engine::index::{self, Checkpointer, Durable};
 use crate::engine::record::{
-    be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
+    be_i64, be_u32, check_record, crc32, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
 use crate::engine::segment::{
     create_segment, data_name, index_name, locate, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
@@ -22,7 +22,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod phases;
+mod queue;
 use phases::{Phase, Phases};
+pub use queue::SharedData;
+use queue::WriteQueue;
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
@@ -52,7 +55,6 @@ impl Drop for ReadBuf {
         }
     }
 }
-const SCRATCH_KEEP: usize = 16 << 20;
 pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
@@ -153,7 +155,7 @@ struct State {
     next_txid: i64,
     write_seq: u64,
     /// Encoded batches not yet written to the tail's data file (they end at the tail's `end`).
-    queue: Vec<u8>,
+    queue: WriteQueue,
     /// The tail's data file length: its records, then zeros (preallocated) up to here.
     tail_allocated: u64,
     /// After a failed preallocation, the tail offset before which none is tried again: a full
@@ -489,7 +491,7 @@ impl Partition {
                 segments,
                 next_txid,
                 write_seq: 0,
-                queue: Vec::new(),
+                queue: WriteQueue::default(),
                 tail_allocated,
                 prealloc_retry_at: 0,
                 zero_filled: false,
@@ -792,9 +794,31 @@ impl Partition {
         Ok((t.first, t.last))
     }
 
+    /// `append_at_opt` for records whose data lies in `owner`: large records are written from
+    /// there (the queue holds `owner` until they are written) instead of copied into the queue.
+    pub fn append_shared(
+        &self,
+        first: Option<i64>,
+        records: &[NewRecord<'_>],
+        owner: &SharedData,
+    ) -> Result<(i64, i64)> {
+        let t = self.enqueue_with(first, records, Some(owner))?;
+        self.wait_durable(t.seq)?;
+        Ok((t.first, t.last))
+    }
+
     /// The first half of an append, for pipelining: checks and queues the batch in order and
     /// returns at once. It is durable only once `wait_durable(ticket.seq)` returned Ok.
     pub fn enqueue(&self, first: Option<i64>, records: &[NewRecord<'_>]) -> Result<AppendTicket> {
+        self.enqueue_with(first, records, None)
+    }
+
+    fn enqueue_with(
+        &self,
+        first: Option<i64>,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+    ) -> Result<AppendTicket> {
         self.check_writable()?;
         let max = self.opts.recover.max_record_size;
         for r in records {
@@ -826,7 +850,7 @@ impl Partition {
                 self.phases.end(Phase::Roll, t);
             }
             let t = self.phases.start();
-            self.write_batch(&mut st, first_txid, records).map_err(|e| self.poison(e))?;
+            self.write_batch(&mut st, first_txid, records, owner).map_err(|e| self.poison(e))?;
             self.phases.end(Phase::Encode, t);
             st.write_seq += 1;
             let (seq, last) = (st.write_seq, first_txid + records.len() as i64 - 1);
@@ -837,25 +861,32 @@ impl Partition {
         Ok(AppendTicket { seq, first: first_txid, last: first_txid + records.len() as i64 - 1 })
     }
 
-    /// Encodes the batch onto the tail's write queue. Nothing touches the file here: the sync
-    /// leader writes the whole queue in one pwrite right before its fdatasync, so no append
-    /// dirties the file while a sync runs (Linux's fdatasync would write those pages too).
-    fn write_batch(&self, st: &mut State, first_txid: i64, records: &[NewRecord<'_>]) -> Result<()> {
+    /// Encodes the batch onto the tail's write queue (large records in `owner` by reference).
+    /// Nothing touches the file here: the sync leader writes the whole queue in one write right
+    /// before its fdatasync, so no append dirties the file while a sync runs (Linux's fdatasync
+    /// would write those pages too).
+    fn write_batch(
+        &self,
+        st: &mut State,
+        first_txid: i64,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+    ) -> Result<()> {
         let mut offsets = std::mem::take(&mut st.index_scratch);
         offsets.clear();
         let tail = st.segments.last().unwrap();
         let (logical_end, old_count, files) = (tail.end, tail.count, tail.files.clone());
-        let queued_before = st.queue.len();
+        let mark = st.queue.mark();
+        let mut written = 0u64;
         for (k, r) in records.iter().enumerate() {
-            offsets.push(logical_end + (st.queue.len() - queued_before) as u64);
-            encode_record(&mut st.queue, first_txid + k as i64, r);
+            offsets.push(logical_end + written);
+            written += st.queue.push_record(first_txid + k as i64, r, owner);
         }
-        let written = (st.queue.len() - queued_before) as u64;
         {
             let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
             // Kept on in production: a misplaced index tail would point reads at wrong records.
             if p.base + p.offsets.len() as u64 != old_count {
-                st.queue.truncate(queued_before);
+                st.queue.rollback(mark);
                 return Err(Error::Invariant {
                     partition: self.id,
                     what: format!(
@@ -884,7 +915,7 @@ impl Partition {
         Ok(())
     }
 
-    /// Writes the queued batches to the tail's data file (one pwrite). Called under the state
+    /// Writes the queued batches to the tail's data file (one pwrite, or one pwritev with records by reference). Called under the state
     /// lock, so file writes happen in id order. Index entries stay in memory until the records
     /// are synced (`write_checkpoint_windows`): writing them per append would also make every
     /// data fdatasync flush the index file's new blocks (ext4 ordered mode).
@@ -894,18 +925,15 @@ impl Partition {
         }
         let tail = st.segments.last().unwrap();
         let files = tail.files.clone();
-        let at = tail.end - st.queue.len() as u64;
+        let at = tail.end - st.queue.len();
         let written_end = tail.end;
         st.zero_filled = false;
         let t = self.phases.start();
-        let result = files.data.write_all_at(&st.queue, at).at(&files.data_path);
+        let result = st.queue.write_to(files.data.as_ref(), at).at(&files.data_path);
         self.phases.end(Phase::Write, t);
-        let flushed = st.queue.len() as u64;
+        let flushed = st.queue.len();
         let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
         st.queue.clear();
-        if st.queue.capacity() > SCRATCH_KEEP {
-            st.queue = Vec::new();
-        }
         // The queued bytes are gone whatever happened: nothing queued may be acknowledged now.
         result.map_err(|e| self.poison(e))
     }
