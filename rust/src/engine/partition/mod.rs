@@ -915,10 +915,11 @@ impl Partition {
         Ok(())
     }
 
-    /// Writes the queued batches to the tail's data file (one pwrite, or one pwritev with records by reference). Called under the state
-    /// lock, so file writes happen in id order. Index entries stay in memory until the records
-    /// are synced (`write_checkpoint_windows`): writing them per append would also make every
-    /// data fdatasync flush the index file's new blocks (ext4 ordered mode).
+    /// Writes the queued batches to the tail's data file (one pwrite, or one pwritev when records
+    /// are queued by reference). Called under the state lock, so file writes happen in id order.
+    /// Index entries stay in memory until the records are synced (`write_checkpoint_windows`):
+    /// writing them per append would also make every data fdatasync flush the index file's new
+    /// blocks (ext4 ordered mode).
     fn flush_queue(&self, st: &mut State) -> Result<()> {
         if st.queue.is_empty() {
             return Ok(());
