@@ -28,7 +28,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -203,38 +203,52 @@ class WaltzStreamWriter(DataSourceStreamArrowWriter):
         self.opts = self.rows.opts
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamAppended:
-        import asyncio
-
         from pyspark import TaskContext
 
         task = TaskContext.get()
         query, batch = (task.getLocalProperty(QUERY_ID), task.getLocalProperty(BATCH_ID)) if task else (None, None)
         if task is None or query is None or batch is None:
             raise RuntimeError(f"the waltz streaming sink runs in a streaming query's task (no {QUERY_ID})")
+        if task.partitionId() == 0 and task.attemptNumber() == 0:
+            self._forget_before(query, int(batch))
+        return self.attempt(query, int(batch), task.partitionId(), iterator)
+
+    def attempt(self, query: str, batch: int, task: int, batches: Iterable[pa.RecordBatch]) -> StreamAppended:
+        """One attempt of task `task` of micro-batch `batch` of query `query`: writes those of its
+        rows that no attempt of the same task has committed."""
+        import asyncio
+
         opts = self.opts
         assert opts.metadata is not None
-        entry = TaskEntry(opts.metadata, opts.cluster, query, int(batch), task.partitionId())
+        rows = (b for b in batches if b.num_rows)
+        first = next(rows, None)
+        if first is None:  # an empty task needs no connection
+            return StreamAppended(0, 0)
+
+        async def marks() -> dict[int, int]:
+            async with log_reader(opts) as r:
+                return await r.high_water_marks()
+
+        entry = TaskEntry(opts.metadata, opts.cluster, query, batch, task)
         try:
-            if task.partitionId() == 0 and task.attemptNumber() == 0:
-                entry.forget_old_batches()
-            batches = [b for b in iterator if b.num_rows]
-            if not batches:  # an empty task needs no connection
-                return StreamAppended(0, 0)
-
-            async def marks() -> dict[int, int]:
-                async with log_reader(opts) as r:
-                    return await r.high_water_marks()
-
             ledger = TaskLedger(entry.marks(asyncio.run(marks())), entry.attempts)
             ledger.look_up()
             with WaltzClient(ledger, client_config(opts)) as client:
                 ledger.own = client.client_id
                 entry.register(client.client_id)  # before any write of this attempt
-                return self._write(client, ledger, f"{query}/{batch}/{task.partitionId()}", batches)
+                return self._write(client, ledger, f"{query}/{batch}/{task}", itertools.chain((first,), rows))
         finally:
             entry.close()
 
-    def _write(self, client: WaltzClient, ledger: TaskLedger, task: str, batches: list[pa.RecordBatch]) -> Any:
+    def _forget_before(self, query: str, batch: int) -> None:
+        assert self.opts.metadata is not None
+        entry = TaskEntry(self.opts.metadata, self.opts.cluster, query, batch, 0)
+        try:
+            entry.forget_old_batches()
+        finally:
+            entry.close()
+
+    def _write(self, client: WaltzClient, ledger: TaskLedger, task: str, batches: Iterable[pa.RecordBatch]) -> Any:
         n = client.partitions
         spread = itertools.count(0)  # the same spread on every attempt: rows map to the same partitions
         occurrences: collections.Counter[RowKey] = collections.Counter()

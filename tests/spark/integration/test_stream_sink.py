@@ -182,3 +182,41 @@ def _query_two_columns(spark: Any, live: Live, source: pathlib.Path, checkpoint:
         .trigger(availableNow=True)
         .start()
     )
+
+
+def test_attempts_of_one_task_running_at_once_write_each_row_once(live: Live) -> None:
+    """A zombie attempt and its retry (or speculative copies) writing at the same time: the write
+    lock per row keeps them from both committing a row, and whichever runs after them finds every
+    row. No SparkSession: the attempts are the sink's own code, called as Spark's task would."""
+    import concurrent.futures
+    import threading
+
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+    from waltz.spark.stream_sink import WaltzStreamWriter
+
+    tag = uuid.uuid4().hex
+    n = 300
+    batch = pa.record_batch(
+        [
+            pa.array([json.dumps({"tag": tag, "row": i}).encode() for i in range(n)], pa.binary()),
+            pa.array([i % 2 for i in range(n)], pa.int32()),
+        ],
+        names=["data", "partition"],
+    )
+    schema = StructType([StructField("data", BinaryType()), StructField("partition", IntegerType())])
+    writer = WaltzStreamWriter({"metadata": live.url, "cluster": live.cluster.cluster}, schema)
+    query = f"concurrent-{tag}"
+    start = threading.Barrier(3)
+
+    def attempt() -> Any:
+        start.wait()
+        return writer.attempt(query, 0, 0, [batch])
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(lambda _: attempt(), range(3)))
+    assert sum(o.written for o in outcomes) == n, [(o.written, o.found) for o in outcomes]
+    late = writer.attempt(query, 0, 0, [batch])
+    assert (late.written, late.found) == (0, n)
+    rows = _rows_of(live, tag, n)
+    assert sorted(r for _, r in rows) == list(range(n))
