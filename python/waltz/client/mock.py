@@ -157,8 +157,10 @@ class MockCluster:
             elif isinstance(msg, cp.TransactionDataRangeRequest):
                 if 0 <= msg.first <= part.high_water_mark and 1 <= msg.max_count <= cp.MAX_DATA_RANGE_COUNT:
                     data = [part.data[msg.first]]  # the first whatever its size, as a server does
+                    size = len(data[0])
                     for d in part.data[msg.first + 1 : msg.first + msg.max_count]:
-                        if sum(map(len, data)) + len(d) > msg.max_bytes:
+                        size += len(d)
+                        if size > msg.max_bytes:
                             break
                         data.append(d)
                     link.deliver(cp.TransactionDataRangeResponse(msg.seq, pid, msg.first, tuple(data)))

@@ -44,7 +44,7 @@ from waltz.client import (
     WaltzClientCallbacks,
 )
 from waltz.cluster import open_store
-from waltz.cluster.layout import cluster_root
+from waltz.cluster.layout import Paths, cluster_root
 from waltz.spark.connection import client_config, log_reader
 from waltz.spark.sink import _IN_FLIGHT, WaltzWriter
 
@@ -153,7 +153,7 @@ class TaskEntry:
     def __init__(self, metadata: str, cluster: str, query: str, batch: int, task: int) -> None:
         self.store = open_store(metadata)
         self.store.start()
-        self.query_path = f"{cluster_root(cluster)}/sink/{query}"
+        self.query_path = f"{Paths(cluster_root(cluster)).sink}/{query}"
         self.path = f"{self.query_path}/{batch}/{task}"
         self.batch = batch
 
