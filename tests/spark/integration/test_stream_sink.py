@@ -6,8 +6,11 @@ query and batch ids), then further batches: every row is in the log once."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from typing import Any
@@ -220,3 +223,76 @@ def test_attempts_of_one_task_running_at_once_write_each_row_once(live: Live) ->
     assert (late.written, late.found) == (0, n)
     rows = _rows_of(live, tag, n)
     assert sorted(r for _, r in rows) == list(range(n))
+
+
+RETRYING_SESSION = textwrap.dedent(
+    """
+    import json, os, pathlib, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+    from waltz.spark.datasource import WaltzDataSource
+    from waltz.spark.stream_sink import WaltzStreamWriter
+
+    metadata, cluster, source, checkpoint, markers = sys.argv[1:]
+
+    class FailsFirstAttempt(WaltzStreamWriter):
+        def write(self, iterator):
+            message = super().write(iterator)
+            task = TaskContext.get()
+            if task.attemptNumber() == 0 and message.written:
+                batch = task.getLocalProperty("streaming.sql.batchId")
+                pathlib.Path(markers, f"batch-{batch}-task-{task.partitionId()}").touch()
+                raise RuntimeError("committed, then lost before reporting (test)")
+            return message
+
+    class Flaky(WaltzDataSource):
+        @classmethod
+        def name(cls):
+            return "flakywaltz"
+
+        def streamWriter(self, schema, overwrite):
+            return FailsFirstAttempt(self.options, schema)
+
+    # local[2,3]: a failed task is attempted again, up to 3 times, as on a cluster
+    spark = (SparkSession.builder.master("local[2,3]").config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(Flaky)
+    query = (spark.readStream.schema("data binary, partition int, header int").option("maxFilesPerTrigger", "1")
+             .parquet(source).writeStream.format("flakywaltz").option("metadata", metadata)
+             .option("cluster", cluster).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    print(json.dumps({"exception": str(query.exception()) if query.exception() else None}))
+    spark.stop()
+    """
+)
+
+
+def test_spark_retrying_a_task_that_failed_after_committing_writes_each_row_once(
+    live: Live, tmp_path: pathlib.Path
+) -> None:
+    """Spark's own task retry (local[2,3], a session in a subprocess): each batch's first attempt
+    commits its rows and fails, the second attempt finds them, and the query succeeds."""
+    source, markers = tmp_path / "in", tmp_path / "markers"
+    source.mkdir()
+    markers.mkdir()
+    tag = uuid.uuid4().hex
+    _write_input(source, "a", tag, range(0, 30))
+    _write_input(source, "b", tag, range(30, 50))
+    script = tmp_path / "session.py"
+    script.write_text(RETRYING_SESSION)
+    args = [live.url, live.cluster.cluster, str(source), str(tmp_path / "checkpoint"), str(markers)]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"exception": None}
+    assert sorted(p.name for p in markers.iterdir()) == ["batch-0-task-0", "batch-1-task-0"]
+    rows = _rows_of(live, tag, 50)
+    assert sorted(r for _, r in rows) == list(range(50))
