@@ -296,3 +296,37 @@ def test_spark_retrying_a_task_that_failed_after_committing_writes_each_row_once
     assert sorted(p.name for p in markers.iterdir()) == ["batch-0-task-0", "batch-1-task-0"]
     rows = _rows_of(live, tag, 50)
     assert sorted(r for _, r in rows) == list(range(50))
+
+
+def test_an_attempt_cut_off_midway_is_completed_by_the_next(live: Live) -> None:
+    """The first attempt's input fails after two of its three Arrow batches (rows committed, some
+    still in flight when its client closes); the retry writes exactly the rows still missing."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+    from waltz.spark.stream_sink import WaltzStreamWriter
+
+    tag = uuid.uuid4().hex
+    batches = [
+        pa.record_batch(
+            [
+                pa.array([json.dumps({"tag": tag, "row": i}).encode() for i in rows], pa.binary()),
+                pa.array([i % 2 for i in rows], pa.int32()),
+            ],
+            names=["data", "partition"],
+        )
+        for rows in (range(0, 100), range(100, 200), range(200, 300))
+    ]
+    schema = StructType([StructField("data", BinaryType()), StructField("partition", IntegerType())])
+    writer = WaltzStreamWriter({"metadata": live.url, "cluster": live.cluster.cluster}, schema)
+    query = f"cut-{tag}"
+
+    def cut_off() -> Any:
+        yield from batches[:2]
+        raise OSError("executor lost (test)")
+
+    with pytest.raises(OSError, match="executor lost"):
+        writer.attempt(query, 3, 1, cut_off())
+    retry = writer.attempt(query, 3, 1, batches)
+    rows = _rows_of(live, tag, 300)
+    assert sorted(r for _, r in rows) == list(range(300))
+    assert retry.written + retry.found == 300 and retry.found > 0, (retry.written, retry.found)
