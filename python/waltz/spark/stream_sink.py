@@ -9,14 +9,15 @@ replayed after a driver restart, write nothing twice:
   (create-if-absent) the high-water marks it saw before writing; every attempt reads them back
   and starts its feed there, so it sees every transaction any attempt of the task committed.
 - Each attempt registers its client id under that entry before it writes. A transaction whose
-  ReqId carries one of those ids is the task's own (client ids are never reused); its
-  (header, data digest) counts as written. The n-th row with a given (header, data) in a Waltz
-  partition is written only while fewer than n + 1 of them are counted.
-- Two live attempts (a zombie and its retry, or speculative copies) are kept apart by a write
-  lock per (task key, header, data digest, occurrence): of two appends of the same row from the
-  same mark one fails, is executed again once the other's commit is applied, and then finds it.
-  A lock failure proves nothing by itself (hashed locks fail falsely at times): only the
-  feed's count decides whether a row is written.
+  ReqId carries one of those ids is the task's own (client ids are never reused); it counts
+  under its (partition, header, data digest). The n-th row of the task with a given key is
+  written only while the log holds no more than n rows with that key from the task's attempts
+  (equal rows are counted, not merged); an attempt writes the rows of one key in order.
+- Every append of a key carries one write lock per (task, key): an append commits only if no
+  other row with the key committed after the mark its decision was made at, so two live attempts
+  (a zombie and its retry, or speculative copies) cannot both add the same row. A lock failure
+  proves nothing by itself (hashed locks fail falsely at times): the row is executed again, and
+  only the feed's count decides.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ class StreamAppended(WriterCommitMessage):
 
 
 class TaskLedger(WaltzClientCallbacks):
-    """What the task's earlier (or concurrent) attempts have committed since the first attempt's
-    marks, counted from the feed; thread-safe (the feed is applied in callback threads while
-    rows are executed in others)."""
+    """How many transactions of each row key the task's attempts (this one included) have
+    committed since the first attempt's marks, counted from the feed; thread-safe (the feed is
+    applied in callback threads while rows are executed in others)."""
 
     def __init__(self, marks: Mapping[int, int], registered: Any) -> None:
         self._marks = dict(marks)
@@ -78,13 +79,17 @@ class TaskLedger(WaltzClientCallbacks):
         self._registered = registered
         """Returns the client ids of the task's attempts registered now."""
         self.own = -1
-        """This attempt's client id: its own commits are not counted (it never writes a row
-        twice by itself: the client resolves each append's outcome from the feed)."""
+        """This attempt's client id."""
         self._attempts: set[int] = set()
         self._foreign: set[int] = set()
         self.counts: collections.Counter[RowKey] = collections.Counter()
         self._unknown: dict[int, list[Transaction]] = collections.defaultdict(list)
         """Transactions of client ids not yet looked up, by client id."""
+        self._own: list[Transaction] = []
+        """This attempt's commits, not yet counted: only a row's second or later occurrence needs
+        them (an attempt writes the occurrences of a key one after the other, and the first is
+        executed again only if it did not commit), so a task of distinct rows never fetches back
+        the data it wrote."""
 
     def get_client_high_water_mark(self, partition: int) -> int:
         with self._lock:
@@ -98,49 +103,66 @@ class TaskLedger(WaltzClientCallbacks):
         with self._lock:
             if key is not None:
                 self.counts[key] += 1
-            elif client_id != self.own and client_id not in self._foreign:
+            elif client_id == self.own:
+                self._own.append(transaction)
+            elif client_id not in self._foreign:
                 self._unknown[client_id].append(transaction)
             self._marks[transaction.partition] = transaction.transaction_id
 
     def look_up(self) -> None:
-        """Sorts the client ids seen in the feed into the task's attempts and others. An attempt
-        registers before it writes, so an id seen in the feed and not registered is not one."""
+        """Sorts the client ids seen in the feed into the task's other attempts and others. An
+        attempt registers before it writes, so an id seen in the feed and not registered is not
+        one."""
         with self._lock:
             unknown = set(self._unknown)
-        registered = set(self._registered())
-        ours = unknown & registered
-        found = [(t, digest(t.data())) for c in ours for t in self._unknown.get(c, ())]
+        registered = set(self._registered()) - {self.own}
+        self._count({c: t for c in unknown & registered for t in [self._unknown.get(c, [])]})
         with self._lock:
             self._attempts |= registered
             self._foreign |= unknown - registered
             for c in unknown:
                 self._unknown.pop(c, None)
-            for t, d in found:
-                self.counts[(t.partition, t.header, d)] += 1
 
-    def written(self, key: RowKey, occurrence: int) -> bool:
-        """Whether the `occurrence`-th row (from 0) with this key is in the log already."""
+    def _count(self, transactions: Mapping[int, list[Transaction]]) -> None:
+        found = [(t.partition, t.header, digest(t.data())) for ts in transactions.values() for t in ts]
+        with self._lock:
+            self.counts.update(found)
+
+    def committed(self, key: RowKey, occurrence: int) -> int:
+        """How many rows with this key the log holds from the task's attempts, as far as the feed
+        has been applied (at least: a commit not applied yet fails the row's lock)."""
+        if occurrence > 0:
+            with self._lock:
+                own, self._own = self._own, []
+            self._count({self.own: own})
         with self._lock:
             if self.counts[key] > occurrence or not self._unknown:
-                return self.counts[key] > occurrence
+                return self.counts[key]
         self.look_up()
         with self._lock:
-            return self.counts[key] > occurrence
+            return self.counts[key]
 
 
 class _Row(TransactionContext):
+    """The `occurrence`-th row (from 0) of the task with this key. It is written while the log
+    holds no more than `occurrence` rows with the key from the task's attempts: an attempt
+    writes the occurrences of a key in order, one finished before the next starts, so after
+    occurrence n the log holds at least n + 1; and every append of the key carries the same
+    write lock, so an append commits only if no other row with the key committed since the
+    mark its decision was made at, which keeps the total at the number of rows."""
+
     def __init__(self, ledger: TaskLedger, task: str, key: RowKey, occurrence: int, data: bytes) -> None:
         super().__init__()
         self._ledger, self._key, self._occurrence, self._data = ledger, key, occurrence, data
-        lock_id = int.from_bytes(digest(b"%s\x00%d\x00%d\x00%s" % (key[2], key[1], occurrence, task.encode()))[:8])
+        lock_id = int.from_bytes(digest(b"%s\x00%d\x00%s" % (key[2], key[1], task.encode()))[:8])
         self._lock = PartitionLocalLock("waltz.spark.sink", lock_id - (1 << 63))
 
     def partition_id(self, num_partitions: int) -> int:
         return self._key[0]
 
     def execute(self, builder: TransactionBuilder) -> bool:
-        if self._ledger.written(self._key, self._occurrence):
-            return False  # an earlier attempt of this task committed it
+        if self._ledger.committed(self._key, self._occurrence) > self._occurrence:
+            return False  # an attempt of this task committed it
         builder.set_header(self._key[1])
         builder.set_data(self._data)
         builder.add_write_locks(self._lock)
@@ -252,6 +274,7 @@ class WaltzStreamWriter(DataSourceStreamArrowWriter):
         n = client.partitions
         spread = itertools.count(0)  # the same spread on every attempt: rows map to the same partitions
         occurrences: collections.Counter[RowKey] = collections.Counter()
+        previous: dict[RowKey, concurrent.futures.Future[bool]] = {}
         futures: collections.deque[concurrent.futures.Future[bool]] = collections.deque()
         written = found = 0
 
@@ -267,7 +290,11 @@ class WaltzStreamWriter(DataSourceStreamArrowWriter):
             data, partitions, headers = self.rows._columns(b, n, spread)
             for partition, header, payload in zip(partitions, headers, data, strict=True):
                 key = (partition, header, digest(payload))
-                futures.append(client.submit(_Row(ledger, task, key, occurrences[key], payload)))
+                if occurrences[key]:
+                    previous[key].result()  # equal rows one after the other (see _Row)
+                future = client.submit(_Row(ledger, task, key, occurrences[key], payload))
+                futures.append(future)
+                previous[key] = future
                 occurrences[key] += 1
                 settle(keep=_IN_FLIGHT)
         settle(keep=0)
