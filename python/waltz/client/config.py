@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from waltz.client_protocol import MAX_DATA_RANGE_BYTES
 from waltz.config import ConfigError, _read_toml, _requirer, _section
 from waltz.event_loop import EVENT_LOOPS
 from waltz.tls import TlsSection, check
@@ -56,6 +57,11 @@ class ClientConfig:
     metadata_session_timeout: float = 10.0
     max_frame: int = 64 << 20
     """The largest frame accepted from a server."""
+    data_prefetch_bytes: int = 4 << 20
+    """The first `Transaction.data()` of an applied batch fetches the data of the batch's later
+    transactions too, in ranges of up to this many bytes (one round trip each instead of one per
+    transaction). 0: each `data()` is its own request (for applications that read the data of
+    few transactions, chosen by header). At most 16 MiB."""
     tls_ca: pathlib.Path | None = None
     """With tls_cert and tls_key: connect to servers through mutual TLS; their certificates must
     chain to this CA (PEM)."""
@@ -85,6 +91,10 @@ class ClientConfig:
             "metadata_session_timeout",
         ):
             need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+        need(
+            0 <= self.data_prefetch_bytes <= MAX_DATA_RANGE_BYTES,
+            f"data_prefetch_bytes must be 0 (no prefetch) to {MAX_DATA_RANGE_BYTES}",
+        )
         need(self.event_loop in EVENT_LOOPS, f"event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
         need(
             self.reconnect_backoff <= self.reconnect_backoff_max,

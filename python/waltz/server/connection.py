@@ -264,6 +264,8 @@ class ClientConnection:
                 await self._send(cp.HighWaterMarkResponse(msg.seq, msg.partition, p.high_water_mark).frame())
         elif isinstance(msg, cp.TransactionDataRequest):
             await self._spawn(self._data(msg), self._request_slots)
+        elif isinstance(msg, cp.TransactionDataRangeRequest):
+            await self._spawn(self._data_range(msg), self._request_slots)
         elif isinstance(msg, cp.FeedRequest):
             await self._spawn(self._feed_request(msg), self._request_slots)
         else:
@@ -528,3 +530,34 @@ class ClientConnection:
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
             return
         await self._send(cp.TransactionDataResponse(msg.seq, msg.partition, msg.transaction_id, data).frame())
+
+    async def _data_range(self, msg: cp.TransactionDataRangeRequest) -> None:
+        # Out-of-range arguments are answered, not a protocol error: the frame itself was sound,
+        # and the connection's other requests go on.
+        bad = (
+            f"first transaction id {msg.first} is negative"
+            if msg.first < 0
+            else f"max count {msg.max_count} is outside 1..{cp.MAX_DATA_RANGE_COUNT}"
+            if not 1 <= msg.max_count <= cp.MAX_DATA_RANGE_COUNT
+            else f"max bytes {msg.max_bytes} is outside 1..{cp.MAX_DATA_RANGE_BYTES}"
+            if not 1 <= msg.max_bytes <= cp.MAX_DATA_RANGE_BYTES
+            else ""
+        )
+        if bad:
+            await self._send(
+                cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST, f"transaction data range: {bad}").frame()
+            )
+            return
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._not_here(msg.seq, msg.partition)
+            return
+        try:
+            data = await p.transaction_data_range(msg.first, msg.max_count, msg.max_bytes)
+        except errors.InvalidArgumentError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.NOT_COMMITTED, str(e)).frame())
+            return
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+            return
+        await self._send(cp.TransactionDataRangeResponse(msg.seq, msg.partition, msg.first, tuple(data)).frame())

@@ -776,6 +776,31 @@ class StoreSession:
             f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})"
         )
 
+    async def read_data_range(self, start: int, count: int) -> list[bytes]:
+        """The data of committed transactions from `start` on, in id order: at least one, at most
+        `count` (fewer where a replica's answer ends, bounded by its list size)."""
+        end = min(start + count - 1, self.high_water_mark)
+        if end < start:
+            raise errors.InvalidArgumentError(f"partition {self.partition}: transaction {start} is not committed")
+        problems = []
+        for r in self._readers():
+            try:
+                records = await r.client.records(self.partition, self.session_id, start, end - start + 1)
+            except errors.WaltzError as e:
+                problems.append(f"{r.address}: {e}")
+                continue
+            data = []
+            for i, record in enumerate(records):
+                if record.txid != start + i or record.txid > end:
+                    break
+                data.append(bytes(record.data))
+            if data:
+                return data
+            problems.append(f"{r.address}: nothing at {start}")
+        raise errors.StoreSessionError(
+            f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})"
+        )
+
     async def quiesce(self) -> None:
         """Stops the background work (replica tasks) of a session with nothing in flight, so that
         its successor's recovery does not fence it into a failure while the partition switches."""
