@@ -310,6 +310,8 @@ class AdminRequestKind:
     RECORD_LIST: ClassVar[AdminRequestKind]
     SET_PARTITION_INFO: ClassVar[AdminRequestKind]
     RESET_FENCE: ClassVar[AdminRequestKind]
+    TRUNCATE: ClassVar[AdminRequestKind]
+    RAISE_FENCE: ClassVar[AdminRequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 
@@ -322,6 +324,9 @@ _AdminRequestName = Literal[
     "status",
     "record_list",
     "set_partition_info",
+    "reset_fence",
+    "truncate",
+    "raise_fence",
 ]
 
 def encode_request(
@@ -355,6 +360,7 @@ def encode_admin_request(
     max_count: int = 0,
     session_id: int = ...,  # -1
     low_water_mark: int = ...,  # -1
+    force: bool = False,
 ) -> bytes:
     """One admin-protocol request frame (every request but Append); `kind` is an
     AdminRequestKind or its protocol name."""

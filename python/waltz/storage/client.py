@@ -529,6 +529,24 @@ class StorageAdminClient(_Connection):
             lambda seq: encode_admin_request(AdminRequestKind.RESET_FENCE, seq, partition, session_id=session_id)
         )
 
+    async def truncate(self, partition: int, txid: int, *, force: bool = False) -> None:
+        """Truncates the partition after `txid`, only while it is marked unwritable. Below the
+        replica's low-water mark (committed records) the node refuses (`RefusedError`) unless
+        `force`, which only a connection that proved the admin role may use."""
+        await self._call(
+            lambda seq: encode_admin_request(AdminRequestKind.TRUNCATE, seq, partition, txid=txid, force=force)
+        )
+
+    async def raise_fence(self, partition: int, session_id: int, *, force: bool = False) -> None:
+        """Raises the partition's fence to `session_id` (nothing when already there). More than
+        2^32 above the fence the node refuses (`RefusedError`) unless `force`, which only a
+        connection that proved the admin role may use."""
+        await self._call(
+            lambda seq: encode_admin_request(
+                AdminRequestKind.RAISE_FENCE, seq, partition, session_id=session_id, force=force
+            )
+        )
+
     async def set_partition_info(self, partition: int, session_id: int, low_water_mark: int) -> None:
         """Sets the last session info recovery compares with the metadata; only while unwritable."""
         await self._call(

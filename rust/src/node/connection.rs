@@ -77,10 +77,34 @@ pub(super) struct Shared {
     /// Connections open on the storage and on the admin port, against `max_connections`.
     pub(super) storage_open: Arc<AtomicUsize>,
     pub(super) admin_open: Arc<AtomicUsize>,
-    /// Storage connections not opened yet (TLS handshake, Hello, Open), against their own cap.
+    /// Connections not opened yet (TLS handshake, Hello, Open) on each port, against their own cap.
     pub(super) storage_unopened: Arc<AtomicUsize>,
+    pub(super) admin_unopened: Arc<AtomicUsize>,
     /// Connections refused since the last warning about them, and when that was.
     pub(super) refused: Mutex<(u64, Option<Instant>)>,
+}
+
+/// A connection's place among its port's `max_connections` (or its unopened
+/// connections), given back when it ends, however.
+pub(super) struct Slot(pub(super) Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a peer proved about its role once its connection was set up: the roles its TLS
+/// certificate carries, or none in plaintext mode.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PeerRole {
+    pub(super) roles: Vec<String>,
+}
+
+impl PeerRole {
+    pub(super) fn is_admin(&self) -> bool {
+        self.roles.iter().any(|r| r == "admin")
+    }
 }
 
 pub(super) fn failure_kind(e: &Error) -> FailureKind {

@@ -697,6 +697,8 @@ pub mod admin_msg {
     pub const APPEND: u8 = 0x26;
     pub const SET_PARTITION_INFO: u8 = 0x27;
     pub const RESET_FENCE: u8 = 0x28;
+    pub const TRUNCATE: u8 = 0x29;
+    pub const RAISE_FENCE: u8 = 0x2A;
     pub const STATUS_RESPONSE: u8 = 0xA4;
     pub const RECORD_LIST_RESPONSE: u8 = 0xA5;
 }
@@ -753,6 +755,20 @@ pub enum AdminRequest {
         h: MsgHeader,
         session_id: i64,
     },
+    /// Truncates the partition after `txid`; only while unwritable. Below the replica's
+    /// low-water mark only with `force`, from a peer that proved the admin role.
+    Truncate {
+        h: MsgHeader,
+        txid: i64,
+        force: bool,
+    },
+    /// Raises the partition's fence to `session_id`; more than `MAX_SESSION_JUMP` above it only
+    /// with `force`, from a peer that proved the admin role.
+    RaiseFence {
+        h: MsgHeader,
+        session_id: i64,
+        force: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -794,7 +810,9 @@ impl AdminRequest {
             | AdminRequest::RecordList { h, .. }
             | AdminRequest::Append { h, .. }
             | AdminRequest::SetPartitionInfo { h, .. }
-            | AdminRequest::ResetFence { h, .. } => Some(*h),
+            | AdminRequest::ResetFence { h, .. }
+            | AdminRequest::Truncate { h, .. }
+            | AdminRequest::RaiseFence { h, .. } => Some(*h),
         }
     }
 
@@ -845,6 +863,18 @@ impl AdminRequest {
                 h.put(o);
                 o.extend_from_slice(&session_id.to_be_bytes());
             }),
+            AdminRequest::Truncate { h, txid, force } => encode_frame(out, MAGIC_ADMIN, admin_msg::TRUNCATE, |o| {
+                h.put(o);
+                o.extend_from_slice(&txid.to_be_bytes());
+                o.push(*force as u8);
+            }),
+            AdminRequest::RaiseFence { h, session_id, force } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::RAISE_FENCE, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&session_id.to_be_bytes());
+                    o.push(*force as u8);
+                })
+            }
         }
     }
 
@@ -881,6 +911,16 @@ impl AdminRequest {
             admin_msg::RESET_FENCE => {
                 AdminRequest::ResetFence { h: MsgHeader::read(&mut r)?, session_id: r.i64("session id")? }
             }
+            admin_msg::TRUNCATE => AdminRequest::Truncate {
+                h: MsgHeader::read(&mut r)?,
+                txid: r.i64("transaction id")?,
+                force: r.bool("force")?,
+            },
+            admin_msg::RAISE_FENCE => AdminRequest::RaiseFence {
+                h: MsgHeader::read(&mut r)?,
+                session_id: r.i64("session id")?,
+                force: r.bool("force")?,
+            },
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -1132,6 +1172,8 @@ mod tests {
             AdminRequest::Assign { h: h(2) },
             AdminRequest::Unassign { h: h(2), delete_files: true },
             AdminRequest::ResetFence { h: h(2), session_id: 7 },
+            AdminRequest::Truncate { h: h(2), txid: -1, force: true },
+            AdminRequest::RaiseFence { h: h(2), session_id: 1 << 40, force: false },
             AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
             AdminRequest::Status { h: h(-1) },
             AdminRequest::RecordList { h: h(3), txid: 7, max_count: 100 },

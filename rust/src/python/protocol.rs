@@ -63,6 +63,8 @@ request_kinds! {
         RecordList "RECORD_LIST" "record_list",
         SetPartitionInfo "SET_PARTITION_INFO" "set_partition_info",
         ResetFence "RESET_FENCE" "reset_fence",
+        Truncate "TRUNCATE" "truncate",
+        RaiseFence "RAISE_FENCE" "raise_fence",
     }
 }
 
@@ -108,9 +110,9 @@ fn encode_request<'py>(
 
 /// Encodes one admin-protocol request frame; `kind` is an AdminRequestKind or its protocol
 /// name (hello, open, assign, unassign, set_availability, status, record_list,
-/// set_partition_info).
+/// set_partition_info, reset_fence, truncate, raise_fence).
 #[pyfunction]
-#[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1))]
+#[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1, force=false))]
 #[allow(clippy::too_many_arguments)]
 fn encode_admin_request<'py>(
     py: Python<'py>,
@@ -126,6 +128,7 @@ fn encode_admin_request<'py>(
     max_count: i32,
     session_id: i64,
     low_water_mark: i64,
+    force: bool,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id: -1, seq, partition_id };
     let req = match AdminRequestKind::extract(kind)? {
@@ -141,6 +144,8 @@ fn encode_admin_request<'py>(
         AdminRequestKind::RecordList => AdminRequest::RecordList { h, txid, max_count },
         AdminRequestKind::SetPartitionInfo => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
         AdminRequestKind::ResetFence => AdminRequest::ResetFence { h, session_id },
+        AdminRequestKind::Truncate => AdminRequest::Truncate { h, txid, force },
+        AdminRequestKind::RaiseFence => AdminRequest::RaiseFence { h, session_id, force },
     };
     let mut out = Vec::new();
     req.encode(&mut out);
