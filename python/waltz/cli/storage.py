@@ -19,6 +19,7 @@ from waltz import errors
 from waltz.cli.context import admin_call, cluster_metadata, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo, parse_address
+from waltz.role_secrets import credential_from_env
 from waltz.storage.client import StorageAdminClient
 
 NODE = click.option(
@@ -338,10 +339,10 @@ async def _recover(
     ssl = tls_context()
     async with (
         await StorageAdminClient.connect(
-            src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+            src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl, credential=credential_from_env()
         ) as s,
         await StorageAdminClient.connect(
-            dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+            dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl, credential=credential_from_env()
         ) as d,
     ):
         before = {x["partition"]: x for x in await d.status()}.get(partition)
@@ -501,7 +502,7 @@ FORCE = click.option(
 @user_errors
 def truncate(out: Output, address: str, partition: int, txid: int, force: bool) -> None:
     """Cut a replica's log after TXID on one node, while the partition is marked unwritable there
-    (`waltz storage availability --not-writable`). The node refuses to cut committed records (at or
+    (`waltz storage availability --unwritable`). The node refuses to cut committed records (at or
     below its low-water mark) unless --force."""
     with cluster_metadata() as meta:
         node = _node(meta, address)

@@ -1,7 +1,8 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
 use super::connection::{
-    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole, Shared, Slot, Wait,
+    bad_frame, check_credential, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole,
+    Shared, Slot, Wait,
 };
 use super::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
@@ -20,7 +21,7 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
     peer: SocketAddr,
     shared: Arc<Shared>,
     unopened: Slot,
-    peer_role: PeerRole,
+    mut peer_role: PeerRole,
 ) {
     let mut unopened = Some(unopened);
     let mut buf = FrameBuf::default();
@@ -50,12 +51,21 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(r) => r,
                 Err(e) => break 'conn format!("bad admin frame: {e}"),
             };
+            let mut refused = None;
             let resp = match (greeted, req) {
-                (false, AdminRequest::Hello { min_version, max_version })
+                (false, AdminRequest::Hello { min_version, max_version, credential })
                     if min_version <= VERSION && VERSION <= max_version =>
                 {
-                    greeted = true;
-                    AdminResponse::HelloOk { version: VERSION }
+                    match check_credential(&shared, "admin", peer, credential.as_ref(), &mut peer_role) {
+                        Ok(()) => {
+                            greeted = true;
+                            AdminResponse::HelloOk { version: VERSION }
+                        }
+                        Err(why) => {
+                            refused = Some(format!("refused at Hello: {why}"));
+                            admin_fail(MsgHeader::default(), FailureKind::Refused, why)
+                        }
+                    }
                 }
                 (false, _) => break 'conn "the first admin frame must be a Hello this node speaks".into(),
                 (true, AdminRequest::Hello { .. }) => break 'conn "Hello sent twice".into(),
@@ -92,6 +102,9 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
             }
             resp.encode(&mut out);
             if let Err(why) = send(&mut stream, &mut out, &shared, wait(greeted, opened)).await {
+                break 'conn why;
+            }
+            if let Some(why) = refused {
                 break 'conn why;
             }
         }

@@ -28,6 +28,8 @@ pub struct NodeOptions {
     /// Connections open at once on each port; one more is closed as soon as it is accepted.
     /// A storage connection costs a thread and three file descriptors.
     pub max_connections: usize,
+    /// Per-role shared secrets a peer must give in its Hello (empty: none asked).
+    pub role_secrets: crate::node::secrets::RoleSecrets,
 }
 
 impl Default for NodeOptions {
@@ -40,6 +42,7 @@ impl Default for NodeOptions {
             max_in_flight: 1024,
             tls: None,
             max_connections: 4096,
+            role_secrets: Default::default(),
         }
     }
 }
@@ -56,6 +59,8 @@ pub struct NodeStats {
     pub tls_handshake_failures: AtomicU64,
     /// TLS peers refused after the handshake: their certificate has no role the port admits.
     pub tls_role_refusals: AtomicU64,
+    /// Peers refused at Hello: no role secret, a wrong one, or one of a role the port does not admit.
+    pub secret_refusals: AtomicU64,
     /// Connections closed on accept because `max_connections` were open on their port.
     pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
@@ -94,11 +99,34 @@ impl Drop for Slot {
     }
 }
 
-/// What a peer proved about its role once its connection was set up: the roles its TLS
-/// certificate carries, or none in plaintext mode.
+/// What a peer proved about its role: the roles its TLS certificate carries (none in plaintext
+/// mode), and the role whose secret it gave in its Hello.
 #[derive(Clone, Debug, Default)]
 pub(super) struct PeerRole {
     pub(super) roles: Vec<String>,
+}
+
+/// Checks a Hello's credential against the node's role secrets (`crate::node::secrets`); on a
+/// refusal, counts and warns, and gives the message for the peer. The proven role is added to
+/// `role`.
+pub(super) fn check_credential(
+    shared: &Shared,
+    port: &str,
+    peer: std::net::SocketAddr,
+    credential: Option<&crate::node::protocol::Credential>,
+    role: &mut PeerRole,
+) -> Result<(), String> {
+    match shared.opts.role_secrets.check(credential, crate::node::tls::NODE_PORT_ROLES) {
+        Ok(proven) => {
+            role.roles.extend(proven);
+            Ok(())
+        }
+        Err(why) => {
+            shared.stats.secret_refusals.fetch_add(1, Ordering::Relaxed);
+            log::warn!("{port} connection from {peer} refused at Hello: {why}");
+            Err(why)
+        }
+    }
 }
 
 impl PeerRole {

@@ -225,6 +225,9 @@ impl<'a> Reader<'a> {
     pub fn req_id(&mut self) -> Result<ReqId, FrameError> {
         Ok(ReqId::decode(self.take(16, "req id")?))
     }
+    pub fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
+    }
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.pos != self.buf.len() {
             return Err(FrameError::Malformed(format!("{} trailing bytes", self.buf.len() - self.pos)));
@@ -349,12 +352,46 @@ pub mod msg {
     pub const RECORD_LIST_RESPONSE: u8 = 0x99;
 }
 
+/// A role and its shared secret, sent at the end of a Hello by a peer configured with one (the
+/// plaintext minimum: docs/operations.md, "Security model"). Debug never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub role: String,
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credential {{ role: {:?}, secret: <{} bytes> }}", self.role, self.secret.len())
+    }
+}
+
+impl Credential {
+    fn put(cred: &Option<Credential>, o: &mut Vec<u8>) {
+        if let Some(c) = cred {
+            put_bytes(o, c.role.as_bytes());
+            put_bytes(o, &c.secret);
+        }
+    }
+
+    /// The credential after a Hello's versions: none when the payload ends there (a peer
+    /// without a secret, or one older than credentials).
+    fn read(r: &mut Reader<'_>) -> Result<Option<Credential>, FrameError> {
+        if r.at_end() {
+            return Ok(None);
+        }
+        Ok(Some(Credential { role: r.string("role")?, secret: r.bytes("secret")?.to_vec() }))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// First frame of a connection: the versions the client speaks (inclusive range).
+    /// First frame of a connection: the versions the client speaks (inclusive range), then its
+    /// role's secret when it has one.
     Hello {
         min_version: u8,
         max_version: u8,
+        credential: Option<Credential>,
     },
     Open {
         h: MsgHeader,
@@ -484,9 +521,13 @@ impl Request {
     pub fn encode(&self, out: &mut Vec<u8>) {
         use Request::*;
         let (t, body): (u8, Box<dyn FnOnce(&mut Vec<u8>) + '_>) = match self {
-            Hello { min_version, max_version } => {
-                (msg::HELLO, Box::new(move |o| o.extend_from_slice(&[*min_version, *max_version])))
-            }
+            Hello { min_version, max_version, credential } => (
+                msg::HELLO,
+                Box::new(move |o| {
+                    o.extend_from_slice(&[*min_version, *max_version]);
+                    Credential::put(credential, o);
+                }),
+            ),
             Open { h, cluster_key, partition_count } => (
                 msg::OPEN,
                 Box::new(move |o| {
@@ -555,7 +596,11 @@ impl Request {
     pub fn decode(f: &Frame<'_>) -> Result<Request, FrameError> {
         let mut r = Reader::new(f.payload);
         let req = match f.msg_type {
-            msg::HELLO => Request::Hello { min_version: r.u8("min version")?, max_version: r.u8("max version")? },
+            msg::HELLO => Request::Hello {
+                min_version: r.u8("min version")?,
+                max_version: r.u8("max version")?,
+                credential: Credential::read(&mut r)?,
+            },
             msg::OPEN => Request::Open {
                 h: MsgHeader::read(&mut r)?,
                 cluster_key: r.uuid("cluster key")?,
@@ -710,6 +755,7 @@ pub enum AdminRequest {
     Hello {
         min_version: u8,
         max_version: u8,
+        credential: Option<Credential>,
     },
     Open {
         h: MsgHeader,
@@ -818,8 +864,11 @@ impl AdminRequest {
 
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            AdminRequest::Hello { min_version, max_version } => {
-                encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| o.extend_from_slice(&[*min_version, *max_version]))
+            AdminRequest::Hello { min_version, max_version, credential } => {
+                encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| {
+                    o.extend_from_slice(&[*min_version, *max_version]);
+                    Credential::put(credential, o);
+                })
             }
             AdminRequest::Open { h, cluster_key, partition_count } => {
                 encode_frame(out, MAGIC_ADMIN, admin_msg::OPEN, |o| {
@@ -881,7 +930,11 @@ impl AdminRequest {
     pub fn decode(f: &Frame<'_>) -> Result<AdminRequest, FrameError> {
         let mut r = Reader::new(f.payload);
         let req = match f.msg_type {
-            msg::HELLO => AdminRequest::Hello { min_version: r.u8("min version")?, max_version: r.u8("max version")? },
+            msg::HELLO => AdminRequest::Hello {
+                min_version: r.u8("min version")?,
+                max_version: r.u8("max version")?,
+                credential: Credential::read(&mut r)?,
+            },
             admin_msg::OPEN => AdminRequest::Open {
                 h: MsgHeader::read(&mut r)?,
                 cluster_key: r.uuid("cluster key")?,
@@ -1037,7 +1090,12 @@ mod tests {
 
     pub(crate) fn all_requests() -> Vec<Request> {
         vec![
-            Request::Hello { min_version: 1, max_version: 3 },
+            Request::Hello { min_version: 1, max_version: 3, credential: None },
+            Request::Hello {
+                min_version: 1,
+                max_version: 1,
+                credential: Some(Credential { role: "server".into(), secret: b"s3cret".to_vec() }),
+            },
             Request::Open { h: h(-1), cluster_key: [9; 16], partition_count: 8 },
             Request::LastSessionInfo { h: h(1) },
             Request::MaxTransactionId { h: h(2) },
@@ -1167,7 +1225,12 @@ mod tests {
     #[test]
     fn admin_messages_round_trip() {
         let reqs = vec![
-            AdminRequest::Hello { min_version: 1, max_version: 1 },
+            AdminRequest::Hello { min_version: 1, max_version: 1, credential: None },
+            AdminRequest::Hello {
+                min_version: 1,
+                max_version: 1,
+                credential: Some(Credential { role: "admin".into(), secret: vec![0, 255] }),
+            },
             AdminRequest::Open { h: h(-1), cluster_key: [3; 16], partition_count: 4 },
             AdminRequest::Assign { h: h(2) },
             AdminRequest::Unassign { h: h(2), delete_files: true },

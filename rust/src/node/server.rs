@@ -19,7 +19,8 @@
 //! file, which every store session writes first (Set Low-water Mark).
 use super::admin::serve_admin;
 use super::connection::{
-    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole, Shared, Slot, Wait,
+    bad_frame, check_credential, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole,
+    Shared, Slot, Wait,
 };
 pub use super::connection::{NodeOptions, NodeStats};
 use crate::engine::error::Error;
@@ -445,7 +446,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     unopened: Slot,
 ) {
-    let mut conn = Conn { peer, greeted: false, opened: false };
+    let mut conn = Conn { peer, greeted: false, opened: false, refused: None };
     let mut unopened = Some(unopened);
     let (greet_by, open_by) = greet_and_open_deadlines(&shared);
     let wait = |conn: &Conn| match (conn.greeted, conn.opened) {
@@ -485,6 +486,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(answer) if !waiting.is_empty() => waiting.push(answer),
                 Ok(Answer::Now(bytes)) => push_answer(&shared, &mut out, bytes),
                 Err(why) => break 'conn why,
+            }
+            if let Some(why) = conn.refused.take() {
+                break 'conn why; // its answer is sent before the connection closes
             }
             if conn.opened {
                 unopened.take(); // its place among the unopened goes back once, at its first Open
@@ -545,12 +549,14 @@ struct Conn {
     peer: SocketAddr,
     greeted: bool,
     opened: bool,
+    /// Set when the peer was refused with an answer: the connection closes once it is sent.
+    refused: Option<String>,
 }
 
 /// Turns one request into its (future) response. Err closes the connection with that reason.
 fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     if !conn.greeted {
-        return greet(conn, req);
+        return greet(shared, conn, req);
     }
     let h = match req.header() {
         Some(h) => h,
@@ -572,15 +578,21 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     Ok(dispatch(shared, h, part, req))
 }
 
-/// The version handshake: the first frame must be a Hello this node speaks; an error closes
-/// the connection.
-fn greet(conn: &mut Conn, req: Request) -> Result<Answer, String> {
+/// The version handshake: the first frame must be a Hello this node speaks, with a role secret
+/// when the node has them (refused with an answer, then closed); any other error closes the
+/// connection.
+fn greet(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     match req {
-        Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
+        Request::Hello { min_version, max_version, credential } if min_version <= VERSION && VERSION <= max_version => {
+            let mut role = PeerRole::default();
+            if let Err(why) = check_credential(shared, "storage", conn.peer, credential.as_ref(), &mut role) {
+                conn.refused = Some(format!("refused at Hello: {why}"));
+                return Ok(now(fail(MsgHeader::default(), FailureKind::Refused, why)));
+            }
             conn.greeted = true;
             Ok(now(Response::HelloOk { version: VERSION }))
         }
-        Request::Hello { min_version, max_version } => {
+        Request::Hello { min_version, max_version, .. } => {
             Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
         }
         _ => Err("the first frame must be Hello".into()),
