@@ -14,7 +14,7 @@ import ssl as _ssl
 import struct
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from waltz import errors, tls
 from waltz._native import (
@@ -190,7 +190,7 @@ class _Connection:
             resp = self._decoder.next_response()
             if resp is not None:
                 if resp[0] == "failure":
-                    kind, message = resp[4]
+                    kind, message = cast("tuple[str, str]", resp[4])
                     raise _failure(self.address, kind, f"refused our Hello: {message}")
                 if resp[0] != "hello_ok":
                     raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
