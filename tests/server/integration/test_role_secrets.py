@@ -265,3 +265,87 @@ def test_hostile_peers_on_the_client_port_disturb_nobody(cluster: Cluster) -> No
         assert client.submit(Write("after-hostile-peers", partition=0)).result(30)
     log = cluster.server_log.read_text()
     assert "Traceback" not in log and " ERROR " not in log, log[-4000:]
+
+
+def test_hostile_peers_on_the_storage_and_admin_ports_disturb_nobody(cluster: Cluster) -> None:
+    """The same hostile-peer run against a storage node's two ports with their secrets checked:
+    random bytes and mutated frames (Hello with and without secrets, Open, every request), a third
+    of the connections after a Hello with the right secret so the garbage reaches the request
+    decoders. The node stays up and logs no panic, and the cluster still commits through it."""
+    wait_served(cluster.meta, 0)
+    node = cluster.nodes[0]
+    rng = random.Random(3434)
+    key = node.key.bytes
+    h = struct.pack(">qqi", 1 << 20, 1, PARTITIONS - 1)  # authenticated garbage stays off partition 0
+
+    def frame(magic: int, msg_type: int, payload: bytes) -> bytes:
+        body = struct.pack(">HBB", magic, 1, msg_type) + payload
+        body += struct.pack(">I", zlib.crc32(body))
+        return struct.pack(">I", len(body)) + body
+
+    def hello(magic: int, role: bytes, secret: bytes) -> bytes:
+        return frame(
+            magic, 0x01, bytes([1, 1]) + struct.pack(">i", len(role)) + role + struct.pack(">i", len(secret)) + secret
+        )
+
+    ports = {
+        0x5753: (
+            node.ports["port"],
+            b"server",
+            SERVER.encode(),
+            [0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x18, 0x19],
+        ),
+        0x5741: (
+            node.ports["admin_port"],
+            b"admin",
+            ADMIN.encode(),
+            [0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x27, 0x28, 0x29, 0x2A],
+        ),
+    }
+    sent = 0
+
+    async def hostile(i: int, magic: int) -> None:
+        nonlocal sent
+        port, role, secret, types = ports[magic]
+        good_hello = hello(magic, role, secret)
+        frames = [
+            frame(magic, 0x01, bytes([1, 1])),
+            hello(magic, role, b"wrong-secret-0123456789"),
+            hello(magic, b"client", CLIENT.encode()),
+            frame(magic, types[0], h + key + struct.pack(">i", PARTITIONS)),
+            *(frame(magic, t, h + rng.randbytes(rng.choice((0, 1, 2, 8, 9, 12, 16)))) for t in types[1:]),
+        ]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            if i % 3 == 0:
+                writer.write(good_hello)
+            for _ in range(rng.randint(1, 8)):
+                choice = rng.random()
+                if choice < 0.2:
+                    writer.write(rng.randbytes(rng.randint(1, 200)))
+                elif choice < 0.8:
+                    writer.write(mutated(rng, rng.choice(frames)))
+                else:
+                    writer.write(rng.choice(frames))
+                sent += 1
+            await writer.drain()
+            with contextlib.suppress(TimeoutError, ConnectionError):
+                while await asyncio.wait_for(reader.read(65536), 0.5):
+                    pass
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def run() -> None:
+        for batch in range(30):
+            await asyncio.gather(*(hostile(batch * 10 + i, (0x5753, 0x5741)[i % 2]) for i in range(10)))
+
+    asyncio.run(run())
+    assert sent >= 1000, sent
+    assert node.proc.poll() is None
+    config = ClientConfig(metadata=cluster.url, cluster="e2e", role_secret=CLIENT)
+    with WaltzClient(MemoryApp(), config) as client:
+        assert client.submit(Write("after-hostile-storage-peers", partition=0)).result(30)
+    log = stop(node.proc)
+    assert "panicked" not in log and "Traceback" not in log, log[-4000:]
