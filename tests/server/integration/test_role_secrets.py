@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support.client_app import MemoryApp, Write
 from support.daemons import PARTITIONS, Node, start_server, wait_served
-from support.processes import stop
+from support.processes import free_port, get, stop
 from test_server_connection import RawClient
 from waltz import client_protocol as cp
 from waltz import errors
@@ -46,8 +46,11 @@ def node_status(node: Node, partition: int) -> dict[str, Any]:
 
 
 class Cluster:
-    def __init__(self, meta: ClusterMetadata, nodes: list[Node], url: str, server: Any, server_log: pathlib.Path):
+    def __init__(
+        self, meta: ClusterMetadata, nodes: list[Node], url: str, server: Any, server_log: pathlib.Path, http_port: int
+    ):
         self.meta, self.nodes, self.url, self.server, self.server_log = meta, nodes, url, server, server_log
+        self.http_port = http_port
 
 
 @pytest.fixture
@@ -72,8 +75,9 @@ def cluster(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[Cluster]:
                     await c.assign(p)
 
             n.admin(assign_all)
-        server = start_server(tmp_path, metadata_url, "s1", sections={"role_secrets": SECRETS})
-        yield Cluster(meta, nodes, metadata_url, server, tmp_path / "s1.log")
+        http_port = free_port()
+        server = start_server(tmp_path, metadata_url, "s1", http_port=http_port, sections={"role_secrets": SECRETS})
+        yield Cluster(meta, nodes, metadata_url, server, tmp_path / "s1.log", http_port)
     finally:
         if server is not None and server.poll() is None:
             stop(server)
@@ -156,6 +160,10 @@ def test_each_port_admits_only_the_secrets_of_its_roles(cluster: Cluster) -> Non
 
     server_log = cluster.server_log.read_text()
     assert "client connection refused (role_secret)" in server_log, server_log
+    _, metrics = get(cluster.http_port, "/metrics")
+    assert 'waltz_server_limit_refusals_total{reason="role_secret"} 3.0' in metrics
+    _, node_metrics = get(node.ports["http_port"], "/metrics")
+    assert "waltz_storage_secret_refusals_total 8.0" in node_metrics, node_metrics
     logs = [server_log] + [stop(n.proc) for n in cluster.nodes]
     assert "refused at Hello: wrong secret for role server" in logs[1], logs[1]
     assert "FORCED by an admin" in logs[1]
