@@ -144,11 +144,11 @@ def test_each_port_admits_only_the_secrets_of_its_roles(cluster: Cluster) -> Non
             assert why in answer.message and (not secret or secret.decode() not in answer.message), answer
             assert await raw.next() is None  # closed after the answer
         admin = await hello(port, "admin", ADMIN.encode())
-        for c in (good, admin):
-            c.send(cp.HighWaterMarkRequest(7, 0))
-            assert isinstance(
-                (await c.until(lambda m: isinstance(m, cp.HighWaterMarkResponse)))[-1], cp.HighWaterMarkResponse
-            )
+        # Both are served: each mounts partition 0 (under a client id of its own).
+        for client_id, c in ((501, good), (502, admin)):
+            c.send(cp.Mount(1, 0, client_id, -1, 1, bytes([client_id % 256]) * 16))
+            got = await c.until(lambda m: isinstance(m, cp.MountResponse), timeout=30)
+            assert isinstance(got[-1], cp.MountResponse), got
             c.close()
 
     asyncio.run(client_port())
