@@ -185,16 +185,28 @@ class _Fixed(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Hello(Message):
+    """The versions the client speaks, then its role's secret when it has one (a role string
+    and the secret as `bytes`; nothing when `role` is empty)."""
+
     TYPE = 0x01
     min_version: int = VERSION
     max_version: int = VERSION
+    role: str = ""
+    secret: bytes = dataclasses.field(default=b"", repr=False)
 
     def payload(self) -> bytes:
-        return bytes([self.min_version, self.max_version])
+        head = bytes([self.min_version, self.max_version])
+        return head + _raw(self.role.encode()) + _raw(self.secret) if self.role else head
 
     @classmethod
     def parse(cls, r: _Reader) -> Hello:
-        return cls(r.u8("min version"), r.u8("max version"))
+        lo, hi = r.u8("min version"), r.u8("max version")
+        if r.i == len(r.b):
+            return cls(lo, hi)
+        role = r.text("role")
+        if not role:
+            raise ProtocolError(f"{r.what}: empty role")
+        return cls(lo, hi, role, r.raw("secret"))
 
 
 @dataclasses.dataclass(frozen=True)

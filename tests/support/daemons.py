@@ -51,15 +51,22 @@ class Cli:
 
 
 class Node:
-    """A storage node daemon; `sections` adds TOML sections ([tls]), `ssl` is the client context
-    `run` and `admin` connect with."""
+    """A storage node daemon; `sections` adds TOML sections ([tls], [role_secrets]), `ssl` is the
+    client context `run` and `admin` connect with, `credential` the (role, secret) they give."""
 
     def __init__(
-        self, directory: pathlib.Path, key: uuid.UUID, *, sections: dict[str, Any] | None = None, ssl: Any = None
+        self,
+        directory: pathlib.Path,
+        key: uuid.UUID,
+        *,
+        sections: dict[str, Any] | None = None,
+        ssl: Any = None,
+        credential: tuple[str, bytes] | None = None,
     ) -> None:
         directory.mkdir()
         self.key = key
         self.ssl = ssl
+        self.credential = credential
         self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS, sections=sections)
         self.proc = start(self.config)
         wait_http(self.ports["http_port"], self.proc)
@@ -71,7 +78,12 @@ class Node:
     def run(self, coro_fn: Any) -> Any:
         async def go() -> Any:
             async with await StorageClient.connect(
-                "127.0.0.1", self.ports["port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
+                "127.0.0.1",
+                self.ports["port"],
+                cluster_key=self.key,
+                partition_count=PARTITIONS,
+                ssl=self.ssl,
+                credential=self.credential,
             ) as c:
                 return await coro_fn(c)
 
@@ -80,7 +92,12 @@ class Node:
     def admin(self, coro_fn: Any) -> Any:
         async def go() -> Any:
             async with await StorageAdminClient.connect(
-                "127.0.0.1", self.ports["admin_port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
+                "127.0.0.1",
+                self.ports["admin_port"],
+                cluster_key=self.key,
+                partition_count=PARTITIONS,
+                ssl=self.ssl,
+                credential=self.credential,
             ) as c:
                 return await coro_fn(c)
 

@@ -446,6 +446,7 @@ class AsyncWaltzClient:
             connection_seq=connection_seq,
             max_frame=self.config.max_frame,
             ssl=self._ssl,
+            credential=("client", self.config.role_secret.encode()) if self.config.role_secret else None,
         )
 
     def _on_push(self, link: Link, msg: cp.Message) -> None:

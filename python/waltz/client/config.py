@@ -69,6 +69,10 @@ class ClientConfig:
     """The client's certificate (PEM), presented to servers."""
     tls_key: pathlib.Path | None = None
     """The private key of `tls_cert` (PEM, unencrypted)."""
+    role_secret: str = dataclasses.field(default="", repr=False)
+    """The client role's shared secret (a server's `[role_secrets] client`), given in the Hello of
+    every connection to a server: what a plaintext cluster asks of clients instead of a
+    certificate. It crosses the network in clear (docs/operations.md, "Security model")."""
 
     def __post_init__(self) -> None:
         need = _requirer(pathlib.Path(_WHERE))
@@ -79,6 +83,7 @@ class ClientConfig:
         )
         need(not self.client_secret or self.client_id >= 0, "client_secret needs a fixed client_id")
         need(not self.client_secret or len(self.client_secret) >= 16, "client_secret must be at least 16 characters")
+        need(not self.role_secret or len(self.role_secret) >= 16, "role_secret must be at least 16 characters")
         for name in ("max_pending", "callback_threads", "max_frame"):
             need(getattr(self, name) > 0, f"{name} must be positive")
         for name in (

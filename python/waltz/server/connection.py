@@ -23,11 +23,11 @@ import dataclasses
 import hmac
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from waltz import client_protocol as cp
-from waltz import errors, tls
+from waltz import errors, role_secrets, tls
 from waltz._native import ReqId, encode_frame
 from waltz.limits import Refusals
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
@@ -116,8 +116,11 @@ class ClientConnection:
         partitions: Partitions,
         limits: ConnectionLimits = ConnectionLimits(),
         refusals: Refusals | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
+        self.secrets = dict(secrets or {})
+        """The role secrets this port checks at Hello (`waltz.role_secrets`); empty: none asked."""
         self.peer = writer.get_extra_info("peername")
         self.limits = limits
         self.refusals = refusals if refusals is not None else Refusals(log, "client connection")
@@ -220,6 +223,12 @@ class ClientConnection:
             raise errors.ProtocolError(why)
         if not isinstance(msg, cp.Hello):
             raise errors.ProtocolError(f"the first frame must be a Hello this server speaks, not {msg}")
+        refused = role_secrets.check(self.secrets, (msg.role, msg.secret) if msg.role else None)
+        if refused is not None:
+            # Said to the peer (its own connection only is closed), counted and logged.
+            self.refusals.refuse("role_secret", f"{self.peer}: {refused}")
+            await self._send(cp.Failure(-1, -1, cp.FailureKind.CLIENT_REFUSED, refused).frame())
+            return False
         await self._send(cp.HelloOk(cp.VERSION).frame())
         return True
 

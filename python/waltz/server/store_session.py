@@ -40,6 +40,7 @@ from waltz import errors
 from waltz._native import RecordBatch
 from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
 from waltz.event_loop import tell_listener
+from waltz.role_secrets import Credential
 from waltz.server import recovery
 from waltz.storage.client import StorageClient
 
@@ -148,11 +149,19 @@ def _upto(records: list[Any], last: int) -> list[Any]:
     return records[: max(0, last - records[0].txid + 1)]
 
 
-def _network_connect(info: Any, timeout: float, ssl: _ssl.SSLContext | None) -> Connect:
+def _network_connect(
+    info: Any, timeout: float, ssl: _ssl.SSLContext | None, credential: Credential | None = None
+) -> Connect:
     async def connect(address: str) -> StorageClient:
         host, port = address.rsplit(":", 1)
         return await StorageClient.connect(
-            host, int(port), cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout, ssl=ssl
+            host,
+            int(port),
+            cluster_key=info.cluster_key,
+            partition_count=info.partitions,
+            timeout=timeout,
+            ssl=ssl,
+            credential=credential,
         )
 
     return connect
@@ -214,10 +223,12 @@ class StoreSession:
         offload: Offload = asyncio.to_thread,
         pack: Pack = RecordBatch,
         ssl: _ssl.SSLContext | None = None,
+        credential: Credential | None = None,
     ) -> StoreSession:
         """Opens the next session of `partition` and recovers it; waits up to `recovery_timeout`
         (default: three times `timeout`) for the vote to become decidable. Storage nodes are
-        reached through mutual TLS with `ssl` (unless `connect` says otherwise)."""
+        reached through mutual TLS with `ssl`, giving the server role's `credential` at Hello
+        (unless `connect` says otherwise)."""
         info = await offload(metadata.info)
         assigned = [n.address for n in await offload(metadata.replicas_of, partition)]
         if not assigned:
@@ -232,7 +243,7 @@ class StoreSession:
             replicas,
             max_lag=max_lag,
             metadata=metadata,
-            connect=connect or _network_connect(info, timeout, ssl),
+            connect=connect or _network_connect(info, timeout, ssl, credential),
             offload=offload,
             pack=pack,
         )
@@ -284,6 +295,11 @@ class StoreSession:
             r.prepared, _ = await self._prepare(r, meta)
         except errors.StaleSessionError:
             raise
+        except errors.RefusedError as e:
+            # Refused by the node's own rules (a role secret, a session far above its fence):
+            # waiting does not heal it, so it is said at once rather than after the recovery timeout.
+            log.warning("partition %d session %d: %s refused us: %s", self.partition, self.session_id, r.address, e)
+            self._drop(r, str(e))
         except errors.WaltzError as e:
             self._drop(r, str(e))
 

@@ -3,5 +3,6 @@
 pub mod admin;
 pub mod connection;
 pub mod protocol;
+pub mod secrets;
 pub mod server;
 pub mod tls;
