@@ -270,7 +270,9 @@ class WaltzStreamWriter(DataSourceStreamArrowWriter):
         finally:
             entry.close()
 
-    def _write(self, client: WaltzClient, ledger: TaskLedger, task: str, batches: Iterable[pa.RecordBatch]) -> Any:
+    def _write(
+        self, client: WaltzClient, ledger: TaskLedger, task: str, batches: Iterable[pa.RecordBatch]
+    ) -> StreamAppended:
         n = client.partitions
         spread = itertools.count(0)  # the same spread on every attempt: rows map to the same partitions
         occurrences: collections.Counter[RowKey] = collections.Counter()
