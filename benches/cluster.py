@@ -1,4 +1,4 @@
-"""A Waltz cluster on loopback against etcd and ZooKeeper, same load generator, same run.
+"""A Waltz cluster on loopback against etcd, ZooKeeper, RabbitMQ and NATS JetStream, same load generator, same run.
 
     python benches/cluster.py [--quick] [--json PATH] [--plot PATH] [--systems LIST] [--event-loop uvloop|asyncio]
 
@@ -16,10 +16,15 @@ each reporting submit-to-applied latency and the ratio to the raw-protocol clien
 concurrency (what the library costs). Both mount from the partitions' tails, as a service that
 is up to date does.
 
-Peers, each a 3-member ensemble on loopback with its default durability (fsync before an
-acknowledgement), installed with apt when missing (as root; a clear message otherwise):
+Peers, each 3 members on loopback with the strongest durability its Debian version offers,
+installed with apt when missing (as root; a clear message otherwise): the coordination stores
 etcd (Debian `etcd-server`, client `aetcd`, puts of 1 KiB values) and ZooKeeper (Debian
-`zookeeper`, client kazoo, persistent sequential znodes of 1 KiB). See `benches/peers/`.
+`zookeeper`, client kazoo, persistent sequential znodes of 1 KiB), and the message logs
+RabbitMQ (Debian `rabbitmq-server`, a quorum queue, client `aio-pika`, persistent messages with
+publisher confirms) and NATS JetStream (Debian `nats-server`, a stream of 3 file-backed replicas,
+client `nats-py`, publishes waiting for the PubAck). All but JetStream fsync on a majority before
+they acknowledge; nats-server 2.9 cannot, so its rows say so and no target is judged against it
+(each peer's promise is in its module under `benches/peers/` and in the JSON's `durability`).
 
 All systems run through one load generator (`benches/peers/loadgen.py`), on uvloop (as a
 `WaltzClient` runs; grpc.aio under aetcd runs on it too, kazoo on threads of its own; the
@@ -55,9 +60,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from peers import loadgen  # noqa: E402
+from peers import etcd, jetstream, loadgen, rabbitmq, zookeeper  # noqa: E402
 from peers.etcd import EtcdCluster, EtcdSession  # noqa: E402
+from peers.jetstream import JetStreamCluster, JetStreamSession  # noqa: E402
 from peers.loadgen import PeerUnavailable, closed_loop, cpu_seconds, log  # noqa: E402
+from peers.rabbitmq import RabbitMQCluster, RabbitMQSession  # noqa: E402
 from peers.zookeeper import ZooKeeperEnsemble, ZooKeeperSession  # noqa: E402
 from support.processes import free_port, wait_http, write_config  # noqa: E402
 from waltz import client_protocol as cp  # noqa: E402
@@ -420,14 +427,35 @@ def measure_client(
 
 # ---- the run --------------------------------------------------------------------------------
 
-SYSTEMS = ("waltz", "waltz-locks", "client-library", "waltz-2servers", "etcd", "zookeeper")
+SYSTEMS = (
+    "waltz",
+    "waltz-locks",
+    "client-library",
+    "waltz-2servers",
+    "etcd",
+    "zookeeper",
+    "rabbitmq",
+    "jetstream",
+)
+OURS = ("waltz", "waltz-locks", "waltz-2servers")
+PEER_MODULES = {"etcd": etcd, "zookeeper": zookeeper, "rabbitmq": rabbitmq, "jetstream": jetstream}
+PEERS = tuple(PEER_MODULES)
+# What each peer's acknowledgement promises, and whether it fsyncs on a majority before it: the
+# targets compare Waltz only with the peers that do.
+DURABILITY = {name: {"promise": m.DURABILITY, "fsync_per_write": m.FSYNC_PER_WRITE} for name, m in PEER_MODULES.items()}
 LABELS = {
     "waltz": "Waltz (1 server, no locks)",
     "waltz-locks": "Waltz (1 server, write lock of 1,000)",
     "waltz-2servers": "Waltz (2 servers, no locks)",
     "etcd": "etcd",
     "zookeeper": "ZooKeeper",
+    "rabbitmq": "RabbitMQ (quorum queue)",
+    "jetstream": "NATS JetStream (no fsync before ack)",
 }
+
+
+def durable_peers() -> tuple[str, ...]:
+    return tuple(p for p in PEERS if DURABILITY[p]["fsync_per_write"])
 
 
 class Timing:
@@ -481,6 +509,7 @@ def measure_all(
     root: pathlib.Path, systems: list[str], clients: tuple[int, ...], t: Timing, quick: bool
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"systems": {}, "errors": {}, "versions": {}}
+    out["durability"] = {p: DURABILITY[p] for p in PEERS if p in systems}
     calls = 2000 if quick else 5000
     log("references: write + fdatasync of 1 KiB, loopback round trip")
     out["references_before"] = {
@@ -554,6 +583,35 @@ def measure_all(
             out["errors"]["zookeeper"] = str(err)
         finally:
             z.stop()
+    if "rabbitmq" in systems:
+        rmq = RabbitMQCluster(root / "rabbitmq")
+        try:
+            rmq.start()
+            out["versions"]["rabbitmq"] = rmq.version
+            t.run(RabbitMQSession.declare(rmq.leader_port))
+            rmq.locate_queue()
+            out["systems"]["rabbitmq"] = run_cells(
+                "rabbitmq", lambda n, i: RabbitMQSession.open(rmq.leader_port), rmq.pids, t, clients
+            )
+        except PeerUnavailable as err:
+            log(f"RabbitMQ skipped: {err}")
+            out["errors"]["rabbitmq"] = str(err)
+        finally:
+            rmq.stop()
+    if "jetstream" in systems:
+        j = JetStreamCluster(root / "jetstream")
+        try:
+            j.start()
+            out["versions"]["jetstream"] = j.version
+            t.run(j.create_stream())
+            out["systems"]["jetstream"] = run_cells(
+                "jetstream", lambda n, i: JetStreamSession.open(j.leader_port, next(_client_ids)), j.pids, t, clients
+            )
+        except PeerUnavailable as err:
+            log(f"JetStream skipped: {err}")
+            out["errors"]["jetstream"] = str(err)
+        finally:
+            j.stop()
     out["references_after"] = {
         "fdatasync": loadgen.fdatasync_p50_us(root / "raw1", calls),
         "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw1m", calls),
@@ -566,12 +624,24 @@ def cell(rows: list[dict[str, Any]] | None, clients: int) -> dict[str, Any] | No
     return next((r for r in rows or [] if r["clients"] == clients), None)
 
 
+def strongest_durable_peer(sysres: dict[str, Any], clients: tuple[int, ...]) -> dict[str, Any]:
+    """Per client count, the durable peer with the most committed operations/s in this run (what
+    every throughput target is also stated against)."""
+    out = {}
+    for n in clients:
+        rows = [(c["tx_per_s"], p) for p in durable_peers() if (c := cell(sysres.get(p), n))]
+        if rows:
+            tx, peer = max(rows)
+            out[str(n)] = {"peer": peer, "tx_per_s": tx}
+    return out
+
+
 def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
     """Adds ratios (ours ÷ peer, same client count) and the targets to `res`."""
     sysres = res["systems"]
     ratios: dict[str, Any] = {}
-    for ours in ("waltz", "waltz-locks", "waltz-2servers"):
-        for peer in ("etcd", "zookeeper"):
+    for ours in OURS:
+        for peer in PEERS:
             for n in clients:
                 a, b = cell(sysres.get(ours), n), cell(sysres.get(peer), n)
                 if a and b:
@@ -582,15 +652,16 @@ def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
                         "cpu_per_tx": a["cpu_us_per_tx"] / b["cpu_us_per_tx"],
                     }
     res["peer_ratios"] = ratios
+    res["strongest_durable_peer"] = strongest_durable_peer(sysres, clients)
     refs = [res["references_before"], res["references_after"]]
     # The lower of the two measurements: other work on the machine only ever adds to either.
     fsync = min(r["fdatasync"]["p50_us"] for r in refs)
     rtt = min(r["loopback_rtt"]["p50_us"] for r in refs)
     bound_us = 1.5 * (fsync + 2 * rtt)
     targets: dict[str, Any] = {}
-    for ours in ("waltz", "waltz-locks", "waltz-2servers"):
+    for ours in OURS:
         verdicts = {}
-        for peer in ("etcd", "zookeeper"):
+        for peer in durable_peers():  # a peer that acknowledges before its fsync is no yardstick
             for n in (8, 32):
                 r = ratios.get(f"{ours}/{peer}/{n}")
                 if r is None:
@@ -677,19 +748,12 @@ def report(res: dict[str, Any]) -> None:
             "\nRatios, ours / peer at the same client count (throughput: higher is better; p99 and CPU: lower is "
             "better)\n"
         )
-        print(
-            "| Waltz variant | clients | tx/s ÷ etcd | tx/s ÷ ZooKeeper | p99 ÷ etcd | p99 ÷ ZooKeeper | CPU/op ÷ etcd "
-            "| CPU/op ÷ ZooKeeper |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for ours in ("waltz", "waltz-locks", "waltz-2servers"):
-            for n in sorted({r["clients"] for r in sysres.get(ours, [])}):
-                e, z = res["peer_ratios"].get(f"{ours}/etcd/{n}"), res["peer_ratios"].get(f"{ours}/zookeeper/{n}")
-                f = lambda d, k: f"{d[k]:.2f}" if d else "-"  # noqa: E731
-                print(
-                    f"| {LABELS[ours]} | {n} | {f(e, 'tx_per_s')} | {f(z, 'tx_per_s')} | {f(e, 'p99')} | {f(z, 'p99')} "
-                    f"| {f(e, 'cpu_per_tx')} | {f(z, 'cpu_per_tx')} |"
-                )
+        for line in ratio_table(res):
+            print(line)
+    if res.get("durability"):
+        print("\nWhat each peer's acknowledgement promises (targets only against those that fsync first)\n")
+        for name, d in res["durability"].items():
+            print(f"- {LABELS.get(name, name)}: {d['promise']}" + ("" if d["fsync_per_write"] else " [not durable]"))
     lf = res["latency_floor"]
     rb, ra = res["references_before"], res["references_after"]
     print(
@@ -706,6 +770,11 @@ def report(res: dict[str, Any]) -> None:
             f"{lf['loopback_rtt_p50_us']:.0f}) "
             f"= {lf['bound_3_writers_us']:.0f} us (informative; the target keeps the issue's formula)"
         )
+    if strongest := res.get("strongest_durable_peer"):
+        print(
+            "\nStrongest durable peer per client count: "
+            + "; ".join(f"{n}: {LABELS[s['peer']]} {s['tx_per_s']:,.0f}/s" for n, s in strongest.items())
+        )
     for name, err in res["errors"].items():
         print(f"\n{name}: NOT MEASURED: {err}")
     print("\nTargets")
@@ -714,6 +783,26 @@ def report(res: dict[str, Any]) -> None:
         for what, v in verdicts.items():
             val = f"{v['value_us']} us (bound {v['bound_us']} us)" if "value_us" in v else f"{v['value']:.2f}"
             print(f"- {what}: {val}: {'MET' if v['met'] else 'MISSED'}")
+
+
+SHORT = {"etcd": "etcd", "zookeeper": "ZooKeeper", "rabbitmq": "RabbitMQ", "jetstream": "JetStream (no fsync)"}
+
+
+def ratio_table(res: dict[str, Any]) -> list[str]:
+    """Markdown rows: per Waltz variant and client count, tx/s, p99 and CPU/op ÷ each peer measured."""
+    peers = [p for p in PEERS if p in res["systems"]]
+    metrics = (("tx_per_s", "tx/s"), ("p99", "p99"), ("cpu_per_tx", "CPU/op"))
+    head = [f"{what} ÷ {SHORT[p]}" for _, what in metrics for p in peers]
+    lines = ["| Waltz variant | clients | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]
+    for ours in OURS:
+        for n in sorted({r["clients"] for r in res["systems"].get(ours, [])}):
+            cells = []
+            for key, _ in metrics:
+                for p in peers:
+                    d = res["peer_ratios"].get(f"{ours}/{p}/{n}")
+                    cells.append(f"{d[key]:.2f}" if d else "-")
+            lines.append(f"| {LABELS[ours]} | {n} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(res: dict[str, Any], path: pathlib.Path, title: str) -> None:
@@ -729,6 +818,8 @@ def plot(res: dict[str, Any], path: pathlib.Path, title: str) -> None:
         "waltz-2servers": ("tab:purple", "^", ":"),
         "etcd": ("tab:green", "D", "-"),
         "zookeeper": ("tab:red", "v", "-"),
+        "rabbitmq": ("tab:orange", "P", "-"),
+        "jetstream": ("tab:olive", "X", "--"),  # dashed: acknowledged before any fsync
     }
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
     for ax, key, what in ((axes[0], "p99_ms", "p99"), (axes[1], "p50_ms", "p50")):
@@ -820,8 +911,8 @@ def main() -> int:
     plot(
         res,
         plot_path,
-        f"1 KiB writes, 3 replicas with fsync, loopback, {os.cpu_count()} cores; {versions}; "
-        f"{t.seconds:.0f} s per point; load avg before {load[0]:.1f}",
+        f"1 KiB writes, 3 replicas, fsync on a majority before the ack (except where marked), loopback, "
+        f"{os.cpu_count()} cores;\n{versions}; {t.seconds:.0f} s per point; load avg before {load[0]:.1f}",
     )
     log(f"wrote {json_path} and {plot_path} ({res['run']['wall_seconds']:.0f} s)")
     return 0

@@ -45,6 +45,7 @@ def storage_frames() -> list[bytes]:
     m = MAGIC_STORAGE
     return [
         frame(m, 0x01, bytes([1, 1])),
+        frame(m, 0x01, bytes([1, 1]) + raw(b"server") + raw(b"a-role-secret-0123")),
         frame(m, 0x10, h(-1) + bytes(range(16)) + struct.pack(">i", 4)),
         frame(m, 0x11, h(1)),
         frame(m, 0x12, h(1)),
@@ -81,6 +82,10 @@ def admin_frames() -> list[bytes]:
         frame(m, 0x25, h(3) + struct.pack(">qi", 7, 100)),
         frame(m, 0x26, h(3) + wire_records(2)),
         frame(m, 0x27, h(3) + struct.pack(">qq", 12, 8)),
+        frame(m, 0x01, bytes([1, 1]) + raw(b"admin") + raw(b"a-role-secret-0123")),
+        frame(m, 0x28, h(3) + struct.pack(">q", 5)),
+        frame(m, 0x29, h(3) + struct.pack(">q", -1) + b"\x01"),
+        frame(m, 0x2A, h(3) + struct.pack(">q", 1 << 40) + b"\x00"),
         frame(m, 0x82, bytes([1])),
         frame(m, 0x80, h(0)),
         frame(m, 0x81, h(0) + struct.pack(">H", 2) + raw(b"no")),
@@ -185,6 +190,7 @@ def client_seeds() -> list[bytes]:
         return []
     msgs: list[cp.Message] = [
         cp.Hello(),
+        cp.Hello(role="client", secret=b"a-role-secret-0123"),
         cp.HelloOk(1),
         cp.Mount(1, 0, 7, -1, 1),
         cp.MountResponse(1, 0, cp.MountStatus.READY, 10, 2),

@@ -19,6 +19,8 @@ from typing import Any
 from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_process, track
 
 MEMBERS = 3
+DURABILITY = "3 members (Raft): a put returns once a majority fsynced the entry to its WAL"
+FSYNC_PER_WRITE = True
 
 
 def installed() -> bool:

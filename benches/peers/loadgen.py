@@ -21,6 +21,7 @@ import contextlib
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -60,26 +61,41 @@ def free_port() -> int:
 
 
 _SPAWNED: list[subprocess.Popen[Any]] = []
+# Processes started with `start_new_session`, whose descendants (the Erlang VM under the
+# rabbitmq-server script) share their process group and may outlive them.
+_GROUPS: set[int] = set()
 
 
 def track(proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
-    """Remembers a process this run started, for `kill_leftovers`."""
+    """Remembers a process this run started, and whether it leads a group, for `kill_leftovers`."""
     _SPAWNED.append(proc)
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(proc.pid) == proc.pid:
+            _GROUPS.add(proc.pid)
     return proc
 
 
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL to the process and, when it leads a group of its own, to everything in that group
+    (even once the leader itself is gone)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if proc.pid in _GROUPS:
+            os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
+
+
 def kill_leftovers() -> int:
-    """SIGKILL to every tracked process still running (the last line of cleanup after an error
-    or an interrupt); returns how many there were."""
+    """SIGKILL to every tracked process still running, with its group (the last line of cleanup
+    after an error or an interrupt); returns how many tracked processes were still running."""
     n = 0
     for p in _SPAWNED:
-        if p.poll() is None:
-            n += 1
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
+        n += p.poll() is None
+        _kill(p)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
     _SPAWNED.clear()
+    _GROUPS.clear()
     return n
 
 
@@ -92,8 +108,7 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        _kill(proc)
         proc.wait(timeout=10)
 
 

@@ -25,6 +25,8 @@ from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_pro
 SERVERS = 3
 JAR = "/usr/share/java/zookeeper.jar"
 CONF = "/etc/zookeeper/conf"
+DURABILITY = "ensemble of 3 (Zab), forceSync=yes: a create returns once a majority fsynced its transaction log"
+FSYNC_PER_WRITE = True
 
 
 def installed() -> bool:

@@ -2,7 +2,7 @@
 
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import ClassVar, Literal, TypedDict, final
 
 __version__: str
@@ -235,11 +235,13 @@ class StorageNode:
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        role_secrets: Mapping[str, str] | None = None,
     ) -> StorageNode:
         """With all of tls_ca, tls_cert and tls_key (PEM files), both ports take only mutual TLS:
         client certificates must chain to tls_ca. Each port keeps at most `max_connections` open
         (one more is closed on accept); a connection must send Hello and a successful Open
-        within 10 s (or idle_timeout, if shorter)."""
+        within 10 s (or idle_timeout, if shorter). With `role_secrets` (role -> secret), a peer
+        must give the secret of one of those roles (server, admin) in its Hello."""
     @property
     def address(self) -> tuple[str, int]: ...
     @property
@@ -314,6 +316,8 @@ class AdminRequestKind:
     RECORD_LIST: ClassVar[AdminRequestKind]
     SET_PARTITION_INFO: ClassVar[AdminRequestKind]
     RESET_FENCE: ClassVar[AdminRequestKind]
+    TRUNCATE: ClassVar[AdminRequestKind]
+    RAISE_FENCE: ClassVar[AdminRequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 
@@ -326,6 +330,9 @@ _AdminRequestName = Literal[
     "status",
     "record_list",
     "set_partition_info",
+    "reset_fence",
+    "truncate",
+    "raise_fence",
 ]
 
 def encode_request(
@@ -341,6 +348,8 @@ def encode_request(
     partition_count: int = 0,
     min_version: int = 1,
     max_version: int = 1,
+    role: str | None = None,
+    secret: bytes | None = None,
 ) -> bytes:
     """One storage-protocol request frame (every request but Append); `kind` is a RequestKind
     or its protocol name."""
@@ -359,6 +368,9 @@ def encode_admin_request(
     max_count: int = 0,
     session_id: int = ...,  # -1
     low_water_mark: int = ...,  # -1
+    force: bool = False,
+    role: str | None = None,
+    secret: bytes | None = None,
 ) -> bytes:
     """One admin-protocol request frame (every request but Append); `kind` is an
     AdminRequestKind or its protocol name."""

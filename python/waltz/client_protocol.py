@@ -191,16 +191,28 @@ class _Fixed(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Hello(Message):
+    """The versions the client speaks, then its role's secret when it has one (a role string
+    and the secret as `bytes`; nothing when `role` is empty)."""
+
     TYPE = 0x01
     min_version: int = VERSION
     max_version: int = VERSION
+    role: str = ""
+    secret: bytes = dataclasses.field(default=b"", repr=False)
 
     def payload(self) -> bytes:
-        return bytes([self.min_version, self.max_version])
+        head = bytes([self.min_version, self.max_version])
+        return head + _raw(self.role.encode()) + _raw(self.secret) if self.role else head
 
     @classmethod
     def parse(cls, r: _Reader) -> Hello:
-        return cls(r.u8("min version"), r.u8("max version"))
+        lo, hi = r.u8("min version"), r.u8("max version")
+        if r.i == len(r.b):
+            return cls(lo, hi)
+        role = r.text("role")
+        if not role:
+            raise ProtocolError(f"{r.what}: empty role")
+        return cls(lo, hi, role, r.raw("secret"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -452,6 +464,56 @@ class TransactionDataResponse(Message):
         return cls(seq, partition, txid, data)
 
 
+MAX_DATA_RANGE_COUNT = 10_000
+"""The most transactions a Transaction Data Range Request may ask for."""
+MAX_DATA_RANGE_BYTES = 16 << 20
+"""The largest `max_bytes` a Transaction Data Range Request may give (well under a client's
+default `max_frame`, 64 MiB)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransactionDataRangeRequest(_Fixed):
+    """The data of up to `max_count` committed transactions from `first` on, in one answer of
+    at most `max_bytes` of data (its first transaction is sent whatever its size)."""
+
+    TYPE = 0x36
+    LAYOUT = struct.Struct(">qiqii")
+    seq: int
+    partition: int
+    first: int
+    max_count: int
+    max_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TransactionDataRangeResponse(Message):
+    """The data of transactions `first`, `first + 1`, ... (at least one)."""
+
+    TYPE = 0xB6
+    seq: int
+    partition: int
+    first: int
+    data: tuple[bytes, ...]
+
+    def payload(self) -> bytes:
+        parts = [struct.pack(">qiqi", self.seq, self.partition, self.first, len(self.data))]
+        for d in self.data:
+            parts += (_raw(d), _U32.pack(zlib.crc32(d)))
+        return b"".join(parts)
+
+    @classmethod
+    def parse(cls, r: _Reader) -> TransactionDataRangeResponse:
+        seq, partition, first = r.i64("seq"), r.i32("partition"), r.i64("first transaction id")
+        n = r.count("transaction count", 8)  # each at least a length and a checksum
+        data = []
+        for i in range(n):
+            d = r.raw("data")
+            if zlib.crc32(d) != r._take(_U32, "data checksum"):
+                raise ProtocolError(f"transaction {first + i} data: checksum mismatch")
+            data.append(d)
+        return cls(seq, partition, first, tuple(data))
+
+
 @dataclasses.dataclass(frozen=True)
 class HighWaterMarkRequest(_Fixed):
     TYPE = 0x35
@@ -503,6 +565,8 @@ MESSAGES: dict[int, type[Message]] = {
         FlushResponse,
         TransactionDataRequest,
         TransactionDataResponse,
+        TransactionDataRangeRequest,
+        TransactionDataRangeResponse,
         HighWaterMarkRequest,
         HighWaterMarkResponse,
         Failure,

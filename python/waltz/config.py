@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from waltz.errors import ConfigError as ConfigError
 from waltz.event_loop import EVENT_LOOPS
+from waltz.role_secrets import RoleSecretsSection
 from waltz.tls import TlsSection
 
 
@@ -62,6 +63,7 @@ class StorageNodeConfig:
     node: NodeSection = NodeSection()
     logging: LoggingSection = LoggingSection()
     tls: TlsSection = TlsSection()
+    role_secrets: RoleSecretsSection = RoleSecretsSection()
 
 
 T = TypeVar("T")
@@ -313,6 +315,7 @@ class ServerConfig:
     partition: PartitionSection = PartitionSection()
     logging: LoggingSection = LoggingSection()
     tls: TlsSection = TlsSection()
+    role_secrets: RoleSecretsSection = RoleSecretsSection()
 
 
 def load_server_config(path: str | pathlib.Path, env: Mapping[str, str] | None = None) -> ServerConfig:

@@ -217,7 +217,10 @@ impl std::ops::DerefMut for Client {
 impl Client {
     fn connect(addr: std::net::SocketAddr, parts: i32) -> Client {
         let mut c = Client { conn: Conn::connect(addr), seq: 0 };
-        assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+        assert!(matches!(
+            c.call(Request::Hello { min_version: 1, max_version: 1, credential: None }),
+            Response::HelloOk { .. }
+        ));
         let h = c.h(-1, -1);
         assert!(matches!(
             c.call(Request::Open { h, cluster_key: KEY, partition_count: parts }),
@@ -235,7 +238,10 @@ impl Client {
 type Admin = Conn<AdminPort>;
 fn admin(addr: std::net::SocketAddr) -> Admin {
     let mut a = Admin::connect(addr);
-    assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Hello { min_version: 1, max_version: 1, credential: None }),
+        AdminResponse::HelloOk { .. }
+    ));
     assert!(matches!(
         a.call(AdminRequest::Open { h: ah(-1), cluster_key: KEY, partition_count: 1 }),
         AdminResponse::Success { .. }
@@ -585,15 +591,24 @@ fn l1_a_peer_that_does_not_open_is_closed_at_the_open_deadline_on_both_ports() {
     let opts = NodeOptions { idle_timeout: Duration::from_secs(2), ..NodeOptions::default() };
     let node = server::start(s.clone(), "127.0.0.1:0", Some("127.0.0.1:0"), opts).unwrap();
     let (mut greeted, mut refused) = (Conn::<StoragePort>::connect(node.addr), Conn::<StoragePort>::connect(node.addr));
-    assert!(matches!(greeted.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
-    assert!(matches!(refused.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    assert!(matches!(
+        greeted.call(Request::Hello { min_version: 1, max_version: 1, credential: None }),
+        Response::HelloOk { .. }
+    ));
+    assert!(matches!(
+        refused.call(Request::Hello { min_version: 1, max_version: 1, credential: None }),
+        Response::HelloOk { .. }
+    ));
     let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
     match refused.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {
         Response::Failure { .. } => {}
         other => panic!("an Open with another cluster's key was answered {other:?}"),
     }
     let mut adm = Admin::connect(node.admin_addr.unwrap());
-    assert!(matches!(adm.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    assert!(matches!(
+        adm.call(AdminRequest::Hello { min_version: 1, max_version: 1, credential: None }),
+        AdminResponse::HelloOk { .. }
+    ));
     let start = Instant::now();
     let (mut open, mut admin_open) = (2, true);
     let (mut conns, mut seq) = ([Some(greeted), Some(refused)], 1);
@@ -653,7 +668,7 @@ fn l2_connections_over_max_connections_are_closed_at_once() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut c = loop {
         let mut c = Conn::<StoragePort>::connect(node.addr);
-        c.send(&Request::Hello { min_version: 1, max_version: 1 });
+        c.send(&Request::Hello { min_version: 1, max_version: 1, credential: None });
         if let Ok(Response::HelloOk { .. }) = c.try_recv() {
             break c;
         }
@@ -716,18 +731,24 @@ fn l4_frames_above_the_pre_open_limit_close_a_connection_not_opened() {
     claim_1mib(&mut c.s);
     assert!(closed_by_node(&mut c.s, Duration::from_secs(3)).0, "a 1 MiB frame was taken before Hello");
     let mut c = Conn::<StoragePort>::connect(node.addr);
-    assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    assert!(matches!(
+        c.call(Request::Hello { min_version: 1, max_version: 1, credential: None }),
+        Response::HelloOk { .. }
+    ));
     claim_1mib(&mut c.s);
     assert!(closed_by_node(&mut c.s, Duration::from_secs(3)).0, "a 1 MiB frame was taken before Open");
     let mut a = Admin::connect(node.admin_addr.unwrap());
-    assert!(matches!(a.call(AdminRequest::Hello { min_version: 1, max_version: 1 }), AdminResponse::HelloOk { .. }));
+    assert!(matches!(
+        a.call(AdminRequest::Hello { min_version: 1, max_version: 1, credential: None }),
+        AdminResponse::HelloOk { .. }
+    ));
     claim_1mib(&mut a.s);
     assert!(closed_by_node(&mut a.s, Duration::from_secs(3)).0, "a 1 MiB admin frame was taken before Open");
     // Hello, Open and a 1 MiB append in one write: the append comes after Open succeeded.
     let mut c = Conn::<StoragePort>::connect(node.addr);
     let h = |seq| MsgHeader { session_id: 1, seq, partition_id: 0 };
     let mut b = Vec::new();
-    Request::Hello { min_version: 1, max_version: 1 }.encode(&mut b);
+    Request::Hello { min_version: 1, max_version: 1, credential: None }.encode(&mut b);
     Request::Open { h: h(1), cluster_key: KEY, partition_count: 1 }.encode(&mut b);
     Request::SetLowWaterMark { h: h(2), low_water_mark: -1 }.encode(&mut b);
     Request::Append { h: h(3), records: recs(0, 1, 1 << 20) }.encode(&mut b);
@@ -778,7 +799,10 @@ fn l6_a_cluster_key_mismatch_does_not_reveal_the_nodes_key() {
     let (s, _) = gated_storage(d.path(), 1);
     let node = server::start(s.clone(), "127.0.0.1:0", None, NodeOptions::default()).unwrap();
     let mut c = Conn::<StoragePort>::connect(node.addr);
-    assert!(matches!(c.call(Request::Hello { min_version: 1, max_version: 1 }), Response::HelloOk { .. }));
+    assert!(matches!(
+        c.call(Request::Hello { min_version: 1, max_version: 1, credential: None }),
+        Response::HelloOk { .. }
+    ));
     let h = MsgHeader { session_id: -1, seq: 1, partition_id: -1 };
     let ours = waltz_native::engine::format::format_uuid(&KEY);
     match c.call(Request::Open { h, cluster_key: [8; 16], partition_count: 1 }) {

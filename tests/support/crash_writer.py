@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, __file__.rsplit("/", 2)[0])  # tests/, for `support` when run as a script
 
 from waltz import errors  # noqa: E402
-from waltz.storage import ReqId, Storage  # noqa: E402
+from waltz.storage import RecordBatch, ReqId, Storage  # noqa: E402
 
 from support.chaos_payload import payload_for  # noqa: E402
 
@@ -35,11 +35,16 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=int, default=50)
     ap.add_argument("--max-batches", type=int, default=10**9)
     ap.add_argument("--threads", type=int, default=0, help="concurrent append_next writers instead")
+    ap.add_argument(
+        "--record-batch", action="store_true", help="append RecordBatch objects (large records written by reference)"
+    )
     args = ap.parse_args()
     if args.threads:
         concurrent(args)
         return
     rng = random.Random(args.seed)
+    # RecordBatch data of 4 KiB or more is written by reference (pwritev): have some of both.
+    max_size = 12000 if args.record_batch else 3000
     s = Storage.open(args.dir, segment_size=args.segment_size, checkpoint_interval=args.checkpoint)
     p = s.partition(0)
     epoch = args.epoch
@@ -57,17 +62,18 @@ def main() -> None:
             out.flush()
             continue
         count = rng.choice([1, 1, 2, 5, 20, 100])
-        batch = [
-            (ReqId(1, epoch, 0, t), epoch, payload_for(t, epoch, rng.randrange(0, 3000)))
+        records = [
+            (ReqId(1, epoch, 0, t), epoch, payload_for(t, epoch, rng.randrange(0, max_size)))
             for t in range(nxt, nxt + count)
         ]
+        batch = RecordBatch(records) if args.record_batch else records
         try:
             last = p.append(nxt, batch)
         except errors.WaltzError as e:
             out.write(f"E {type(e).__name__} {e}\n")
             out.flush()
             try:
-                p.append(nxt, batch[:1])
+                p.append(nxt, records[:1])
                 out.write("R none\n")
             except errors.WaltzError as e2:
                 out.write(f"R {type(e2).__name__}\n")

@@ -51,8 +51,8 @@ class Cli:
 
 
 class Node:
-    """A storage node daemon; `sections` adds TOML sections ([tls]), `ssl` is the client context
-    `run` and `admin` connect with."""
+    """A storage node daemon; `sections` adds TOML sections ([tls], [role_secrets]), `ssl` is the
+    client context `run` and `admin` connect with, `credential` the (role, secret) they give."""
 
     def __init__(
         self,
@@ -61,12 +61,14 @@ class Node:
         *,
         sections: dict[str, Any] | None = None,
         ssl: Any = None,
+        credential: tuple[str, bytes] | None = None,
         **keys: Any,
     ) -> None:
         """`keys` are `storage_keys` and `node_keys` of `write_config`."""
         directory.mkdir()
         self.key = key
         self.ssl = ssl
+        self.credential = credential
         self.config, self.ports = write_config(directory, key, partition_count=PARTITIONS, sections=sections, **keys)
         self.proc = start(self.config)
         wait_http(self.ports["http_port"], self.proc)
@@ -78,7 +80,12 @@ class Node:
     def run(self, coro_fn: Any) -> Any:
         async def go() -> Any:
             async with await StorageClient.connect(
-                "127.0.0.1", self.ports["port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
+                "127.0.0.1",
+                self.ports["port"],
+                cluster_key=self.key,
+                partition_count=PARTITIONS,
+                ssl=self.ssl,
+                credential=self.credential,
             ) as c:
                 return await coro_fn(c)
 
@@ -87,7 +94,12 @@ class Node:
     def admin(self, coro_fn: Any) -> Any:
         async def go() -> Any:
             async with await StorageAdminClient.connect(
-                "127.0.0.1", self.ports["admin_port"], cluster_key=self.key, partition_count=PARTITIONS, ssl=self.ssl
+                "127.0.0.1",
+                self.ports["admin_port"],
+                cluster_key=self.key,
+                partition_count=PARTITIONS,
+                ssl=self.ssl,
+                credential=self.credential,
             ) as c:
                 return await coro_fn(c)
 

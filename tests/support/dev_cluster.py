@@ -36,11 +36,14 @@ def waltz(
 
 
 @contextlib.contextmanager
-def dev_cluster(directory: pathlib.Path, partitions: int = 2) -> Iterator[dict[str, Any]]:
-    """`waltz --json dev up` in `directory`; yields its document (environment, commands, members)."""
+def dev_cluster(directory: pathlib.Path, partitions: int = 2, tls: bool = False) -> Iterator[dict[str, Any]]:
+    """`waltz --json dev up` in `directory` (with `--tls`: mutual TLS on every link, the
+    environment naming the admin certificate); yields its document (environment, commands,
+    members)."""
     where = ["--directory", str(directory)]
     try:
-        yield json.loads(waltz("--json", "dev", "up", *where, "--partitions", str(partitions)).stdout)
+        up = ["--partitions", str(partitions), *(["--tls"] if tls else [])]
+        yield json.loads(waltz("--json", "dev", "up", *where, *up).stdout)
     finally:
         if directory.exists():
             waltz("dev", "down", *where, "--purge", ok=None)

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import click
 
-from waltz import errors
+from waltz import errors, role_secrets
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo
@@ -79,6 +79,7 @@ def admin_call(
             partition_count=info.partitions,
             timeout=timeout,
             ssl=tls_context(),
+            credential=role_secrets.credential_from_env(),
         ) as client:
             return await call(client)
 

@@ -17,6 +17,7 @@ import click
 from waltz import errors
 from waltz.cli.context import cluster_name, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
+from waltz.role_secrets import credential_from_env
 
 POLL = 0.2
 """Seconds between two looks at the high-water mark while following."""
@@ -79,7 +80,7 @@ def _append(metadata: str, cluster: str, partition: int, payload: bytes, header:
     tls = {k: _root(k) for k in ("tls_ca", "tls_cert", "tls_key") if _root(k)}
 
     async def start_mark() -> int:
-        async with LogReader(metadata, cluster, ssl=tls_context()) as reader:
+        async with LogReader(metadata, cluster, ssl=tls_context(), credential=credential_from_env()) as reader:
             return await reader.high_water_mark(partition)
 
     class FromNow(WaltzClientCallbacks):
@@ -147,7 +148,7 @@ async def _print_range(
 ) -> None:
     from waltz.client.log_reader import LogReader
 
-    async with LogReader(metadata, cluster, ssl=tls_context()) as reader:
+    async with LogReader(metadata, cluster, ssl=tls_context(), credential=credential_from_env()) as reader:
         mark = await reader.high_water_mark(partition)
         if start == "earliest":
             nxt = await reader.first_transaction_id(partition) if mark >= 0 else 0

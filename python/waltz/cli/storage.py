@@ -19,6 +19,7 @@ from waltz import errors
 from waltz.cli.context import admin_call, cluster_metadata, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import ClusterMetadata, StorageNodeInfo, parse_address
+from waltz.role_secrets import credential_from_env
 from waltz.storage.client import StorageAdminClient
 
 NODE = click.option(
@@ -338,10 +339,10 @@ async def _recover(
     ssl = tls_context()
     async with (
         await StorageAdminClient.connect(
-            src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+            src.host, src.admin_port, cluster_key=key, partition_count=count, ssl=ssl, credential=credential_from_env()
         ) as s,
         await StorageAdminClient.connect(
-            dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl
+            dst.host, dst.admin_port, cluster_key=key, partition_count=count, ssl=ssl, credential=credential_from_env()
         ) as d,
     ):
         before = {x["partition"]: x for x in await d.status()}.get(partition)
@@ -488,4 +489,66 @@ def reset_fence(out: Output, address: str, partition: int, session: int) -> None
         True,
         f"partition {partition} on {node.address}: fence lowered to session {session}",
         {"partition": partition, "fence": session},
+    )
+
+
+FORCE = click.option(
+    "--force",
+    is_flag=True,
+    help="Override the node's refusal (needs the admin role: an admin certificate, or the admin secret "
+    "without TLS). The node logs it as an error. Read docs/operations.md, 'Forcing a refused request', first.",
+)
+
+
+@storage.command("truncate")
+@NODE
+@click.option("--partition", "-p", type=click.IntRange(0), required=True)
+@click.option(
+    "--to", "txid", type=click.IntRange(-1), required=True, metavar="TXID", help="The last transaction id to keep."
+)
+@FORCE
+@pass_output
+@user_errors
+def truncate(out: Output, address: str, partition: int, txid: int, force: bool) -> None:
+    """Cut a replica's log after TXID on one node, while the partition is marked unwritable there
+    (`waltz storage availability --unwritable`). The node refuses to cut committed records (at or
+    below its low-water mark) unless --force."""
+    with cluster_metadata() as meta:
+        node = _node(meta, address)
+        admin_call(meta, node, lambda c: c.truncate(partition, txid, force=force))
+    _changed(
+        out,
+        True,
+        f"partition {partition} on {node.address}: truncated after {txid}" + (" (forced)" if force else ""),
+        {"partition": partition, "max_transaction_id": txid, "forced": force},
+    )
+
+
+@storage.command("raise-fence")
+@NODE
+@click.option("--partition", "-p", type=click.IntRange(0), required=True)
+@click.option(
+    "--to", "session", type=click.IntRange(0), required=True, metavar="SESSION", help="The fence's new value."
+)
+@FORCE
+@pass_output
+@user_errors
+def raise_fence(out: Output, address: str, partition: int, session: int, force: bool) -> None:
+    """Raise a partition's fence on a node to a session the cluster metadata issued. The node refuses
+    a session more than 2^32 above its fence (as it refuses such a server) unless --force; a
+    session the metadata never issued is refused here, since it would fence every server out."""
+    with cluster_metadata() as meta:
+        issued = meta.partition_metadata(partition)[0].session_id
+        if session > issued:
+            raise Failed(
+                f"partition {partition}: the cluster metadata issued sessions up to {issued}; a fence above it "
+                "would refuse every server"
+            )
+        node = _node(meta, address)
+        admin_call(meta, node, lambda c: c.raise_fence(partition, session, force=force))
+    _changed(
+        out,
+        True,
+        f"partition {partition} on {node.address}: fence raised to session {session}" + (" (forced)" if force else ""),
+        {"partition": partition, "fence": session, "forced": force},
     )

@@ -331,6 +331,7 @@ class AsyncWaltzClient:
     async def transaction_data(self, partition: int, transaction_id: int) -> bytes:
         """A committed transaction's data (RPC; `Transaction.data` caches it)."""
         self._check_partition(partition)
+        self.stats.data_requests += 1
         try:
             resp = await self._rpc(partition, lambda seq: cp.TransactionDataRequest(seq, partition, transaction_id))
         except errors.RequestFailedError as e:
@@ -339,6 +340,25 @@ class AsyncWaltzClient:
             raise
         assert isinstance(resp, cp.TransactionDataResponse)
         return resp.data
+
+    async def transaction_data_range(
+        self, partition: int, first: int, max_count: int, max_bytes: int = cp.MAX_DATA_RANGE_BYTES
+    ) -> list[bytes]:
+        """The data of committed transactions `first`, `first + 1`, ... in one round trip: at most
+        `max_count` (up to 10,000) and `max_bytes` (up to 16 MiB) of data, at least one whatever
+        its size. A bound outside those is refused (`RequestFailedError`, kind bad_request)."""
+        self._check_partition(partition)
+        self.stats.data_requests += 1
+        try:
+            resp = await self._rpc(
+                partition, lambda seq: cp.TransactionDataRangeRequest(seq, partition, first, max_count, max_bytes)
+            )
+        except errors.RequestFailedError as e:
+            if e.kind == "transactions_deleted":
+                raise errors.transactions_deleted(partition, first, errors.log_start_in(str(e))) from e
+            raise
+        assert isinstance(resp, cp.TransactionDataRangeResponse)
+        return list(resp.data)
 
     def status(self) -> list[dict[str, Any]]:
         """Per partition: mounted, feed position, applied, pending and queued appends, last error."""
@@ -436,6 +456,7 @@ class AsyncWaltzClient:
             connection_seq=connection_seq,
             max_frame=self.config.max_frame,
             ssl=self._ssl,
+            credential=("client", self.config.role_secret.encode()) if self.config.role_secret else None,
         )
 
     def _on_push(self, link: Link, msg: cp.Message) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from waltz.client_protocol import MAX_DATA_RANGE_BYTES
 from waltz.config import ConfigError, _read_toml, _requirer, _section
 from waltz.event_loop import EVENT_LOOPS
 from waltz.tls import TlsSection, check
@@ -56,6 +57,11 @@ class ClientConfig:
     metadata_session_timeout: float = 10.0
     max_frame: int = 64 << 20
     """The largest frame accepted from a server."""
+    data_prefetch_bytes: int = 4 << 20
+    """The first `Transaction.data()` of an applied batch fetches the data of the batch's later
+    transactions too, in ranges of up to this many bytes (one round trip each instead of one per
+    transaction). 0: each `data()` is its own request (for applications that read the data of
+    few transactions, chosen by header). At most 16 MiB."""
     tls_ca: pathlib.Path | None = None
     """With tls_cert and tls_key: connect to servers through mutual TLS; their certificates must
     chain to this CA (PEM)."""
@@ -63,6 +69,10 @@ class ClientConfig:
     """The client's certificate (PEM), presented to servers."""
     tls_key: pathlib.Path | None = None
     """The private key of `tls_cert` (PEM, unencrypted)."""
+    role_secret: str = dataclasses.field(default="", repr=False)
+    """The client role's shared secret (a server's `[role_secrets] client`), given in the Hello of
+    every connection to a server: what a plaintext cluster asks of clients instead of a
+    certificate. It crosses the network in clear (docs/operations.md, "Security model")."""
 
     def __post_init__(self) -> None:
         need = _requirer(pathlib.Path(_WHERE))
@@ -73,6 +83,7 @@ class ClientConfig:
         )
         need(not self.client_secret or self.client_id >= 0, "client_secret needs a fixed client_id")
         need(not self.client_secret or len(self.client_secret) >= 16, "client_secret must be at least 16 characters")
+        need(not self.role_secret or len(self.role_secret) >= 16, "role_secret must be at least 16 characters")
         for name in ("max_pending", "callback_threads", "max_frame"):
             need(getattr(self, name) > 0, f"{name} must be positive")
         for name in (
@@ -85,6 +96,10 @@ class ClientConfig:
             "metadata_session_timeout",
         ):
             need(getattr(self, name) > 0, f"{name} must be a positive number of seconds")
+        need(
+            0 <= self.data_prefetch_bytes <= MAX_DATA_RANGE_BYTES,
+            f"data_prefetch_bytes must be 0 (no prefetch) to {MAX_DATA_RANGE_BYTES}",
+        )
         need(self.event_loop in EVENT_LOOPS, f"event_loop must be one of {', '.join(map(repr, EVENT_LOOPS))}")
         need(
             self.reconnect_backoff <= self.reconnect_backoff_max,

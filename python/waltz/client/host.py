@@ -58,6 +58,10 @@ class ClientHost(Protocol):
 
     async def transaction_data(self, partition: int, transaction_id: int) -> bytes: ...
 
+    async def transaction_data_range(self, partition: int, first: int, max_count: int, max_bytes: int) -> list[bytes]:
+        """The data of transactions `first`, `first + 1`, ... in one round trip (at least one)."""
+        ...
+
 
 class TransactionOwner(Protocol):
     """Who runs a submitted transaction's life; the partition reports what the server said."""

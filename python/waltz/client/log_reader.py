@@ -29,6 +29,7 @@ from waltz.client.retry import Backoff
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import UNRESOLVED, ClusterInfo, ClusterMetadata, ReplicaState
+from waltz.role_secrets import Credential
 from waltz.storage.client import StorageAdminClient
 
 log = logging.getLogger("waltz.client.log_reader")
@@ -50,9 +51,13 @@ class LogReader:
         ssl: _ssl.SSLContext | None = None,
         timeout: float = 30.0,
         session_timeout: float = 10.0,
+        credential: Credential | None = None,
     ) -> None:
         self.metadata_url, self.cluster_name = metadata, cluster
         self._ssl, self.timeout = ssl, timeout
+        self._credential = credential
+        """The admin role's (role, secret) for clusters with role secrets (`waltz.role_secrets`): it
+        opens the storage nodes' admin ports and the servers' client ports alike."""
         self._store = open_store(metadata, session_timeout=session_timeout)
         self._meta: ClusterMetadata | None = None
         self._info: ClusterInfo | None = None
@@ -121,7 +126,14 @@ class LogReader:
         async with self._link_locks.setdefault(endpoint, asyncio.Lock()):
             link = self._links.get(endpoint)
             if link is None or link.closed:
-                link = Link(endpoint, "rpc", lambda _l, _m: None, lambda _l, _w: None, ssl=self._ssl)
+                link = Link(
+                    endpoint,
+                    "rpc",
+                    lambda _l, _m: None,
+                    lambda _l, _w: None,
+                    ssl=self._ssl,
+                    credential=self._credential,
+                )
                 await link.open(self.timeout)
                 self._links[endpoint] = link
             return link
@@ -255,6 +267,7 @@ class LogReader:
                 partition_count=self.info.partitions,
                 timeout=self.timeout,
                 ssl=self._ssl,
+                credential=self._credential,
             )
             self._admins[address] = admin
         return admin

@@ -93,6 +93,9 @@ class ClientCollector(Collector):
         yield CounterMetricFamily(
             f"{self.prefix}_lock_failures", "Attempts that lost a lock race.", value=stats.lock_failures
         )
+        yield CounterMetricFamily(
+            f"{self.prefix}_data_requests", "Round trips for transactions' data.", value=stats.data_requests
+        )
 
     def describe(self) -> Iterator[Metric]:
         """Registering must not scrape the client (it may not be started yet)."""

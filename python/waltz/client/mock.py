@@ -154,6 +154,25 @@ class MockCluster:
                             f"partition {pid}: no committed transaction {msg.transaction_id}",
                         )
                     )
+            elif isinstance(msg, cp.TransactionDataRangeRequest):
+                if 0 <= msg.first <= part.high_water_mark and 1 <= msg.max_count <= cp.MAX_DATA_RANGE_COUNT:
+                    data = [part.data[msg.first]]  # the first whatever its size, as a server does
+                    size = len(data[0])
+                    for d in part.data[msg.first + 1 : msg.first + msg.max_count]:
+                        size += len(d)
+                        if size > msg.max_bytes:
+                            break
+                        data.append(d)
+                    link.deliver(cp.TransactionDataRangeResponse(msg.seq, pid, msg.first, tuple(data)))
+                else:
+                    link.deliver(
+                        cp.Failure(
+                            msg.seq,
+                            pid,
+                            cp.FailureKind.NOT_COMMITTED,
+                            f"partition {pid}: no committed transaction {msg.first} (or max count {msg.max_count})",
+                        )
+                    )
             else:
                 link.deliver(
                     cp.Failure(

@@ -32,9 +32,12 @@ class Link:
         connection_seq: int = 0,
         max_frame: int = 64 << 20,
         ssl: _ssl.SSLContext | None = None,
+        credential: tuple[str, bytes] | None = None,
     ) -> None:
         self.endpoint, self.kind, self.connection_seq = endpoint, kind, connection_seq
         self._ssl = ssl
+        self._credential = credential
+        """(role, secret) given in the Hello (`waltz.role_secrets`), or None."""
         self._on_push, self._on_closed = on_push, on_closed
         self._messages = cp.MessageReader(max_frame)
         self._writer: asyncio.StreamWriter | None = None
@@ -54,13 +57,17 @@ class Link:
             host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}"
         )
         self._writer = writer
-        writer.write(cp.Hello().frame())
+        role, secret = self._credential or ("", b"")
+        writer.write(cp.Hello(role=role, secret=secret).frame())
         try:
             async with asyncio.timeout(timeout):
                 hello = await self._next(reader)
         except BaseException:
             writer.close()
             raise
+        if isinstance(hello, cp.Failure) and hello.kind == cp.FailureKind.CLIENT_REFUSED:
+            writer.close()
+            raise errors.ProtocolError(f"server {self.endpoint} refused our Hello: {hello.message}")
         if not isinstance(hello, cp.HelloOk) or hello.version != cp.VERSION:
             writer.close()
             raise errors.ProtocolError(f"server {self.endpoint} answered the handshake with {hello!r}")

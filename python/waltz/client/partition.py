@@ -28,7 +28,7 @@ from waltz.client.context import TransactionBuilder
 from waltz.client.host import ClientHost, TransactionOwner
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.network import Link
-from waltz.client.transaction import Transaction
+from waltz.client.transaction import DataPrefetch, Transaction
 from waltz.client.work import Work
 
 log = logging.getLogger("waltz.client")
@@ -454,11 +454,9 @@ class ClientPartition:
             self._apply_wakeup.clear()
             while self._apply_queue:
                 batch = [self._apply_queue.popleft() for _ in range(min(APPLY_BATCH, len(self._apply_queue)))]
+                fetch = DataPrefetch(self.client, batch[-1].transaction_id).fetch
                 txns = [
-                    Transaction(
-                        self.pid, e.transaction_id, e.header, e.req_id, self.client.transaction_data, self.client.loop
-                    )
-                    for e in batch
+                    Transaction(self.pid, e.transaction_id, e.header, e.req_id, fetch, self.client.loop) for e in batch
                 ]
                 i = 0
                 while i < len(txns):

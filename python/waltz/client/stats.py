@@ -13,3 +13,6 @@ class ClientStats:
     """Executions again after an attempt failed (lost a lock race, dropped, cut off by a remount)."""
     lock_failures: int = 0
     """Attempts that lost a lock race."""
+    data_requests: int = 0
+    """Round trips for transactions' data (one per `Transaction.data()` that fetched alone, one
+    per range `ClientConfig.data_prefetch_bytes` fetched)."""

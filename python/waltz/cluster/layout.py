@@ -37,6 +37,8 @@ class Paths:
         self.manager = join(root, "manager")
         self.counters = join(root, "counters")
         self.retention = join(root, "retention")
+        self.sink = join(root, "sink")
+        """The Spark streaming sink's task entries (`waltz.spark.stream_sink`)."""
 
     def partition(self, partition_id: int) -> str:
         return join(self.partitions, partition_id)

@@ -14,12 +14,16 @@ the session expired, then CONNECTED with a new session. Listeners and watches ru
 event thread, never on kazoo's connection thread, so they may call the store.
 
 With credentials in the URL (`zk://user:secret@host:port/chroot`) the client authenticates with
-the digest scheme and every entry it creates is readable and writable by that user only.
+the digest scheme and every entry it creates is readable and writable by that user only. With
+`?tls_ca=PEM&tls_cert=PEM&tls_key=PEM` the link runs inside mutual TLS (ZooKeeper's
+`secureClientPort`): the server's certificate must chain to `tls_ca` and this process presents
+`tls_cert`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +32,9 @@ from typing import Any
 from waltz._extras import require
 
 require("kazoo", "zookeeper", "ZooKeeper metadata")
+
+TLS_QUERY_KEYS = ("tls_ca", "tls_cert", "tls_key")
+"""The ZooKeeper URL's query parameters that turn on mutual TLS (all three or none)."""
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -65,6 +72,7 @@ from waltz.cluster.store import (
     WatchEvent,
     check_path,
 )
+from waltz.tls import TlsSection, check
 
 _EVENTS = {
     KazooEvent.CREATED: EventType.CREATED,
@@ -143,7 +151,13 @@ class ZooKeeperStore(MetadataStore):
     """`ZooKeeperStore("host:port[,host:port]/chroot")`, or with `user:secret@` credentials."""
 
     def __init__(
-        self, hosts: str, *, session_timeout: float = 10.0, user: str | None = None, secret: str | None = None
+        self,
+        hosts: str,
+        *,
+        session_timeout: float = 10.0,
+        user: str | None = None,
+        secret: str | None = None,
+        tls: TlsSection | None = None,
     ) -> None:
         super().__init__()
         self.hosts = hosts
@@ -152,6 +166,10 @@ class ZooKeeperStore(MetadataStore):
         if user is not None:
             kwargs["auth_data"] = [("digest", f"{user}:{secret or ''}")]
             kwargs["default_acl"] = [make_digest_acl(user, secret or "", all=True)]
+        if tls is not None and tls.enabled:
+            # Mutual TLS to ZooKeeper's secure port; the certificate is checked against the CA (the
+            # host name is not: ZooKeeper's own clients do not check it either).
+            kwargs.update(use_ssl=True, verify_certs=True, ca=str(tls.ca), certfile=str(tls.cert), keyfile=str(tls.key))
         self._zk = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
@@ -176,8 +194,22 @@ class ZooKeeperStore(MetadataStore):
 
     @classmethod
     def from_url(cls, url: str, *, session_timeout: float = 10.0) -> ZooKeeperStore:
-        """`zk://[user:secret@]host:port[,host:port][/chroot]`."""
+        """`zk://[user:secret@]host:port[,host:port][/chroot][?tls_ca=PEM&tls_cert=PEM&tls_key=PEM]`."""
         parsed = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
+        unknown = sorted(set(query) - set(TLS_QUERY_KEYS))
+        if unknown:
+            raise errors.MetadataError(
+                f"bad ZooKeeper URL: unknown parameter(s) {', '.join(unknown)} (known: {', '.join(TLS_QUERY_KEYS)})"
+            )
+        tls = None
+        if query:
+            paths = [pathlib.Path(query[k][-1]) if k in query else None for k in TLS_QUERY_KEYS]
+            try:
+                check(paths, TLS_QUERY_KEYS, "ZooKeeper URL")
+            except errors.ConfigError as e:
+                raise errors.MetadataError(str(e)) from None
+            tls = TlsSection(*paths)
         netloc = parsed.netloc
         user = secret = None
         if "@" in netloc:
@@ -187,7 +219,7 @@ class ZooKeeperStore(MetadataStore):
         if not netloc:
             raise errors.MetadataError(f"bad ZooKeeper URL {url!r}: expected zk://host:port[/chroot]")
         chroot = parsed.path.rstrip("/")
-        return cls(netloc + chroot, session_timeout=session_timeout, user=user, secret=secret)
+        return cls(netloc + chroot, session_timeout=session_timeout, user=user, secret=secret, tls=tls)
 
     def start(self, timeout: float = 15.0) -> None:
         self._events = EventThread(f"waltz-zookeeper-events {self.hosts}")

@@ -12,6 +12,7 @@ import subprocess
 import time
 
 from waltz.local.cluster import free_port
+from waltz.tls import TlsSection
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 
@@ -20,16 +21,36 @@ def zookeeper_available() -> bool:
     return os.path.exists(ZOOKEEPER_JAR) and shutil.which("java") is not None
 
 
+NETTY_EXTRA_JARS = ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+
+
 class ZooKeeperServer:
     """A real standalone ZooKeeper 3.8 (Debian package `zookeeper`) on 127.0.0.1 and a free port.
 
     minSessionTimeout is lowered to 1 s so that tests can expire sessions quickly."""
 
-    def __init__(self, directory: pathlib.Path) -> None:
+    def __init__(self, directory: pathlib.Path, tls: TlsSection | None = None) -> None:
+        """With `tls` (PEM files: its CA, certificate and key), ZooKeeper also serves a
+        `secureClientPort` (`secure_port`) taking only mutual TLS with certificates of that CA."""
         self.directory = directory
         self.port = free_port()
+        self.secure_port = free_port() if tls is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
+        secure = ""
+        if tls is not None and tls.ca is not None and tls.cert is not None and tls.key is not None:
+            # ZooKeeper 3.8 reads PEM stores; its key store is the key followed by the certificate.
+            keystore = directory / "keystore.pem"
+            keystore.write_bytes(tls.key.read_bytes() + tls.cert.read_bytes())
+            keystore.chmod(0o600)
+            secure = (
+                f"secureClientPort={self.secure_port}\n"
+                "secureClientPortAddress=127.0.0.1\n"
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                f"ssl.keyStore.location={keystore}\nssl.keyStore.type=PEM\n"
+                f"ssl.trustStore.location={tls.ca}\nssl.trustStore.type=PEM\n"
+                "ssl.clientAuth=need\n"
+            )
         (directory / "zoo.cfg").write_text(
             "tickTime=500\n"
             f"dataDir={directory / 'data'}\n"
@@ -38,7 +59,7 @@ class ZooKeeperServer:
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok,srvr,stat\n"
             "minSessionTimeout=1000\n"
-            "maxSessionTimeout=60000\n"
+            "maxSessionTimeout=60000\n" + secure
         )
 
     @property
@@ -55,7 +76,8 @@ class ZooKeeperServer:
                 "java",
                 "-Xmx256m",
                 "-cp",
-                f"/etc/zookeeper/conf:{ZOOKEEPER_JAR}",
+                # The Netty codec jars are not in the package jar's class path; the secure port needs them.
+                ":".join(["/etc/zookeeper/conf", ZOOKEEPER_JAR, *NETTY_EXTRA_JARS]),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain",
                 str(self.directory / "zoo.cfg"),
             ],

@@ -23,11 +23,11 @@ import dataclasses
 import hmac
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from waltz import client_protocol as cp
-from waltz import errors, tls
+from waltz import errors, role_secrets, tls
 from waltz._native import ReqId, encode_frame
 from waltz.limits import Refusals
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
@@ -116,8 +116,11 @@ class ClientConnection:
         partitions: Partitions,
         limits: ConnectionLimits = ConnectionLimits(),
         refusals: Refusals | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
+        self.secrets = dict(secrets or {})
+        """The role secrets this port checks at Hello (`waltz.role_secrets`); empty: none asked."""
         self.peer = writer.get_extra_info("peername")
         self.limits = limits
         self.refusals = refusals if refusals is not None else Refusals(log, "client connection")
@@ -220,6 +223,12 @@ class ClientConnection:
             raise errors.ProtocolError(why)
         if not isinstance(msg, cp.Hello):
             raise errors.ProtocolError(f"the first frame must be a Hello this server speaks, not {msg}")
+        refused = role_secrets.check(self.secrets, (msg.role, msg.secret) if msg.role else None)
+        if refused is not None:
+            # Said to the peer (its own connection only is closed), counted and logged.
+            self.refusals.refuse("role_secret", f"{self.peer}: {refused}")
+            await self._send(cp.Failure(-1, -1, cp.FailureKind.CLIENT_REFUSED, refused).frame())
+            return False
         await self._send(cp.HelloOk(cp.VERSION).frame())
         return True
 
@@ -264,6 +273,8 @@ class ClientConnection:
                 await self._send(cp.HighWaterMarkResponse(msg.seq, msg.partition, p.high_water_mark).frame())
         elif isinstance(msg, cp.TransactionDataRequest):
             await self._spawn(self._data(msg), self._request_slots)
+        elif isinstance(msg, cp.TransactionDataRangeRequest):
+            await self._spawn(self._data_range(msg), self._request_slots)
         elif isinstance(msg, cp.FeedRequest):
             await self._spawn(self._feed_request(msg), self._request_slots)
         else:
@@ -546,3 +557,34 @@ class ClientConnection:
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
             return
         await self._send(cp.TransactionDataResponse(msg.seq, msg.partition, msg.transaction_id, data).frame())
+
+    async def _data_range(self, msg: cp.TransactionDataRangeRequest) -> None:
+        # Out-of-range arguments are answered, not a protocol error: the frame itself was sound,
+        # and the connection's other requests go on.
+        bad = (
+            f"first transaction id {msg.first} is negative"
+            if msg.first < 0
+            else f"max count {msg.max_count} is outside 1..{cp.MAX_DATA_RANGE_COUNT}"
+            if not 1 <= msg.max_count <= cp.MAX_DATA_RANGE_COUNT
+            else f"max bytes {msg.max_bytes} is outside 1..{cp.MAX_DATA_RANGE_BYTES}"
+            if not 1 <= msg.max_bytes <= cp.MAX_DATA_RANGE_BYTES
+            else ""
+        )
+        if bad:
+            await self._send(
+                cp.Failure(msg.seq, msg.partition, cp.FailureKind.BAD_REQUEST, f"transaction data range: {bad}").frame()
+            )
+            return
+        p = self.partitions.by_id.get(msg.partition)
+        if p is None:
+            await self._not_here(msg.seq, msg.partition)
+            return
+        try:
+            data = await p.transaction_data_range(msg.first, msg.max_count, msg.max_bytes)
+        except errors.InvalidArgumentError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.NOT_COMMITTED, str(e)).frame())
+            return
+        except errors.StoreSessionError as e:
+            await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+            return
+        await self._send(cp.TransactionDataRangeResponse(msg.seq, msg.partition, msg.first, tuple(data)).frame())

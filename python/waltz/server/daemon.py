@@ -17,10 +17,11 @@ import asyncio
 import logging
 import signal
 import ssl
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
-from waltz import errors, tls
+from waltz import errors, role_secrets, tls
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.manager import ServerMembership
@@ -76,8 +77,15 @@ class ClientPort:
     cannot lock a real client out, and a mounted client is never cut for it. When every
     connection has mounted, the new one is closed. Each refusal is counted and logged."""
 
-    def __init__(self, partitions: Partitions, limits: ConnectionLimits, max_connections: int) -> None:
+    def __init__(
+        self,
+        partitions: Partitions,
+        limits: ConnectionLimits,
+        max_connections: int,
+        secrets: Mapping[str, str] | None = None,
+    ) -> None:
         self.partitions, self.limits, self.max_connections = partitions, limits, max_connections
+        self.secrets = dict(secrets or {})
         self._open: dict[ClientConnection, None] = {}  # in the order they came; evicted ones leave at once
         self.refusals = Refusals(logging.getLogger("waltz.server.connection"), "client connection")
 
@@ -104,7 +112,7 @@ class ClientPort:
                 f"max_connections = {self.max_connections} client connections were open",
             )
             victim.writer.transport.abort()
-        conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals)
+        conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals, self.secrets)
         self._open[conn] = None
         try:
             await conn.run()
@@ -123,9 +131,12 @@ class PartitionHost:
         partitions: Partitions,
         tuning: PartitionSection,
         storage_ssl: ssl.SSLContext | None = None,
+        credential: role_secrets.Credential | None = None,
     ) -> None:
         self.loop, self.metadata, self.partitions, self.tuning = loop, metadata, partitions, tuning
         self.storage_ssl = storage_ssl
+        self.credential = credential
+        """The server role's secret given to the storage nodes at Hello (`[role_secrets] server`)."""
         self.desired: dict[int, int] = {}
         self._runners: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -169,7 +180,12 @@ class PartitionHost:
             while self._wanted(pid, gen):
                 try:
                     session = await StoreSession.open(
-                        self.metadata, pid, gen, timeout=self.tuning.storage_timeout, ssl=self.storage_ssl
+                        self.metadata,
+                        pid,
+                        gen,
+                        timeout=self.tuning.storage_timeout,
+                        ssl=self.storage_ssl,
+                        credential=self.credential,
                     )
                 except errors.StaleGenerationError as e:
                     log.info("partition %d: %s", pid, e)
@@ -199,7 +215,12 @@ class PartitionHost:
                     max_transaction_bytes=t.max_transaction_bytes,
                     max_transaction_locks=t.max_transaction_locks,
                     open_session=lambda: StoreSession.open(
-                        self.metadata, pid, gen, timeout=t.storage_timeout, ssl=self.storage_ssl
+                        self.metadata,
+                        pid,
+                        gen,
+                        timeout=t.storage_timeout,
+                        ssl=self.storage_ssl,
+                        credential=self.credential,
                     ),
                 )
                 await part.start()
@@ -265,13 +286,25 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             max_frame_before_mount=s.max_frame_before_mount,
             max_transaction_locks=config.partition.max_transaction_locks,
         )
-        on_client = ClientPort(partitions, limits, fit_connection_limit(s.max_connections))
+        on_client = ClientPort(
+            partitions,
+            limits,
+            fit_connection_limit(s.max_connections),
+            config.role_secrets.admitted(*tls.CLIENT_PORT_ROLES),
+        )
         server = await tls.start_server(
             on_client, s.host, s.port, server_ssl, what="client", roles=tls.CLIENT_PORT_ROLES
         )
         port = server.sockets[0].getsockname()[1]
         storage_ssl = config.tls.client_context() if config.tls.enabled else None
-        host = PartitionHost(asyncio.get_running_loop(), metadata, partitions, config.partition, storage_ssl)
+        host = PartitionHost(
+            asyncio.get_running_loop(),
+            metadata,
+            partitions,
+            config.partition,
+            storage_ssl,
+            config.role_secrets.credential("server"),
+        )
         public_host, public_port = s.host, port
         if s.advertised_address:
             public_host, _, advertised_port = s.advertised_address.rpartition(":")

@@ -21,6 +21,7 @@ REFUSAL_REASONS = (
     "mount_timeout",
     "frame_too_large",
     "too_many_locks",
+    "role_secret",
 )
 
 

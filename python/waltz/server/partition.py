@@ -644,3 +644,22 @@ class ServerPartition:
         if data is not None:
             return data
         return await self.session.read_data(txid)
+
+    async def transaction_data_range(self, first: int, max_count: int, max_bytes: int) -> list[bytes]:
+        """The data of committed transactions `first`, `first + 1`, ...: at most `max_count`, and
+        no more than `max_bytes` in all, except that the first is always there."""
+        if not 0 <= first <= self.high_water_mark:
+            raise errors.InvalidArgumentError(f"partition {self.partition_id} has no committed transaction {first}")
+        last = min(first + max_count - 1, self.high_water_mark)
+        out: list[bytes] = []
+        size, txid = 0, first
+        while txid <= last:
+            cached = self._data.get(txid)
+            got = [cached] if cached is not None else await self.session.read_data_range(txid, last - txid + 1)
+            for data in got:
+                if out and size + len(data) > max_bytes:
+                    return out
+                out.append(data)
+                size += len(data)
+            txid += len(got)
+        return out

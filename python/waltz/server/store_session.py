@@ -40,6 +40,7 @@ from waltz import errors
 from waltz._native import RecordBatch
 from waltz.cluster.metadata import UNRESOLVED, PartitionMetadata, ReplicaState
 from waltz.event_loop import tell_listener
+from waltz.role_secrets import Credential
 from waltz.server import recovery
 from waltz.storage.client import StorageClient
 
@@ -157,11 +158,19 @@ def _upto(records: list[Any], last: int) -> list[Any]:
     return records[: max(0, last - records[0].txid + 1)]
 
 
-def _network_connect(info: Any, timeout: float, ssl: _ssl.SSLContext | None) -> Connect:
+def _network_connect(
+    info: Any, timeout: float, ssl: _ssl.SSLContext | None, credential: Credential | None = None
+) -> Connect:
     async def connect(address: str) -> StorageClient:
         host, port = address.rsplit(":", 1)
         return await StorageClient.connect(
-            host, int(port), cluster_key=info.cluster_key, partition_count=info.partitions, timeout=timeout, ssl=ssl
+            host,
+            int(port),
+            cluster_key=info.cluster_key,
+            partition_count=info.partitions,
+            timeout=timeout,
+            ssl=ssl,
+            credential=credential,
         )
 
     return connect
@@ -223,10 +232,12 @@ class StoreSession:
         offload: Offload = asyncio.to_thread,
         pack: Pack = RecordBatch,
         ssl: _ssl.SSLContext | None = None,
+        credential: Credential | None = None,
     ) -> StoreSession:
         """Opens the next session of `partition` and recovers it; waits up to `recovery_timeout`
         (default: three times `timeout`) for the vote to become decidable. Storage nodes are
-        reached through mutual TLS with `ssl` (unless `connect` says otherwise)."""
+        reached through mutual TLS with `ssl`, giving the server role's `credential` at Hello
+        (unless `connect` says otherwise)."""
         info = await offload(metadata.info)
         assigned = [n.address for n in await offload(metadata.replicas_of, partition)]
         if not assigned:
@@ -241,7 +252,7 @@ class StoreSession:
             replicas,
             max_lag=max_lag,
             metadata=metadata,
-            connect=connect or _network_connect(info, timeout, ssl),
+            connect=connect or _network_connect(info, timeout, ssl, credential),
             offload=offload,
             pack=pack,
         )
@@ -293,6 +304,11 @@ class StoreSession:
             r.prepared, _ = await self._prepare(r, meta)
         except errors.StaleSessionError:
             raise
+        except errors.RefusedError as e:
+            # Refused by the node's own rules (a role secret, a session far above its fence):
+            # waiting does not heal it, so it is said at once rather than after the recovery timeout.
+            log.warning("partition %d session %d: %s refused us: %s", self.partition, self.session_id, r.address, e)
+            self._drop(r, str(e))
         except errors.WaltzError as e:
             self._drop(r, str(e))
 
@@ -877,6 +893,31 @@ class StoreSession:
         self._raise_if_deleted(txid, deleted, len(problems))
         raise errors.StoreSessionError(
             f"partition {self.partition}: no replica served transaction {txid} ({'; '.join(problems)})"
+        )
+
+    async def read_data_range(self, start: int, count: int) -> list[bytes]:
+        """The data of committed transactions from `start` on, in id order: at least one, at most
+        `count` (fewer where a replica's answer ends, bounded by its list size)."""
+        end = min(start + count - 1, self.high_water_mark)
+        if end < start:
+            raise errors.InvalidArgumentError(f"partition {self.partition}: transaction {start} is not committed")
+        problems = []
+        for r in self._readers():
+            try:
+                records = await r.client.records(self.partition, self.session_id, start, end - start + 1)
+            except errors.WaltzError as e:
+                problems.append(f"{r.address}: {e}")
+                continue
+            data = []
+            for i, record in enumerate(records):
+                if record.txid != start + i or record.txid > end:
+                    break
+                data.append(bytes(record.data))
+            if data:
+                return data
+            problems.append(f"{r.address}: nothing at {start}")
+        raise errors.StoreSessionError(
+            f"partition {self.partition}: no replica served transactions {start}..{end} ({'; '.join(problems)})"
         )
 
     async def quiesce(self) -> None:

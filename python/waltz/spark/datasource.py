@@ -1,17 +1,25 @@
 """`WaltzDataSource`, the `waltz` format: batch and streaming reads (`waltz.spark.source`) and
-the append-only sink (`waltz.spark.sink`); options in docs/spark.md."""
+the append-only sinks (`waltz.spark.sink`; `waltz.spark.stream_sink`, exactly once); options in
+docs/spark.md."""
 
 from __future__ import annotations
 
 import sys
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from waltz.spark.options import OptionError, Options
 from waltz.spark.schema import SCHEMA
 from waltz.spark.sink import WaltzWriter
 from waltz.spark.source import WaltzFilteringReader, WaltzReader, WaltzStreamReader
+from waltz.spark.stream_sink import WaltzStreamWriter
 
 
 class WaltzDataSource(DataSource):
@@ -36,6 +44,11 @@ class WaltzDataSource(DataSource):
         if overwrite:
             raise OptionError("a waltz log is append-only: use mode('append')")
         return WaltzWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise OptionError("a waltz log is append-only: use outputMode('append')")
+        return WaltzStreamWriter(self.options, schema)
 
 
 _PUSHDOWN_WORKER = "pyspark.sql.worker.data_source_pushdown_filters"

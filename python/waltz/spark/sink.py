@@ -7,7 +7,8 @@ aborted, leaves the rows it already committed in the log (a log is never rolled 
 Spark's retry of the task appends them again. That includes a bad row (null data, a partition
 out of range): each attempt appends the rows of the Arrow batches before its own (a batch is
 checked whole before any of its rows goes out), then fails. Readers that need exactly
-once put an id in the data and drop duplicates downstream.
+once put an id in the data and drop duplicates downstream, or write with the streaming sink
+(`waltz.spark.stream_sink`), which is exactly once.
 """
 
 from __future__ import annotations

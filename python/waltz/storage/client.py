@@ -15,7 +15,7 @@ import ssl as _ssl
 import struct
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from waltz import errors, tls
 from waltz._native import (
@@ -31,6 +31,7 @@ from waltz._native import (
     encode_set_retention,
 )
 from waltz.event_loop import tell_listener
+from waltz.role_secrets import Credential
 
 _FAILURES: dict[str, type[errors.StorageError]] = {
     "cluster_key_mismatch": errors.ClusterKeyMismatch,
@@ -159,10 +160,12 @@ class _Connection:
         partition_count: int,
         timeout: float = 10.0,
         ssl: _ssl.SSLContext | None = None,
+        credential: Credential | None = None,
     ) -> C:
         """Connects (through mutual TLS with `ssl`, a `TlsSection.client_context()`), agrees on a
-        protocol version and sends Open (cluster key, partition count). A failed TLS handshake
-        raises `TlsError`."""
+        protocol version, giving `credential` (role, secret: `waltz.role_secrets`) in the Hello, and
+        sends Open (cluster key, partition count). A failed TLS handshake raises `TlsError`; a
+        node that refuses the credential, `RefusedError`."""
         address = f"{host}:{port}"
         try:
             reader, writer = await tls.open_connection(
@@ -174,7 +177,7 @@ class _Connection:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
         client = cls(reader, writer, address, timeout, tls=ssl is not None)
         try:
-            writer.write(cls._hello())
+            writer.write(cls._hello(credential))
             await client._read_hello()
             client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
             await client._call(lambda seq: cls._open_frame(seq, str(cluster_key), partition_count))
@@ -184,7 +187,7 @@ class _Connection:
         return client
 
     @staticmethod
-    def _hello() -> bytes:
+    def _hello(credential: Credential | None) -> bytes:
         raise NotImplementedError
 
     @staticmethod
@@ -195,6 +198,9 @@ class _Connection:
         while True:
             resp = self._decoder.next_response()
             if resp is not None:
+                if resp[0] == "failure":
+                    kind, message = cast("tuple[str, str]", resp[4])
+                    raise _failure(self.address, kind, f"refused our Hello: {message}")
                 if resp[0] != "hello_ok":
                     raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
                 return
@@ -359,8 +365,9 @@ class StorageClient(_Connection):
     """One connection to one storage node (storage protocol). Use `await StorageClient.connect()`."""
 
     @staticmethod
-    def _hello() -> bytes:
-        return encode_request(RequestKind.HELLO, min_version=1, max_version=1)
+    def _hello(credential: Credential | None) -> bytes:
+        role, secret = credential or (None, None)
+        return encode_request(RequestKind.HELLO, min_version=1, max_version=1, role=role, secret=secret)
 
     @staticmethod
     def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
@@ -518,8 +525,9 @@ class StorageAdminClient(_Connection):
     ADMIN = True
 
     @staticmethod
-    def _hello() -> bytes:
-        return encode_admin_request(AdminRequestKind.HELLO)
+    def _hello(credential: Credential | None) -> bytes:
+        role, secret = credential or (None, None)
+        return encode_admin_request(AdminRequestKind.HELLO, role=role, secret=secret)
 
     @staticmethod
     def _open_frame(seq: int, cluster_key: str, partition_count: int) -> bytes:
@@ -567,6 +575,24 @@ class StorageAdminClient(_Connection):
         low-water mark."""
         await self._call(
             lambda seq: encode_admin_request(AdminRequestKind.RESET_FENCE, seq, partition, session_id=session_id)
+        )
+
+    async def truncate(self, partition: int, txid: int, *, force: bool = False) -> None:
+        """Truncates the partition after `txid`, only while it is marked unwritable. Below the
+        replica's low-water mark (committed records) the node refuses (`RefusedError`) unless
+        `force`, which only a connection that proved the admin role may use."""
+        await self._call(
+            lambda seq: encode_admin_request(AdminRequestKind.TRUNCATE, seq, partition, txid=txid, force=force)
+        )
+
+    async def raise_fence(self, partition: int, session_id: int, *, force: bool = False) -> None:
+        """Raises the partition's fence to `session_id` (nothing when already there). More than
+        2^32 above the fence the node refuses (`RefusedError`) unless `force`, which only a
+        connection that proved the admin role may use."""
+        await self._call(
+            lambda seq: encode_admin_request(
+                AdminRequestKind.RAISE_FENCE, seq, partition, session_id=session_id, force=force
+            )
         )
 
     async def set_partition_info(self, partition: int, session_id: int, low_water_mark: int) -> None:

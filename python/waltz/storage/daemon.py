@@ -20,6 +20,10 @@ NO_TLS_WARNING = (
     "TLS is not configured: every link of this node is plaintext and unauthenticated: anyone who reaches "
     "its ports can read and write the log ([tls] in docs/configuration.md)"
 )
+SECRETS_WITHOUT_TLS_WARNING = (
+    "TLS is not configured: every link of this node is plaintext; peers prove their role with [role_secrets], "
+    "which cross the network in clear, as does every record ([tls] in docs/configuration.md)"
+)
 
 
 def open_storage(config: StorageNodeConfig) -> Storage:
@@ -114,6 +118,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             tls_ca=tls.ca,
             tls_cert=tls.cert,
             tls_key=tls.key,
+            role_secrets=config.role_secrets.admitted("server", "admin"),
         )
         http = serve_http(storage, node, n.host, n.http_port)
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -131,7 +136,9 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             f"; storage and admin ports take only mutual TLS (CA {tls.ca}), HTTP is plaintext" if tls.enabled else "",
         )
         if not tls.enabled:
-            log.warning(NO_TLS_WARNING)
+            log.warning(
+                SECRETS_WITHOUT_TLS_WARNING if config.role_secrets.admitted("server", "admin") else NO_TLS_WARNING
+            )
         if ready is not None:
             ready.set()
         notify(f"READY=1\nSTATUS=serving {storage.path} on {host}:{port}")

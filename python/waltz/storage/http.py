@@ -69,6 +69,10 @@ class NodeCollector(Collector):
             ("tls_handshake_failures", "TLS handshakes refused on the storage and admin ports"),
             ("tls_role_refusals", "TLS peers refused on the storage and admin ports: no server or admin role"),
             ("refused_connections", "Connections closed on accept: [node] max_connections were open on their port"),
+            (
+                "secret_refusals",
+                "Peers refused at Hello: no role secret, a wrong one, or a role the port does not admit",
+            ),
         ):
             value = s.get(name, 0)
             yield CounterMetricFamily(f"waltz_storage_{name}", help_text, value=value if isinstance(value, int) else 0)

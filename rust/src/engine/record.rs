@@ -87,9 +87,10 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
 }
 
-/// Appends the on-disk encoding of `rec` with id `txid` to `out`.
-pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
-    let start = out.len();
+/// What surrounds a record's data on disk: its prefix and its trailing CRC (of everything before
+/// it). With the data's CRC known (it travels in the storage protocol and in a RecordBatch) the
+/// data is not read at all, so a writer can send it from where it lies.
+pub fn record_frame(txid: i64, rec: &NewRecord<'_>) -> ([u8; RECORD_PREFIX], [u8; 4]) {
     let data_crc = rec.data_crc.unwrap_or_else(|| crc32(rec.data));
     let mut prefix = [0u8; RECORD_PREFIX];
     prefix[0..8].copy_from_slice(&txid.to_be_bytes());
@@ -97,14 +98,16 @@ pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
     prefix[24..28].copy_from_slice(&rec.header.to_be_bytes());
     prefix[28..32].copy_from_slice(&(rec.data.len() as i32).to_be_bytes());
     prefix[32..36].copy_from_slice(&data_crc.to_be_bytes());
+    let crc = crate::engine::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64);
+    (prefix, crc.to_be_bytes())
+}
+
+/// Appends the on-disk encoding of `rec` with id `txid` to `out`.
+pub fn encode_record(out: &mut Vec<u8>, txid: i64, rec: &NewRecord<'_>) {
+    let (prefix, crc) = record_frame(txid, rec);
     out.extend_from_slice(&prefix);
     out.extend_from_slice(rec.data);
-    // With the data's CRC known (it travels in the storage protocol) the data is not hashed again.
-    let crc = match rec.data_crc {
-        Some(data_crc) => crate::engine::crc::extend(crc32(&prefix), data_crc, rec.data.len() as u64),
-        None => crc32(&out[start..]),
-    };
-    out.extend_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(&crc);
 }
 
 /// Why the bytes at some offset are not a valid record.

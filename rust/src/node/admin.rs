@@ -1,12 +1,14 @@
 //! The admin port: operators' requests (assign, availability, status, maintenance copies),
 //! one at a time, answered in order.
 use super::connection::{
-    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, Shared, Wait,
+    bad_frame, check_credential, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole,
+    Shared, Slot, Wait,
 };
 use super::protocol::{
     split_frame, AdminRequest, AdminResponse, FailureKind, FrameBuf, MsgHeader, PartitionStatus, WireRecord,
     MAGIC_ADMIN, VERSION,
 };
+use super::server::{session_jump_refusal, truncation_refusal};
 use crate::engine::partition::lock;
 use crate::engine::record::NewRecord;
 use std::net::SocketAddr;
@@ -18,7 +20,10 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     peer: SocketAddr,
     shared: Arc<Shared>,
+    unopened: Slot,
+    mut peer_role: PeerRole,
 ) {
+    let mut unopened = Some(unopened);
     let mut buf = FrameBuf::default();
     let (mut greeted, mut opened) = (false, false);
     let (greet_by, open_by) = greet_and_open_deadlines(&shared);
@@ -46,12 +51,21 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(r) => r,
                 Err(e) => break 'conn format!("bad admin frame: {e}"),
             };
+            let mut refused = None;
             let resp = match (greeted, req) {
-                (false, AdminRequest::Hello { min_version, max_version })
+                (false, AdminRequest::Hello { min_version, max_version, credential })
                     if min_version <= VERSION && VERSION <= max_version =>
                 {
-                    greeted = true;
-                    AdminResponse::HelloOk { version: VERSION }
+                    match check_credential(&shared, "admin", peer, credential.as_ref(), &mut peer_role) {
+                        Ok(()) => {
+                            greeted = true;
+                            AdminResponse::HelloOk { version: VERSION }
+                        }
+                        Err(why) => {
+                            refused = Some(format!("refused at Hello: {why}"));
+                            admin_fail(MsgHeader::default(), FailureKind::Refused, why)
+                        }
+                    }
                 }
                 (false, _) => break 'conn "the first admin frame must be a Hello this node speaks".into(),
                 (true, AdminRequest::Hello { .. }) => break 'conn "Hello sent twice".into(),
@@ -76,14 +90,21 @@ pub(super) async fn serve_admin<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 (true, req) => {
                     let sh = shared.clone();
-                    match tokio::task::spawn_blocking(move || admin(&sh, req)).await {
+                    let by = Requester { peer, admin: peer_role.is_admin() };
+                    match tokio::task::spawn_blocking(move || admin(&sh, req, by)).await {
                         Ok(r) => r,
                         Err(e) => admin_fail(MsgHeader::default(), FailureKind::Internal, e.to_string()),
                     }
                 }
             };
+            if opened {
+                unopened.take(); // its place among the unopened goes back once, at its first Open
+            }
             resp.encode(&mut out);
             if let Err(why) = send(&mut stream, &mut out, &shared, wait(greeted, opened)).await {
+                break 'conn why;
+            }
+            if let Some(why) = refused {
                 break 'conn why;
             }
         }
@@ -100,7 +121,14 @@ fn admin_fail(h: MsgHeader, kind: FailureKind, message: String) -> AdminResponse
     AdminResponse::Failure { h, kind, message }
 }
 
-fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
+/// Who sent an admin request: its address and whether it proved the admin role (which a forced
+/// request needs).
+struct Requester {
+    peer: SocketAddr,
+    admin: bool,
+}
+
+fn admin(shared: &Shared, req: AdminRequest, by: Requester) -> AdminResponse {
     let s = &shared.storage;
     let h = req.header().unwrap_or_default();
     let pid = h.partition_id;
@@ -135,6 +163,8 @@ fn admin(shared: &Shared, req: AdminRequest) -> AdminResponse {
                 Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
             }
         }
+        AdminRequest::Truncate { txid, force, .. } => truncate(shared, h, txid, force, &by),
+        AdminRequest::RaiseFence { session_id, force, .. } => raise_fence(shared, h, session_id, force, &by),
         AdminRequest::Hello { .. } | AdminRequest::Open { .. } => unreachable!("handled by serve_admin"),
     }
 }
@@ -162,6 +192,74 @@ fn reset_fence(shared: &Shared, h: MsgHeader, session: i64) -> AdminResponse {
         log::warn!("partition {pid}: fence lowered from session {was} to {session} by an admin");
     });
     done(h, r)
+}
+
+/// A refusal the admin may override with `force`: None lets the request go on (logged loudly
+/// when forced), else the answer. Only a peer that proved the admin role may force: a server's
+/// certificate may not, and in plaintext mode only the admin secret proves it.
+fn unless_forced(h: MsgHeader, what: &str, why: Option<String>, force: bool, by: &Requester) -> Option<AdminResponse> {
+    let why = why?;
+    if !force {
+        log::warn!("refused admin {what} from {}: {why}", by.peer);
+        return Some(admin_fail(h, FailureKind::Refused, format!("{why}; an admin may force it (--force)")));
+    }
+    if !by.admin {
+        log::warn!("refused forced admin {what} from {}: it has not proved the admin role ({why})", by.peer);
+        let msg = format!(
+            "{why}; forcing it needs the admin role (an admin certificate with TLS, the admin secret without), \
+             which this connection has not proved"
+        );
+        return Some(admin_fail(h, FailureKind::Refused, msg));
+    }
+    log::error!("FORCED by an admin from {}: {what} although {why}", by.peer);
+    None
+}
+
+/// Truncates a partition under maintenance after `txid`; below its low-water mark only forced.
+fn truncate(shared: &Shared, h: MsgHeader, txid: i64, force: bool, by: &Requester) -> AdminResponse {
+    let (s, pid) = (&shared.storage, h.partition_id);
+    if let Some(refused) = unless_in_maintenance(shared, h) {
+        return refused;
+    }
+    let part = match s.partition(pid) {
+        Ok(p) => p,
+        Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
+    };
+    let gate = s.fence_gate(pid);
+    let _shared = gate.read().unwrap_or_else(|e| e.into_inner());
+    let why = match truncation_refusal(shared, pid, &part, txid) {
+        Ok(why) => why,
+        Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
+    };
+    if let Some(refused) = unless_forced(h, &format!("Truncate of partition {pid} to {txid}"), why, force, by) {
+        return refused;
+    }
+    done(h, part.truncate(txid).map(|_| ()))
+}
+
+/// Raises a partition's fence to `session` (a no-op at or below it); more than
+/// `MAX_SESSION_JUMP` above it only forced.
+fn raise_fence(shared: &Shared, h: MsgHeader, session: i64, force: bool, by: &Requester) -> AdminResponse {
+    let (s, pid) = (&shared.storage, h.partition_id);
+    let why = match session_jump_refusal(shared, pid, session) {
+        Ok(why) => why,
+        Err(e) => return admin_fail(h, failure_kind(&e), e.to_string()),
+    };
+    if let Some(refused) = unless_forced(h, &format!("fence raise of partition {pid}"), why, force, by) {
+        return refused;
+    }
+    match s.raise_fence(pid, session) {
+        Ok(Ok(())) => {
+            let mut fences = lock(&shared.fences);
+            let newest = fences.entry(pid).or_insert(session);
+            *newest = (*newest).max(session);
+            log::warn!("partition {pid}: fence raised to session {session} by an admin from {}", by.peer);
+            AdminResponse::Success { h }
+        }
+        // Already at or above it: nothing to raise.
+        Ok(Err(_)) => AdminResponse::Success { h },
+        Err(e) => admin_fail(h, failure_kind(&e), e.to_string()),
+    }
 }
 
 /// Marks the partition (un)readable and (un)writable for servers on this node.

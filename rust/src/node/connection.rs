@@ -30,6 +30,8 @@ pub struct NodeOptions {
     pub max_connections: usize,
     /// How often the retention thread applies the standing orders (`node::retention`).
     pub retention_interval: Duration,
+    /// Per-role shared secrets a peer must give in its Hello (empty: none asked).
+    pub role_secrets: crate::node::secrets::RoleSecrets,
 }
 
 impl Default for NodeOptions {
@@ -43,6 +45,7 @@ impl Default for NodeOptions {
             tls: None,
             max_connections: 4096,
             retention_interval: Duration::from_secs(1),
+            role_secrets: Default::default(),
         }
     }
 }
@@ -59,6 +62,8 @@ pub struct NodeStats {
     pub tls_handshake_failures: AtomicU64,
     /// TLS peers refused after the handshake: their certificate has no role the port admits.
     pub tls_role_refusals: AtomicU64,
+    /// Peers refused at Hello: no role secret, a wrong one, or one of a role the port does not admit.
+    pub secret_refusals: AtomicU64,
     /// Connections closed on accept because `max_connections` were open on their port.
     pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
@@ -80,12 +85,59 @@ pub(super) struct Shared {
     /// Connections open on the storage and on the admin port, against `max_connections`.
     pub(super) storage_open: Arc<AtomicUsize>,
     pub(super) admin_open: Arc<AtomicUsize>,
-    /// Storage connections not opened yet (TLS handshake, Hello, Open), against their own cap.
+    /// Connections not opened yet (TLS handshake, Hello, Open) on each port, against their own cap.
     pub(super) storage_unopened: Arc<AtomicUsize>,
+    pub(super) admin_unopened: Arc<AtomicUsize>,
     /// Connections refused since the last warning about them, and when that was.
     pub(super) refused: Mutex<(u64, Option<Instant>)>,
     /// The store sessions' retention orders and the deletion thread's stop signal.
     pub(super) retention: crate::node::retention::Retention,
+}
+
+/// A connection's place among its port's `max_connections` (or its unopened
+/// connections), given back when it ends, however.
+pub(super) struct Slot(pub(super) Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a peer proved about its role: the roles its TLS certificate carries (none in plaintext
+/// mode), and the role whose secret it gave in its Hello.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PeerRole {
+    pub(super) roles: Vec<String>,
+}
+
+/// Checks a Hello's credential against the node's role secrets (`crate::node::secrets`); on a
+/// refusal, counts and warns, and gives the message for the peer. The proven role is added to
+/// `role`.
+pub(super) fn check_credential(
+    shared: &Shared,
+    port: &str,
+    peer: std::net::SocketAddr,
+    credential: Option<&crate::node::protocol::Credential>,
+    role: &mut PeerRole,
+) -> Result<(), String> {
+    match shared.opts.role_secrets.check(credential, crate::node::tls::NODE_PORT_ROLES) {
+        Ok(proven) => {
+            role.roles.extend(proven);
+            Ok(())
+        }
+        Err(why) => {
+            shared.stats.secret_refusals.fetch_add(1, Ordering::Relaxed);
+            log::warn!("{port} connection from {peer} refused at Hello: {why}");
+            Err(why)
+        }
+    }
+}
+
+impl PeerRole {
+    pub(super) fn is_admin(&self) -> bool {
+        self.roles.iter().any(|r| r == "admin")
+    }
 }
 
 pub(super) fn failure_kind(e: &Error) -> FailureKind {

@@ -4,5 +4,6 @@ pub mod admin;
 pub mod connection;
 pub mod protocol;
 pub mod retention;
+pub mod secrets;
 pub mod server;
 pub mod tls;

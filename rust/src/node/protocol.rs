@@ -225,6 +225,9 @@ impl<'a> Reader<'a> {
     pub fn req_id(&mut self) -> Result<ReqId, FrameError> {
         Ok(ReqId::decode(self.take(16, "req id")?))
     }
+    pub fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
+    }
     pub fn finish(&self) -> Result<(), FrameError> {
         if self.pos != self.buf.len() {
             return Err(FrameError::Malformed(format!("{} trailing bytes", self.buf.len() - self.pos)));
@@ -352,12 +355,46 @@ pub mod msg {
     pub const RETENTION_RESPONSE: u8 = 0x9A;
 }
 
+/// A role and its shared secret, sent at the end of a Hello by a peer configured with one (the
+/// plaintext minimum: docs/operations.md, "Security model"). Debug never shows the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub role: String,
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credential {{ role: {:?}, secret: <{} bytes> }}", self.role, self.secret.len())
+    }
+}
+
+impl Credential {
+    fn put(cred: &Option<Credential>, o: &mut Vec<u8>) {
+        if let Some(c) = cred {
+            put_bytes(o, c.role.as_bytes());
+            put_bytes(o, &c.secret);
+        }
+    }
+
+    /// The credential after a Hello's versions: none when the payload ends there (a peer
+    /// without a secret, or one older than credentials).
+    fn read(r: &mut Reader<'_>) -> Result<Option<Credential>, FrameError> {
+        if r.at_end() {
+            return Ok(None);
+        }
+        Ok(Some(Credential { role: r.string("role")?, secret: r.bytes("secret")?.to_vec() }))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// First frame of a connection: the versions the client speaks (inclusive range).
+    /// First frame of a connection: the versions the client speaks (inclusive range), then its
+    /// role's secret when it has one.
     Hello {
         min_version: u8,
         max_version: u8,
+        credential: Option<Credential>,
     },
     Open {
         h: MsgHeader,
@@ -544,9 +581,13 @@ impl Request {
     pub fn encode(&self, out: &mut Vec<u8>) {
         use Request::*;
         let (t, body): (u8, Box<dyn FnOnce(&mut Vec<u8>) + '_>) = match self {
-            Hello { min_version, max_version } => {
-                (msg::HELLO, Box::new(move |o| o.extend_from_slice(&[*min_version, *max_version])))
-            }
+            Hello { min_version, max_version, credential } => (
+                msg::HELLO,
+                Box::new(move |o| {
+                    o.extend_from_slice(&[*min_version, *max_version]);
+                    Credential::put(credential, o);
+                }),
+            ),
             Open { h, cluster_key, partition_count } => (
                 msg::OPEN,
                 Box::new(move |o| {
@@ -631,7 +672,11 @@ impl Request {
     pub fn decode(f: &Frame<'_>) -> Result<Request, FrameError> {
         let mut r = Reader::new(f.payload);
         let req = match f.msg_type {
-            msg::HELLO => Request::Hello { min_version: r.u8("min version")?, max_version: r.u8("max version")? },
+            msg::HELLO => Request::Hello {
+                min_version: r.u8("min version")?,
+                max_version: r.u8("max version")?,
+                credential: Credential::read(&mut r)?,
+            },
             msg::OPEN => Request::Open {
                 h: MsgHeader::read(&mut r)?,
                 cluster_key: r.uuid("cluster key")?,
@@ -791,7 +836,9 @@ pub mod admin_msg {
     pub const APPEND: u8 = 0x26;
     pub const SET_PARTITION_INFO: u8 = 0x27;
     pub const RESET_FENCE: u8 = 0x28;
-    pub const RESTART_LOG: u8 = 0x29;
+    pub const TRUNCATE: u8 = 0x29;
+    pub const RAISE_FENCE: u8 = 0x2A;
+    pub const RESTART_LOG: u8 = 0x2B;
     pub const STATUS_RESPONSE: u8 = 0xA4;
     pub const RECORD_LIST_RESPONSE: u8 = 0xA5;
 }
@@ -803,6 +850,7 @@ pub enum AdminRequest {
     Hello {
         min_version: u8,
         max_version: u8,
+        credential: Option<Credential>,
     },
     Open {
         h: MsgHeader,
@@ -854,6 +902,20 @@ pub enum AdminRequest {
         h: MsgHeader,
         first_txid: i64,
     },
+    /// Truncates the partition after `txid`; only while unwritable. Below the replica's
+    /// low-water mark only with `force`, from a peer that proved the admin role.
+    Truncate {
+        h: MsgHeader,
+        txid: i64,
+        force: bool,
+    },
+    /// Raises the partition's fence to `session_id`; more than `MAX_SESSION_JUMP` above it only
+    /// with `force`, from a peer that proved the admin role.
+    RaiseFence {
+        h: MsgHeader,
+        session_id: i64,
+        force: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -903,14 +965,19 @@ impl AdminRequest {
             | AdminRequest::Append { h, .. }
             | AdminRequest::SetPartitionInfo { h, .. }
             | AdminRequest::ResetFence { h, .. }
-            | AdminRequest::RestartLog { h, .. } => Some(*h),
+            | AdminRequest::RestartLog { h, .. }
+            | AdminRequest::Truncate { h, .. }
+            | AdminRequest::RaiseFence { h, .. } => Some(*h),
         }
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            AdminRequest::Hello { min_version, max_version } => {
-                encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| o.extend_from_slice(&[*min_version, *max_version]))
+            AdminRequest::Hello { min_version, max_version, credential } => {
+                encode_frame(out, MAGIC_ADMIN, msg::HELLO, |o| {
+                    o.extend_from_slice(&[*min_version, *max_version]);
+                    Credential::put(credential, o);
+                })
             }
             AdminRequest::Open { h, cluster_key, partition_count } => {
                 encode_frame(out, MAGIC_ADMIN, admin_msg::OPEN, |o| {
@@ -958,13 +1025,29 @@ impl AdminRequest {
                 h.put(o);
                 o.extend_from_slice(&first_txid.to_be_bytes());
             }),
+            AdminRequest::Truncate { h, txid, force } => encode_frame(out, MAGIC_ADMIN, admin_msg::TRUNCATE, |o| {
+                h.put(o);
+                o.extend_from_slice(&txid.to_be_bytes());
+                o.push(*force as u8);
+            }),
+            AdminRequest::RaiseFence { h, session_id, force } => {
+                encode_frame(out, MAGIC_ADMIN, admin_msg::RAISE_FENCE, |o| {
+                    h.put(o);
+                    o.extend_from_slice(&session_id.to_be_bytes());
+                    o.push(*force as u8);
+                })
+            }
         }
     }
 
     pub fn decode(f: &Frame<'_>) -> Result<AdminRequest, FrameError> {
         let mut r = Reader::new(f.payload);
         let req = match f.msg_type {
-            msg::HELLO => AdminRequest::Hello { min_version: r.u8("min version")?, max_version: r.u8("max version")? },
+            msg::HELLO => AdminRequest::Hello {
+                min_version: r.u8("min version")?,
+                max_version: r.u8("max version")?,
+                credential: Credential::read(&mut r)?,
+            },
             admin_msg::OPEN => AdminRequest::Open {
                 h: MsgHeader::read(&mut r)?,
                 cluster_key: r.uuid("cluster key")?,
@@ -997,6 +1080,16 @@ impl AdminRequest {
             admin_msg::RESTART_LOG => {
                 AdminRequest::RestartLog { h: MsgHeader::read(&mut r)?, first_txid: r.i64("first transaction id")? }
             }
+            admin_msg::TRUNCATE => AdminRequest::Truncate {
+                h: MsgHeader::read(&mut r)?,
+                txid: r.i64("transaction id")?,
+                force: r.bool("force")?,
+            },
+            admin_msg::RAISE_FENCE => AdminRequest::RaiseFence {
+                h: MsgHeader::read(&mut r)?,
+                session_id: r.i64("session id")?,
+                force: r.bool("force")?,
+            },
             t => return Err(FrameError::UnknownType(t)),
         };
         r.finish()?;
@@ -1120,7 +1213,12 @@ mod tests {
 
     pub(crate) fn all_requests() -> Vec<Request> {
         vec![
-            Request::Hello { min_version: 1, max_version: 3 },
+            Request::Hello { min_version: 1, max_version: 3, credential: None },
+            Request::Hello {
+                min_version: 1,
+                max_version: 1,
+                credential: Some(Credential { role: "server".into(), secret: b"s3cret".to_vec() }),
+            },
             Request::Open { h: h(-1), cluster_key: [9; 16], partition_count: 8 },
             Request::LastSessionInfo { h: h(1) },
             Request::MaxTransactionId { h: h(2) },
@@ -1260,12 +1358,19 @@ mod tests {
     #[test]
     fn admin_messages_round_trip() {
         let reqs = vec![
-            AdminRequest::Hello { min_version: 1, max_version: 1 },
+            AdminRequest::Hello { min_version: 1, max_version: 1, credential: None },
+            AdminRequest::Hello {
+                min_version: 1,
+                max_version: 1,
+                credential: Some(Credential { role: "admin".into(), secret: vec![0, 255] }),
+            },
             AdminRequest::Open { h: h(-1), cluster_key: [3; 16], partition_count: 4 },
             AdminRequest::Assign { h: h(2) },
             AdminRequest::Unassign { h: h(2), delete_files: true },
             AdminRequest::ResetFence { h: h(2), session_id: 7 },
             AdminRequest::RestartLog { h: h(3), first_txid: 4096 },
+            AdminRequest::Truncate { h: h(2), txid: -1, force: true },
+            AdminRequest::RaiseFence { h: h(2), session_id: 1 << 40, force: false },
             AdminRequest::SetAvailability { h: h(1), readable: true, writable: false },
             AdminRequest::Status { h: h(-1) },
             AdminRequest::RecordList { h: h(3), txid: 7, max_count: 100 },

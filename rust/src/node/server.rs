@@ -19,7 +19,8 @@
 //! file, which every store session writes first (Set Low-water Mark).
 use super::admin::serve_admin;
 use super::connection::{
-    bad_frame, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, Shared, Wait,
+    bad_frame, check_credential, failure_kind, frame_limit, greet_and_open_deadlines, read_more, send, PeerRole,
+    Shared, Slot, Wait,
 };
 pub use super::connection::{NodeOptions, NodeStats};
 use crate::engine::error::Error;
@@ -99,6 +100,7 @@ pub fn start(
         storage_open: Arc::default(),
         storage_unopened: Arc::default(),
         admin_open: Arc::default(),
+        admin_unopened: Arc::default(),
         refused: Mutex::new((0, None)),
         retention: Default::default(),
     });
@@ -114,16 +116,26 @@ pub fn start(
                         match l.accept().await {
                             Ok((stream, peer)) => {
                                 let Some(slot) = admit(&sh, &stream, peer, "admin", &sh.admin_open) else { continue };
+                                let Some(unopened) = admit_unopened(&sh, peer, "admin", &sh.admin_unopened) else {
+                                    continue;
+                                };
                                 let sh = sh.clone();
                                 match acceptor.clone() {
                                     None => tokio::spawn(async move {
                                         let _slot = slot;
-                                        serve_admin(stream, peer, sh).await
+                                        serve_admin(stream, peer, sh, unopened, PeerRole::default()).await
                                     }),
                                     Some(a) => tokio::spawn(async move {
                                         let _slot = slot;
                                         if let Some(s) = handshake(&a, stream, peer, "admin", &sh).await {
-                                            serve_admin(s, peer, sh).await;
+                                            let roles = s
+                                                .get_ref()
+                                                .1
+                                                .peer_certificates()
+                                                .and_then(|c| c.first())
+                                                .map(crate::node::tls::roles)
+                                                .unwrap_or_default();
+                                            serve_admin(s, peer, sh, unopened, PeerRole { roles }).await;
                                         }
                                     }),
                                 };
@@ -146,7 +158,9 @@ pub fn start(
                         Ok((stream, peer)) => {
                             sh.stats.connections.fetch_add(1, Ordering::Relaxed);
                             let Some(slot) = admit(&sh, &stream, peer, "storage", &sh.storage_open) else { continue };
-                            let Some(unopened) = admit_unopened(&sh, peer) else { continue };
+                            let Some(unopened) = admit_unopened(&sh, peer, "storage", &sh.storage_unopened) else {
+                                continue;
+                            };
                             let _ = stream.set_nodelay(true);
                             serve_on_own_thread(stream, peer, sh.clone(), acceptor.clone(), (slot, unopened));
                         }
@@ -267,22 +281,23 @@ const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
 /// them must not flood the log too.
 const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Storage connections not opened yet, at most: `max_connections / 8` (1 to 256). Each costs a
-/// thread until its Open deadline; silent ones filled `max_connections` without any key (issue
-/// 34), and this keeps the rest of the places for connections that opened.
+/// Connections not opened yet on a port, at most: `max_connections / 8` (1 to 256). Each costs a
+/// thread (storage) or a task and a descriptor (admin) until its Open deadline; silent ones filled
+/// `max_connections` without any key (issue 34), and this keeps the rest of the places for
+/// connections that opened.
 fn max_unopened(shared: &Shared) -> usize {
     (shared.opts.max_connections / 8).clamp(1, 256)
 }
 
-/// A place among the storage port's connections not opened yet; None (the connection is then
-/// closed, counted and warned about like one over `max_connections`) when they are all taken.
-fn admit_unopened(shared: &Shared, peer: SocketAddr) -> Option<Slot> {
+/// A place among a port's connections not opened yet (`open` counts them); None (the
+/// connection is then closed, counted and warned about like one over `max_connections`) when
+/// they are all taken.
+fn admit_unopened(shared: &Shared, peer: SocketAddr, port: &str, open: &Arc<AtomicUsize>) -> Option<Slot> {
     let max = max_unopened(shared);
-    let open = &shared.storage_unopened;
     if open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
         refused(shared, || {
             format!(
-                "storage connection from {peer} closed: {max} connections are waiting for their Hello and Open \
+                "{port} connection from {peer} closed: {max} connections are waiting for their Hello and Open \
                  (an eighth of [node] max_connections)"
             )
         });
@@ -301,15 +316,6 @@ fn refused(shared: &Shared, what: impl FnOnce() -> String) {
         let n = std::mem::take(&mut refused.0);
         log::warn!("{}; {n} refused since the last such warning", what());
         refused.1 = Some(Instant::now());
-    }
-}
-
-/// A connection's place among its port's `max_connections`, given back when it ends, however.
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -447,7 +453,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     unopened: Slot,
 ) {
-    let mut conn = Conn { peer, greeted: false, opened: false };
+    let mut conn = Conn { peer, greeted: false, opened: false, refused: None };
     let mut unopened = Some(unopened);
     let (greet_by, open_by) = greet_and_open_deadlines(&shared);
     let wait = |conn: &Conn| match (conn.greeted, conn.opened) {
@@ -487,6 +493,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(answer) if !waiting.is_empty() => waiting.push(answer),
                 Ok(Answer::Now(bytes)) => push_answer(&shared, &mut out, bytes),
                 Err(why) => break 'conn why,
+            }
+            if let Some(why) = conn.refused.take() {
+                break 'conn why; // its answer is sent before the connection closes
             }
             if conn.opened {
                 unopened.take(); // its place among the unopened goes back once, at its first Open
@@ -547,12 +556,14 @@ struct Conn {
     peer: SocketAddr,
     greeted: bool,
     opened: bool,
+    /// Set when the peer was refused with an answer: the connection closes once it is sent.
+    refused: Option<String>,
 }
 
 /// Turns one request into its (future) response. Err closes the connection with that reason.
 fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     if !conn.greeted {
-        return greet(conn, req);
+        return greet(shared, conn, req);
     }
     let h = match req.header() {
         Some(h) => h,
@@ -574,15 +585,21 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
     Ok(dispatch(shared, h, part, req))
 }
 
-/// The version handshake: the first frame must be a Hello this node speaks; an error closes
-/// the connection.
-fn greet(conn: &mut Conn, req: Request) -> Result<Answer, String> {
+/// The version handshake: the first frame must be a Hello this node speaks, with a role secret
+/// when the node has them (refused with an answer, then closed); any other error closes the
+/// connection.
+fn greet(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     match req {
-        Request::Hello { min_version, max_version } if min_version <= VERSION && VERSION <= max_version => {
+        Request::Hello { min_version, max_version, credential } if min_version <= VERSION && VERSION <= max_version => {
+            let mut role = PeerRole::default();
+            if let Err(why) = check_credential(shared, "storage", conn.peer, credential.as_ref(), &mut role) {
+                conn.refused = Some(format!("refused at Hello: {why}"));
+                return Ok(now(fail(MsgHeader::default(), FailureKind::Refused, why)));
+            }
             conn.greeted = true;
             Ok(now(Response::HelloOk { version: VERSION }))
         }
-        Request::Hello { min_version, max_version } => {
+        Request::Hello { min_version, max_version, .. } => {
             Err(format!("client speaks versions {min_version}..={max_version}, node speaks {VERSION}"))
         }
         _ => Err("the first frame must be Hello".into()),
@@ -786,31 +803,34 @@ fn partition_and_fence(shared: &Arc<Shared>, h: MsgHeader) -> Result<Arc<Partiti
 /// recovery ever cuts them (it truncates uncommitted tails above it). With the cluster key alone,
 /// a Truncate to -1 on every replica destroyed acknowledged data (issue 34).
 fn below_low_water_mark(shared: &Shared, h: MsgHeader, part: &Partition, txid: i64) -> Option<Response> {
-    let info = match shared.storage.partition_info(h.partition_id) {
-        Ok(i) => i,
-        Err(e) => return Some(fail(h, failure_kind(&e), e.to_string())),
-    };
+    match truncation_refusal(shared, h.partition_id, part, txid) {
+        Ok(None) => None,
+        Ok(Some(why)) => {
+            log::warn!("refused Truncate by session {}: {why}", h.session_id);
+            Some(fail(h, FailureKind::Refused, why))
+        }
+        Err(e) => Some(fail(h, failure_kind(&e), e.to_string())),
+    }
+}
+
+/// Why a Truncate of partition `pid` to `txid` must be refused (it would remove a record at or
+/// below the replica's low-water mark), or None; an admin may force it (`admin.rs`).
+pub(super) fn truncation_refusal(
+    shared: &Shared,
+    pid: i32,
+    part: &Partition,
+    txid: i64,
+) -> Result<Option<String>, Error> {
+    let info = shared.storage.partition_info(pid)?;
     let committed = info.low_water_mark.min(part.max_txid());
     // Below -1 is no truncation at all: the engine answers that as a bad request.
-    (txid >= -1 && txid < committed).then(|| {
-        log::warn!(
-            "refused Truncate of partition {} to {txid} by session {}: records up to the low-water mark {} \
-             (set by session {}) are committed",
-            h.partition_id,
-            h.session_id,
-            info.low_water_mark,
-            info.session_id
-        );
-        fail(
-            h,
-            FailureKind::Refused,
-            format!(
-                "truncating partition {} to {txid} would remove committed records: its low-water mark is {} \
-                 (session {})",
-                h.partition_id, info.low_water_mark, info.session_id
-            ),
+    Ok((txid >= -1 && txid < committed).then(|| {
+        format!(
+            "truncating partition {pid} to {txid} would remove committed records: its low-water mark is {} \
+             (session {})",
+            info.low_water_mark, info.session_id
         )
-    })
+    }))
 }
 
 /// How far above a replica's fence a new session may come. Servers number a partition's
@@ -822,25 +842,25 @@ pub const MAX_SESSION_JUMP: i64 = 1 << 32;
 
 /// Refused when session `h.session_id` is more than `MAX_SESSION_JUMP` above the fence.
 fn beyond_session_bound(shared: &Shared, h: MsgHeader) -> Option<Response> {
-    let current = match shared.storage.fence(h.partition_id) {
-        Ok(c) => c.max(0),
-        Err(e) => return Some(fail(h, failure_kind(&e), e.to_string())),
-    };
-    (h.session_id - current > MAX_SESSION_JUMP).then(|| {
-        log::warn!(
-            "refused session {} on partition {}: more than {MAX_SESSION_JUMP} above its fence {current}",
-            h.session_id,
-            h.partition_id
-        );
-        fail(
-            h,
-            FailureKind::Refused,
-            format!(
-                "session {} of partition {} is more than {MAX_SESSION_JUMP} above this replica's fence {current}",
-                h.session_id, h.partition_id
-            ),
+    match session_jump_refusal(shared, h.partition_id, h.session_id) {
+        Ok(None) => None,
+        Ok(Some(why)) => {
+            log::warn!("refused {why}");
+            Some(fail(h, FailureKind::Refused, why))
+        }
+        Err(e) => Some(fail(h, failure_kind(&e), e.to_string())),
+    }
+}
+
+/// Why session `session` must not raise partition `pid`'s fence (more than `MAX_SESSION_JUMP`
+/// above it), or None; an admin may force it (`admin.rs`).
+pub(super) fn session_jump_refusal(shared: &Shared, pid: i32, session: i64) -> Result<Option<String>, Error> {
+    let current = shared.storage.fence(pid)?.max(0);
+    Ok((session.saturating_sub(current) > MAX_SESSION_JUMP).then(|| {
+        format!(
+            "session {session} of partition {pid} is more than {MAX_SESSION_JUMP} above this replica's fence {current}"
         )
-    })
+    }))
 }
 
 fn stale(h: MsgHeader, newest: i64) -> Response {

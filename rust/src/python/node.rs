@@ -16,7 +16,7 @@ pub struct PyStorageNode {
 #[pymethods]
 impl PyStorageNode {
     #[staticmethod]
-    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, retention_interval=1.0, tls_ca=None, tls_cert=None, tls_key=None))]
+    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, retention_interval=1.0, tls_ca=None, tls_cert=None, tls_key=None, role_secrets=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         py: Python<'_>,
@@ -34,6 +34,7 @@ impl PyStorageNode {
         tls_ca: Option<std::path::PathBuf>,
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
+        role_secrets: Option<std::collections::BTreeMap<String, String>>,
     ) -> PyResult<Self> {
         if !(idle_timeout > 0.0 && idle_timeout.is_finite() && idle_timeout <= 86_400.0)
             || max_in_flight == 0
@@ -62,6 +63,9 @@ impl PyStorageNode {
             tls,
             max_connections,
             retention_interval: std::time::Duration::from_secs_f64(retention_interval),
+            role_secrets: crate::node::secrets::RoleSecrets::new(
+                role_secrets.iter().flatten().map(|(role, secret)| (role.as_str(), secret.as_bytes())),
+            ),
         };
         let s = storage.0.clone();
         let bind = format!("{host}:{port}");
@@ -97,6 +101,7 @@ impl PyStorageNode {
             d.set_item("tls_handshake_failures", s.tls_handshake_failures.load(Relaxed))?;
             d.set_item("tls_role_refusals", s.tls_role_refusals.load(Relaxed))?;
             d.set_item("refused_connections", s.refused_connections.load(Relaxed))?;
+            d.set_item("secret_refusals", s.secret_refusals.load(Relaxed))?;
             let by_kind = PyDict::new(py);
             for (code, c) in s.failures_by_kind.iter().enumerate() {
                 let n = c.load(Relaxed);

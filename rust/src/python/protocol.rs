@@ -3,8 +3,8 @@ use super::errors::{InvalidArgumentError, ProtocolError};
 use super::types::{parse_key, PyRecord, PyRecordBatch, PyRecordHeader};
 use crate::engine::record::{crc32, Record};
 use crate::node::protocol::{
-    split_frame, AdminRequest, FailureKind, FrameBuf, MsgHeader, Request, Response, RetentionOrder, WireRecord,
-    MAGIC_STORAGE,
+    split_frame, AdminRequest, Credential, FailureKind, FrameBuf, MsgHeader, Request, Response, RetentionOrder,
+    WireRecord, MAGIC_STORAGE,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
@@ -66,13 +66,24 @@ request_kinds! {
         SetPartitionInfo "SET_PARTITION_INFO" "set_partition_info",
         ResetFence "RESET_FENCE" "reset_fence",
         RestartLog "RESTART_LOG" "restart_log",
+        Truncate "TRUNCATE" "truncate",
+        RaiseFence "RAISE_FENCE" "raise_fence",
+    }
+}
+
+/// A Hello's role secret: both or neither.
+fn credential(role: Option<String>, secret: Option<Vec<u8>>) -> PyResult<Option<Credential>> {
+    match (role, secret) {
+        (None, None) => Ok(None),
+        (Some(role), Some(secret)) => Ok(Some(Credential { role, secret })),
+        _ => Err(InvalidArgumentError::new_err("hello: give both role and secret, or neither")),
     }
 }
 
 /// Encodes one storage-protocol request frame (everything but Append, see `encode_append`);
 /// `kind` is a RequestKind or its protocol name.
 #[pyfunction]
-#[pyo3(signature = (kind, session_id=-1, seq=-1, partition_id=-1, *, txid=0, max_count=0, low_water_mark=-1, cluster_key=None, partition_count=0, min_version=1, max_version=1))]
+#[pyo3(signature = (kind, session_id=-1, seq=-1, partition_id=-1, *, txid=0, max_count=0, low_water_mark=-1, cluster_key=None, partition_count=0, min_version=1, max_version=1, role=None, secret=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode_request<'py>(
     py: Python<'py>,
@@ -87,10 +98,12 @@ fn encode_request<'py>(
     partition_count: i32,
     min_version: u8,
     max_version: u8,
+    role: Option<String>,
+    secret: Option<Vec<u8>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
     let req = match RequestKind::extract(kind)? {
-        RequestKind::Hello => Request::Hello { min_version, max_version },
+        RequestKind::Hello => Request::Hello { min_version, max_version, credential: credential(role, secret)? },
         RequestKind::Open => {
             let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
             Request::Open { h, cluster_key: parse_key(k)?, partition_count }
@@ -134,9 +147,9 @@ fn encode_set_retention<'py>(
 
 /// Encodes one admin-protocol request frame; `kind` is an AdminRequestKind or its protocol
 /// name (hello, open, assign, unassign, set_availability, status, record_list,
-/// set_partition_info).
+/// set_partition_info, reset_fence, truncate, raise_fence).
 #[pyfunction]
-#[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1))]
+#[pyo3(signature = (kind, seq=0, partition_id=0, *, cluster_key=None, partition_count=0, delete_files=false, readable=true, writable=true, txid=0, max_count=0, session_id=-1, low_water_mark=-1, force=false, role=None, secret=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode_admin_request<'py>(
     py: Python<'py>,
@@ -152,10 +165,15 @@ fn encode_admin_request<'py>(
     max_count: i32,
     session_id: i64,
     low_water_mark: i64,
+    force: bool,
+    role: Option<String>,
+    secret: Option<Vec<u8>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id: -1, seq, partition_id };
     let req = match AdminRequestKind::extract(kind)? {
-        AdminRequestKind::Hello => AdminRequest::Hello { min_version: 1, max_version: 1 },
+        AdminRequestKind::Hello => {
+            AdminRequest::Hello { min_version: 1, max_version: 1, credential: credential(role, secret)? }
+        }
         AdminRequestKind::Open => {
             let k = cluster_key.ok_or_else(|| InvalidArgumentError::new_err("open needs cluster_key"))?;
             AdminRequest::Open { h, cluster_key: parse_key(k)?, partition_count }
@@ -168,6 +186,8 @@ fn encode_admin_request<'py>(
         AdminRequestKind::SetPartitionInfo => AdminRequest::SetPartitionInfo { h, session_id, low_water_mark },
         AdminRequestKind::ResetFence => AdminRequest::ResetFence { h, session_id },
         AdminRequestKind::RestartLog => AdminRequest::RestartLog { h, first_txid: txid },
+        AdminRequestKind::Truncate => AdminRequest::Truncate { h, txid, force },
+        AdminRequestKind::RaiseFence => AdminRequest::RaiseFence { h, session_id, force },
     };
     let mut out = Vec::new();
     req.encode(&mut out);

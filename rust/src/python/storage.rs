@@ -213,8 +213,8 @@ impl PyPartition {
         let p = self.0.clone();
         if let Ok(batch) = records.cast::<PyRecordBatch>() {
             let batch = batch.borrow();
-            let recs = batch.records();
-            return run(py, move || p.append_at_opt(first, &recs));
+            let (recs, owner) = (batch.records(), batch.data.clone());
+            return run(py, move || p.append_shared(first, &recs, &owner));
         }
         // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
         let mut metas = Vec::new();
@@ -295,6 +295,14 @@ impl PyPartition {
         d.set_item("syncs", s.syncs)?;
         d.set_item("sync_micros", s.sync_micros)?;
         d.set_item("batch_records", s.batch_records)?;
+        if let Some(phases) = s.phases {
+            // Only with WALTZ_ENGINE_PHASES=1: {phase: (count, total ns, max ns)}.
+            let p = PyDict::new(py);
+            for (name, count, total, max) in phases {
+                p.set_item(name, (count, total, max))?;
+            }
+            d.set_item("phases", p)?;
+        }
         Ok(d)
     }
     /// What opening the partition found and did.

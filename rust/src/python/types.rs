@@ -2,9 +2,11 @@
 //! PartitionInfo, and the argument parsers for cluster keys and ReqIds.
 use super::errors::InvalidArgumentError;
 use crate::engine::control::PartitionInfo;
+use crate::engine::partition::SharedData;
 use crate::engine::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
+use std::sync::Arc;
 
 pub(crate) fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
     if let Ok(b) = obj.getattr("bytes") {
@@ -163,7 +165,9 @@ impl PyRecord {
 #[pyclass(name = "RecordBatch", module = "waltz._native")]
 #[derive(Default)]
 pub struct PyRecordBatch {
-    data: Vec<u8>,
+    /// Shared with the write queue of an append in progress, which writes large records from
+    /// here; `add` during one copies it first.
+    pub(crate) data: SharedData,
     spans: Vec<(ReqId, i32, usize, usize, u32)>,
 }
 
@@ -181,7 +185,7 @@ impl PyRecordBatch {
     }
     fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
         let start = self.data.len();
-        self.data.extend_from_slice(data);
+        Arc::make_mut(&mut self.data).extend_from_slice(data);
         self.spans.push((req_id, header, start, data.len(), crc32(data)));
     }
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import pathlib
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 from support.client_app import AsyncMemoryApp, Increment, MemoryApp, Write
 from support.daemons import PARTITIONS, Node, setup, wait_served  # noqa: F401  (fixture)
 from support.processes import free_port
+from support.raw_client import RawConnection
 from support.tcp_proxy import Proxy
 from waltz import client_protocol as cp
 from waltz import errors
@@ -579,35 +579,6 @@ def test_a_thousand_transactions_through_a_proxy_that_keeps_cutting(servers) -> 
     for p in log:
         assert [t for t, _ in log[p]] == list(range(len(log[p])))
     print(f"\n{proxy.cuts} cuts, {sum(c.executions for c in contexts)} executions for 1000 transactions")
-
-
-class RawConnection:
-    """A bare client-protocol connection, as an attacker on the network would open one."""
-
-    def __init__(self, endpoint: str) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.messages = cp.MessageReader()
-        self.sock.sendall(cp.Hello().frame())
-        assert isinstance(self.next(), cp.HelloOk)
-
-    def next(self, timeout: float = 10.0) -> cp.Message | None:
-        """The next message; None if none came within `timeout`."""
-        self.sock.settimeout(timeout)
-        while (m := self.messages.next_message()) is None:
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                return None
-            assert data, "the server closed the connection"
-            self.messages.feed(data)
-        return m
-
-    def send(self, msg: cp.Message) -> None:
-        self.sock.sendall(msg.frame())
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)

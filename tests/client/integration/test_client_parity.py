@@ -122,6 +122,7 @@ def test_metrics_collector_scrapes_a_real_client(servers) -> None:  # noqa: F811
         assert sample("waltz_client_commits_total") == 16
         lock_failures = sum(c.lock_failures for c in incs)
         assert sample("waltz_client_lock_failures_total") == lock_failures
+        assert sample("waltz_client_data_requests_total") == writer.stats.data_requests
         assert (
             sample("waltz_client_retries_total") is not None and sample("waltz_client_retries_total") >= lock_failures
         )  # type: ignore[operator]

@@ -30,6 +30,8 @@ messages = st.one_of(
     st.builds(cp.FlushResponse, i64, i32, i64),
     st.builds(cp.TransactionDataRequest, i64, i32, i64),
     st.builds(cp.TransactionDataResponse, i64, i32, i64, st.binary(max_size=300)),
+    st.builds(cp.TransactionDataRangeRequest, i64, i32, i64, i32, i32),
+    st.builds(cp.TransactionDataRangeResponse, i64, i32, i64, st.lists(st.binary(max_size=100), max_size=5).map(tuple)),
     st.builds(cp.HighWaterMarkRequest, i64, i32),
     st.builds(cp.HighWaterMarkResponse, i64, i32, i64),
     st.builds(cp.Failure, i64, i32, st.sampled_from(cp.FailureKind), st.text(max_size=50)),
@@ -50,7 +52,7 @@ def test_round_trip_in_any_split(msgs, cut) -> None:
 
 
 def test_every_message_type_is_distinct() -> None:
-    assert len(cp.MESSAGES) == 15 and all(t == m.TYPE for t, m in cp.MESSAGES.items())
+    assert len(cp.MESSAGES) == 17 and all(t == m.TYPE for t, m in cp.MESSAGES.items())
 
 
 def payload_of(m: cp.Message) -> bytes:
@@ -87,6 +89,21 @@ def test_malformed_payloads_are_refused(locks) -> None:
         cp.decode(cp.MountResponse.TYPE, struct.pack(">qiBqi", 1, 0, 9, 0, 0))
     with pytest.raises(ProtocolError, match="not UTF-8"):
         cp.decode(cp.Failure.TYPE, struct.pack(">qiH", 0, 0, 1) + struct.pack(">i", 2) + b"\xff\xfe")
+
+
+def test_a_data_range_response_is_laid_out_as_documented_and_checked() -> None:
+    good = cp.TransactionDataRangeResponse(5, 1, 40, (b"ab", b""))
+    p = good.payload()
+    assert p == struct.pack(">qiqi", 5, 1, 40, 2) + b"".join(
+        struct.pack(">i", len(d)) + d + struct.pack(">I", zlib.crc32(d)) for d in (b"ab", b"")
+    )
+    assert cp.decode(cp.TransactionDataRangeResponse.TYPE, p) == good
+    with pytest.raises(ProtocolError, match="transaction 40 data: checksum mismatch"):
+        cp.decode(cp.TransactionDataRangeResponse.TYPE, p[:28] + b"aX" + p[30:])
+    with pytest.raises(ProtocolError, match="transaction count 1000 does not fit"):
+        cp.decode(cp.TransactionDataRangeResponse.TYPE, struct.pack(">qiqi", 5, 1, 40, 1000) + p[24:])
+    with pytest.raises(ProtocolError, match="payload shorter"):
+        cp.decode(cp.TransactionDataRangeRequest.TYPE, struct.pack(">qiqi", 1, 0, 0, 1))
 
 
 def test_bad_frames_are_refused() -> None:

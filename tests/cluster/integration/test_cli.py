@@ -342,6 +342,36 @@ def status(node: Node, p: int) -> dict[str, Any]:
     return {s["partition"]: s for s in node.admin(lambda c: c.status())}[p]
 
 
+def test_truncate_and_raise_fence_force_only_with_the_admin_role(
+    cli: Cli, nodes: list[Node], metadata_url: str
+) -> None:  # noqa: F811
+    """`waltz storage truncate` and `raise-fence` do what the node allows anyway; --force is
+    refused on plaintext nodes without role secrets (nobody proved the admin role), and
+    raise-fence never goes above the newest session the metadata issued."""
+    setup_nodes(cli, nodes)
+    with open_store(metadata_url) as store:
+        meta = ClusterMetadata(store, "/waltz/test")
+        _, version = meta.partition_metadata(0)
+        far = 3 + (1 << 40)
+        meta.set_partition_metadata(0, PartitionMetadata(1, far, {n.address: ReplicaState(1) for n in nodes}), version)
+    node = nodes[0]
+    node.run(lambda c: c.set_low_water_mark(0, 2, -1))
+    node.run(lambda c: c.append(0, 2, 0, batch(6, b"t")))
+    node.run(lambda c: c.set_low_water_mark(0, 2, 3))
+    where = ["--storage", node.address, "-p", "0"]
+    assert "issued sessions up to" in cli("storage", "raise-fence", *where, "--to", str(far + 1), ok=False).output
+    assert "may force it" in cli("storage", "raise-fence", *where, "--to", str(far), ok=False).output
+    assert "needs the admin role" in cli("storage", "raise-fence", *where, "--to", str(far), "--force", ok=False).output
+    assert cli.json("storage", "raise-fence", *where, "--to", "9")["fence"] == 9
+    assert status(node, 0)["newest_session"] == 9
+    assert "mark it unwritable" in cli("storage", "truncate", *where, "--to", "4", ok=False).output
+    cli("storage", "availability", *where, "--unwritable")
+    assert cli.json("storage", "truncate", *where, "--to", "4")["max_transaction_id"] == 4
+    assert "may force it" in cli("storage", "truncate", *where, "--to", "1", ok=False).output
+    assert "needs the admin role" in cli("storage", "truncate", *where, "--to", "1", "--force", ok=False).output
+    assert status(node, 0)["max_transaction_id"] == 4
+
+
 # -- cluster verify: false PASS -----------------------------------------------------------------
 def test_verify_passes_while_two_live_servers_report_serving_one_partition(
     cli: Cli, nodes: list[Node], metadata_url: str

@@ -1,6 +1,8 @@
 """`waltz log append/read/tail` against a `waltz dev up` cluster (issue 36, item 11): data from
 --data, --file and standard input, ranges, JSON Lines, following as transactions commit, and
-Ctrl-C ending --follow cleanly."""
+Ctrl-C ending --follow cleanly. Every test runs twice: on a plaintext cluster and on one with
+mutual TLS on every link (`dev up --tls`, the commands given the admin certificate by the
+environment dev up prints); TLS-only tests at the end."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ import pytest
 from support.dev_cluster import WALTZ, dev_cluster, waltz
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with dev_cluster(tmp_path_factory.mktemp("log") / "dev", partitions=2) as up:
+@pytest.fixture(scope="module", params=["plaintext", "tls"])
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    tls = request.param == "tls"
+    with dev_cluster(tmp_path_factory.mktemp("log") / "dev", partitions=2, tls=tls) as up:
+        assert ("WALTZ_TLS_CERT" in up["environment"]) == tls
         yield up["environment"]
 
 
@@ -127,3 +131,17 @@ def test_follow_with_an_end_stops_there(env: dict[str, str]) -> None:
     run(env, "log", "append", "-p", "1", "--data", "b")
     assert reader.next_line() == f"{start + 1}\t0\tb"
     assert reader.proc.wait(30) == 0  # reached --to: done without Ctrl-C
+
+
+@pytest.mark.parametrize("env", ["tls"], indirect=True)
+def test_on_tls_a_client_certificate_appends_and_cannot_read_the_storage_nodes(env: dict[str, str]) -> None:
+    certs = pathlib.Path(env["WALTZ_TLS_CERT"]).parent
+    as_client = {**env, "WALTZ_TLS_CERT": str(certs / "client.pem"), "WALTZ_TLS_KEY": str(certs / "client-key.pem")}
+    committed = json.loads(run(as_client, "--json", "log", "append", "-p", "0", "--data", "role client"))
+    txid = committed["transaction_id"]
+    assert run(env, "log", "read", "-p", "0", "--from", str(txid)) == f"{txid}\t0\trole client\n"
+    # Reading is from the storage nodes, whose ports admit the server and admin roles only.
+    # The reader retries (a refusal looks the same as a node at its connection limit) until its
+    # 30 s request timeout, then says why.
+    refused = waltz("log", "read", "-p", "0", env=as_client, ok=False, timeout=120).stderr
+    assert b"refused our certificate" in refused, refused

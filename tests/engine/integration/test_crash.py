@@ -170,16 +170,20 @@ def strace_cmd(inject: str, trace: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "inject,trace,errno_name",
+    "inject,trace,errno_name,writer_args",
     [
-        ("fdatasync:error=EIO:when=40+", "fdatasync", "Input/output error"),
-        ("pwrite64:error=ENOSPC:when=60+", "pwrite64", "No space left on device"),
+        ("fdatasync:error=EIO:when=40+", "fdatasync", "Input/output error", []),
+        ("pwrite64:error=ENOSPC:when=60+", "pwrite64", "No space left on device", []),
+        # RecordBatch appends: records of 4 KiB or more are written from the batch with pwritev.
+        ("fdatasync:error=EIO:when=40+", "fdatasync", "Input/output error", ["--record-batch"]),
+        ("pwrite64,pwritev:error=ENOSPC:when=60+", "pwrite64,pwritev", "No space left on device", ["--record-batch"]),
     ],
-    ids=["fsync-EIO", "disk-full"],
+    ids=["fsync-EIO", "disk-full", "fsync-EIO-vectored", "disk-full-vectored"],
 )
-def test_io_errors_fail_the_append_and_lose_nothing(tmp_path, inject, trace, errno_name):
+def test_io_errors_fail_the_append_and_lose_nothing(tmp_path, inject, trace, errno_name, writer_args):
     data_dir = new_storage(tmp_path)
     cmd = strace_cmd(inject, trace) + [sys.executable, str(WRITER), str(data_dir), "--max-batches", "100000"]
+    cmd += writer_args
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     history = History()
     history.feed(proc.stdout)

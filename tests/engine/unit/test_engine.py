@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import gc
 import multiprocessing
+import os
 import pathlib
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -167,6 +171,42 @@ def test_append_and_read_back(storage):
     assert (h.txid, h.header, h.req_id.as_tuple()) == (3, 3, (7, 1, 0, 3))
     assert [x.txid for x in p.read_headers(5, max_count=4)] == [5, 6, 7, 8]
     assert p.read_header(20) is None
+
+
+def test_record_batches_with_large_records_read_back_after_reopening(storage, data_dir):
+    """Records of 4 KiB or more go from the batch's buffer to the file with pwritev (issue 38),
+    small ones are copied; a batch appended, grown and appended again reads back whole."""
+    p = storage.partition(0)
+    big = [((1, 1, 0, i), i, bytes([i + 1]) * (4096 + 1000 * i)) for i in range(3)]
+    batch = RecordBatch(big)
+    assert p.append(0, batch) == 2
+    batch.add((1, 1, 0, 3), 3, b"small")
+    assert p.append_next(batch) == (3, 6)
+    del batch
+    want = [(h, d) for _, h, d in big] * 2 + [(3, b"small")]
+    assert [(r.header, r.data) for r in p.read_records(0, max_count=10)] == want
+    again = reopen(data_dir).partition(0)
+    assert [(r.header, r.data) for r in again.read_records(0, max_count=10)] == want
+
+
+def test_phase_timing_is_off_unless_asked_for(tmp_path, cluster_key):
+    code = (
+        "import sys, uuid; from waltz.storage import Storage, RecordBatch\n"
+        "s = Storage.create(sys.argv[1], uuid.uuid4(), 1); s.add_partition(0); p = s.partition(0)\n"
+        "[p.append_next(RecordBatch([((1, 1, 0, 0), 0, b'x' * 10)])) for _ in range(3)]\n"
+        "print(p.stats().get('phases')); s.close()"
+    )
+    run = lambda env, d: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code, str(tmp_path / d)], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    off = run({"WALTZ_ENGINE_PHASES": "0"}, "off")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.strip() == "None"
+    on = run({"WALTZ_ENGINE_PHASES": "1"}, "on")
+    assert on.returncode == 0, on.stderr
+    phases = ast.literal_eval(on.stdout.strip())
+    assert phases["encode"][0] == 3 and phases["lock_wait"][0] == 3
+    assert phases["sync"][0] + phases["sync_zeros"][0] >= 1 and phases["roll"][0] == 0
 
 
 def test_reads_are_bounded_by_count_and_bytes(storage):

@@ -272,3 +272,52 @@ def test_silent_connections_are_bounded_and_do_not_starve_clients(tmp_path):
     messages = [json.loads(line)["message"] for line in err.splitlines() if line.startswith("{")]
     assert any("waiting for their Hello and Open" in m for m in messages), messages
     assert any("no Hello" in m for m in messages), messages
+
+
+def test_silent_admin_connections_are_capped_like_storage_ones(tmp_path):
+    """The admin port bounds its connections not opened yet as the storage port does (an eighth of
+    max_connections): a flood of silent admin connections is refused beyond that cap, logged and
+    counted, and an admin connection opened before it keeps being served."""
+    key = uuid.uuid4()
+    config, ports = write_config(tmp_path, key)
+    config.write_text(config.read_text().replace("[node]\n", "[node]\nmax_connections = 16\n", 1))
+    proc = start(config)
+    silent: list[socket.socket] = []
+    try:
+        wait_http(ports["http_port"], proc)
+
+        async def flood():
+            admin = await StorageAdminClient.connect(
+                "127.0.0.1", ports["admin_port"], cluster_key=key, partition_count=2
+            )
+            for _ in range(40):
+                silent.append(socket.create_connection(("127.0.0.1", ports["admin_port"])))
+            await admin.assign(0)
+            assert [p["partition"] for p in await admin.status()] == [0]
+            await admin.close()
+
+        asyncio.run(flood())
+        # Two (16 / 8) silent connections wait for their Hello; the 38 others are closed at once,
+        # long before the 2 s Hello deadline.
+        t0 = time.monotonic()
+        closed = 0
+        for s in silent:
+            s.settimeout(max(0.05, 1.0 - (time.monotonic() - t0)))
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
+                pass
+        assert closed == 38, closed
+        _, metrics = get(ports["http_port"], "/metrics")
+        refused = [line for line in metrics.splitlines() if line.startswith("waltz_storage_refused_connections_total ")]
+        assert refused and float(refused[0].split()[1]) == 38, refused
+    finally:
+        for s in silent:
+            s.close()
+        err = stop(proc)
+    messages = [json.loads(line)["message"] for line in err.splitlines() if line.startswith("{")]
+    assert any(m.startswith("admin connection from") and "waiting for their Hello and Open" in m for m in messages), (
+        messages
+    )

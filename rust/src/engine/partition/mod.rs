@@ -10,7 +10,7 @@ use crate::engine::format::{now_ms, FORMAT_VERSION};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
 use crate::engine::index::{self, Checkpointer, Durable};
 use crate::engine::record::{
-    be_i64, be_u32, check_record, crc32, encode_record, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
+    be_i64, be_u32, check_record, crc32, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
 use crate::engine::segment::{
     create_segment, data_name, index_name, locate, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
@@ -20,6 +20,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+mod phases;
+mod queue;
+use phases::{Phase, Phases};
+pub use queue::SharedData;
+use queue::WriteQueue;
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
@@ -52,11 +58,16 @@ impl Drop for ReadBuf {
         }
     }
 }
-const SCRATCH_KEEP: usize = 16 << 20;
 pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
+/// Flushes at least this large grow the file instead of zero-filling ahead. Zeros save a flush
+/// the inode write (about 35 µs here) but cost their own bytes once: worth it for small flushes,
+/// a loss from about this size up, where a fill ran on nearly every flush (at 1 MiB a flush, the
+/// disk wrote twice the records' bytes) and put a 1 MiB write on one sync in ten at 100 KiB
+/// (docs/performance.md, "Where an append's time goes").
+const ZERO_FILL_MAX_FLUSH: u64 = 32 << 10;
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
@@ -138,6 +149,8 @@ pub struct PartitionStats {
     pub sync_micros: (Vec<u64>, u64),
     /// Records per append: bucket counts (bounds BATCH_RECORDS_BOUNDS, then +Inf), sum.
     pub batch_records: (Vec<u64>, u64),
+    /// Per phase of the append path (name, count, total ns, max ns), when `WALTZ_ENGINE_PHASES=1`.
+    pub phases: Option<Vec<(&'static str, u64, u64, u64)>>,
 }
 
 struct State {
@@ -145,12 +158,14 @@ struct State {
     next_txid: i64,
     write_seq: u64,
     /// Encoded batches not yet written to the tail's data file (they end at the tail's `end`).
-    queue: Vec<u8>,
+    queue: WriteQueue,
     /// The tail's data file length: its records, then zeros (preallocated) up to here.
     tail_allocated: u64,
     /// After a failed preallocation, the tail offset before which none is tried again: a full
     /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
     prealloc_retry_at: u64,
+    /// Whether the last flush zero-filled ahead (its sync then writes the zeros too).
+    zero_filled: bool,
     /// After a failed checkpoint window write, the tail position before which none is tried
     /// again: one attempt per checkpoint interval, not one per sync.
     index_retry_at: u64,
@@ -199,6 +214,7 @@ pub struct Partition {
     /// One retention deletion at a time: the doomed prefix is taken out of the state under its
     /// lock and unlinked outside it, and put back if an unlink fails.
     retention: Mutex<()>,
+    phases: Phases,
     pub recovery: RecoveryReport,
 }
 
@@ -547,9 +563,10 @@ impl Partition {
                 segments,
                 next_txid,
                 write_seq: 0,
-                queue: Vec::new(),
+                queue: WriteQueue::default(),
                 tail_allocated,
                 prealloc_retry_at: 0,
+                zero_filled: false,
                 index_retry_at: 0,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
@@ -573,6 +590,7 @@ impl Partition {
             batch_records: Histogram::default(),
             reclaimed: AtomicU64::new(0),
             retention: Mutex::new(()),
+            phases: Phases::default(),
             recovery: report,
         }
     }
@@ -746,13 +764,19 @@ impl Partition {
     /// preallocation step, when `from` passed the preallocated space. Never fails an append: on
     /// an error (a disk too full for the zeros) the partial zeros are cut away and the records
     /// go on with writes that grow the file.
-    fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64) -> Result<()> {
+    fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64, flushed: u64) -> Result<()> {
         let step = self.opts.preallocate;
         if step == 0 || from <= st.tail_allocated || from < st.prealloc_retry_at {
             return Ok(());
         }
+        if flushed >= ZERO_FILL_MAX_FLUSH {
+            // This flush grew the file: it now ends at the records.
+            st.tail_allocated = from;
+            return Ok(());
+        }
         // Never far past the segment size: the file is cut back at the roll anyway.
         let to = from.next_multiple_of(step).min(self.opts.segment_size.max(from));
+        let t = self.phases.start();
         let zero_fill = || -> std::io::Result<()> {
             let mut at = from;
             while at < to {
@@ -762,7 +786,10 @@ impl Partition {
             }
             Ok(())
         };
-        match zero_fill() {
+        let filled = zero_fill();
+        st.zero_filled = true;
+        self.phases.end(Phase::Prealloc, t);
+        match filled {
             Ok(()) => st.tail_allocated = to,
             Err(e) => {
                 log::warn!(
@@ -819,6 +846,7 @@ impl Partition {
             syncs: self.syncs.load(Ordering::Relaxed),
             sync_micros: self.sync_micros.snapshot(),
             batch_records: self.batch_records.snapshot(),
+            phases: self.phases.snapshot(),
         }
     }
 
@@ -840,9 +868,31 @@ impl Partition {
         Ok((t.first, t.last))
     }
 
+    /// `append_at_opt` for records whose data lies in `owner`: large records are written from
+    /// there (the queue holds `owner` until they are written) instead of copied into the queue.
+    pub fn append_shared(
+        &self,
+        first: Option<i64>,
+        records: &[NewRecord<'_>],
+        owner: &SharedData,
+    ) -> Result<(i64, i64)> {
+        let t = self.enqueue_with(first, records, Some(owner))?;
+        self.wait_durable(t.seq)?;
+        Ok((t.first, t.last))
+    }
+
     /// The first half of an append, for pipelining: checks and queues the batch in order and
     /// returns at once. It is durable only once `wait_durable(ticket.seq)` returned Ok.
     pub fn enqueue(&self, first: Option<i64>, records: &[NewRecord<'_>]) -> Result<AppendTicket> {
+        self.enqueue_with(first, records, None)
+    }
+
+    fn enqueue_with(
+        &self,
+        first: Option<i64>,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+    ) -> Result<AppendTicket> {
         self.check_writable()?;
         let max = self.opts.recover.max_record_size;
         for r in records {
@@ -851,7 +901,9 @@ impl Partition {
             }
         }
         let seq = {
+            let t = self.phases.start();
             let mut st = lock(&self.state);
+            self.phases.end(Phase::LockWait, t);
             // Checked again under the lock: a failure may have happened while we waited for it.
             self.check_writable()?;
             let first_txid = first.unwrap_or(st.next_txid);
@@ -867,9 +919,13 @@ impl Partition {
                 tail.count > 0 && tail.end >= self.opts.segment_size
             };
             if needs_roll {
+                let t = self.phases.start();
                 self.roll(&mut st).map_err(|e| self.poison(e))?;
+                self.phases.end(Phase::Roll, t);
             }
-            self.write_batch(&mut st, first_txid, records).map_err(|e| self.poison(e))?;
+            let t = self.phases.start();
+            self.write_batch(&mut st, first_txid, records, owner).map_err(|e| self.poison(e))?;
+            self.phases.end(Phase::Encode, t);
             st.write_seq += 1;
             let (seq, last) = (st.write_seq, first_txid + records.len() as i64 - 1);
             st.inflight.push_back((seq, last));
@@ -879,25 +935,32 @@ impl Partition {
         Ok(AppendTicket { seq, first: first_txid, last: first_txid + records.len() as i64 - 1 })
     }
 
-    /// Encodes the batch onto the tail's write queue. Nothing touches the file here: the sync
-    /// leader writes the whole queue in one pwrite right before its fdatasync, so no append
-    /// dirties the file while a sync runs (Linux's fdatasync would write those pages too).
-    fn write_batch(&self, st: &mut State, first_txid: i64, records: &[NewRecord<'_>]) -> Result<()> {
+    /// Encodes the batch onto the tail's write queue (large records in `owner` by reference).
+    /// Nothing touches the file here: the sync leader writes the whole queue in one write right
+    /// before its fdatasync, so no append dirties the file while a sync runs (Linux's fdatasync
+    /// would write those pages too).
+    fn write_batch(
+        &self,
+        st: &mut State,
+        first_txid: i64,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+    ) -> Result<()> {
         let mut offsets = std::mem::take(&mut st.index_scratch);
         offsets.clear();
         let tail = st.segments.last().unwrap();
         let (logical_end, old_count, files) = (tail.end, tail.count, tail.files.clone());
-        let queued_before = st.queue.len();
+        let mark = st.queue.mark();
+        let mut written = 0u64;
         for (k, r) in records.iter().enumerate() {
-            offsets.push(logical_end + (st.queue.len() - queued_before) as u64);
-            encode_record(&mut st.queue, first_txid + k as i64, r);
+            offsets.push(logical_end + written);
+            written += st.queue.push_record(first_txid + k as i64, r, owner);
         }
-        let written = (st.queue.len() - queued_before) as u64;
         {
             let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
             // Kept on in production: a misplaced index tail would point reads at wrong records.
             if p.base + p.offsets.len() as u64 != old_count {
-                st.queue.truncate(queued_before);
+                st.queue.rollback(mark);
                 return Err(Error::Invariant {
                     partition: self.id,
                     what: format!(
@@ -926,24 +989,26 @@ impl Partition {
         Ok(())
     }
 
-    /// Writes the queued batches to the tail's data file (one pwrite). Called under the state
-    /// lock, so file writes happen in id order. Index entries stay in memory until the records
-    /// are synced (`write_checkpoint_windows`): writing them per append would also make every
-    /// data fdatasync flush the index file's new blocks (ext4 ordered mode).
+    /// Writes the queued batches to the tail's data file (one pwrite, or one pwritev when records
+    /// are queued by reference). Called under the state lock, so file writes happen in id order.
+    /// Index entries stay in memory until the records are synced (`write_checkpoint_windows`):
+    /// writing them per append would also make every data fdatasync flush the index file's new
+    /// blocks (ext4 ordered mode).
     fn flush_queue(&self, st: &mut State) -> Result<()> {
         if st.queue.is_empty() {
             return Ok(());
         }
         let tail = st.segments.last().unwrap();
         let files = tail.files.clone();
-        let at = tail.end - st.queue.len() as u64;
+        let at = tail.end - st.queue.len();
         let written_end = tail.end;
-        let result = files.data.write_all_at(&st.queue, at).at(&files.data_path);
-        let result = result.and_then(|_| self.preallocate(st, &files, written_end));
+        st.zero_filled = false;
+        let t = self.phases.start();
+        let result = st.queue.write_to(files.data.as_ref(), at).at(&files.data_path);
+        self.phases.end(Phase::Write, t);
+        let flushed = st.queue.len();
+        let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
         st.queue.clear();
-        if st.queue.capacity() > SCRATCH_KEEP {
-            st.queue = Vec::new();
-        }
         // The queued bytes are gone whatever happened: nothing queued may be acknowledged now.
         result.map_err(|e| self.poison(e))
     }
@@ -1040,14 +1105,19 @@ impl Partition {
             }
             s.leader = true;
             drop(s);
-            let (written, target_seq, target_txid, files) = {
+            let (written, target_seq, target_txid, files, zero_filled) = {
+                let t = self.phases.start();
                 let mut st = self.gather_round(lock(&self.state), gather);
+                self.phases.end(Phase::Gather, t);
                 let w = self.flush_queue(&mut st);
-                (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone())
+                let zf = std::mem::take(&mut st.zero_filled);
+                (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone(), zf)
             };
             let started = Instant::now();
             let result = written.and_then(|_| files.data.sync_data().at(&files.data_path));
             let took = started.elapsed();
+            let phase = if zero_filled { Phase::SyncZeros } else { Phase::Sync };
+            self.phases.end(phase, phases::Timer::since(started, &self.phases));
             self.last_sync_ns.store(took.as_nanos() as u64, Ordering::Relaxed);
             self.sync_micros.observe(&SYNC_MICROS_BOUNDS, took.as_micros() as u64);
             self.syncs.fetch_add(1, Ordering::Relaxed);
@@ -1072,7 +1142,9 @@ impl Partition {
             drop(s);
             self.synced.notify_all();
             if counted {
+                let t = self.phases.start();
                 self.write_checkpoint_windows(&mut st);
+                self.phases.end(Phase::Checkpoint, t);
             }
             drop(st);
             s = lock(&self.sync);

@@ -57,14 +57,24 @@ fn zeros_run_ahead_of_the_records_and_are_cut_at_close() {
     append_sized(&p, 0, &[100, 200]);
     let end = HEADER_LEN + 2 * RECORD_OVERHEAD as u64 + 300;
     assert_eq!(seg_len(d.path(), 0), STEP, "the first append preallocates up to the next step");
-    // A batch that crosses the preallocated space extends it by whole steps.
-    append_sized(&p, 2, &[70_000]);
+    // Small batches run into the zeros; the one that crosses their end extends them by a step.
+    for t in 2..5 {
+        append_sized(&p, t, &[20_000]);
+        assert_eq!(seg_len(d.path(), 0), STEP, "written into the zeros");
+    }
+    append_sized(&p, 5, &[20_000]);
     assert_eq!(seg_len(d.path(), 0), 2 * STEP);
+    // A batch too large to gain from zeros grows the file to its records, with none after them.
+    append_sized(&p, 6, &[70_000]);
+    let end = end + 4 * (RECORD_OVERHEAD as u64 + 20_000) + RECORD_OVERHEAD as u64 + 70_000;
+    assert_eq!(seg_len(d.path(), 0), end, "no zeros after a large flush");
+    append_sized(&p, 7, &[100]);
+    assert_eq!(seg_len(d.path(), 0), 3 * STEP, "a small flush past the end zero-fills again");
     drop(p);
-    assert_eq!(seg_len(d.path(), 0), end + RECORD_OVERHEAD as u64 + 70_000, "close leaves the file at its last record");
+    assert_eq!(seg_len(d.path(), 0), end + RECORD_OVERHEAD as u64 + 100, "close leaves the file at its last record");
     let p = reopen(d.path(), prealloc_opts(1 << 30)).unwrap();
     assert_eq!(p.recovery.torn_bytes, 0);
-    check(&p, &[(0, 100), (1, 200), (2, 70_000)]);
+    check(&p, &[(0, 100), (1, 200), (2, 20_000), (3, 20_000), (4, 20_000), (5, 20_000), (6, 70_000), (7, 100)]);
 }
 
 #[test]
@@ -216,13 +226,18 @@ fn a_disk_too_full_for_the_zeros_still_takes_the_records() {
     let p = open_with(Arc::new(fs), d.path(), prealloc_opts(1 << 30)).unwrap();
     append_sized(&p, 0, &[100]);
     let end = HEADER_LEN + RECORD_OVERHEAD as u64 + 100;
-    // Room for records, not for the next stretch of zeros.
-    budget.store(70_000, std::sync::atomic::Ordering::SeqCst);
-    append_sized(&p, 1, &[STEP as usize]);
+    // Room for records, not for the next stretch of zeros (small batches, which zero-fill).
+    let sizes = [20_000usize; 4];
+    let records: u64 = sizes.iter().map(|n| (RECORD_OVERHEAD + n) as u64).sum();
+    budget.store(records + 10_000, std::sync::atomic::Ordering::SeqCst);
+    for (k, n) in sizes.iter().enumerate() {
+        append_sized(&p, 1 + k as i64, &[*n]);
+    }
     assert!(p.is_failed().is_none());
-    let written = end + RECORD_OVERHEAD as u64 + STEP;
+    let written = end + records;
+    assert!(written > STEP, "the last batch crossed the zeros");
     assert_eq!(seg_len(d.path(), 0), written, "the partial zeros were cut away");
     drop(p);
     let q = reopen(d.path(), prealloc_opts(1 << 30)).unwrap();
-    check(&q, &[(0, 100), (1, STEP as usize)]);
+    check(&q, &[(0, 100), (1, 20_000), (2, 20_000), (3, 20_000), (4, 20_000)]);
 }
