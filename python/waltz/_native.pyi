@@ -287,6 +287,7 @@ class RequestKind:
     RECORD: ClassVar[RequestKind]
     RECORD_HEADER_LIST: ClassVar[RequestKind]
     RECORD_LIST: ClassVar[RequestKind]
+    RESTART_LOG: ClassVar[RequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 
@@ -318,6 +319,7 @@ class AdminRequestKind:
     RESET_FENCE: ClassVar[AdminRequestKind]
     TRUNCATE: ClassVar[AdminRequestKind]
     RAISE_FENCE: ClassVar[AdminRequestKind]
+    RESTART_LOG: ClassVar[AdminRequestKind]
     def __eq__(self, other: object, /) -> bool: ...
     def __int__(self) -> int: ...
 
@@ -383,8 +385,8 @@ def encode_set_retention(
     seq: int,
     partition_id: int,
     *,
-    max_age_ms: int = -1,
-    max_bytes: int = -1,
+    max_age_ms: int = ...,  # -1: no limit
+    max_bytes: int = ...,  # -1: no limit
     min_kept: int = 0,
     hold_from: int = 2**63 - 1,
     lease_ms: int = 30_000,

@@ -183,12 +183,12 @@ class LogReader:
                 # Every replica that can serve it has dropped it: waiting cannot bring it back.
                 held = min(firsts)
                 gap = f"transactions {nxt}..{held - 1} are" if held > nxt else f"transaction {nxt} is"
-                e = errors.BelowLogStartError(
+                below = errors.BelowLogStartError(
                     f"partition {partition}: {gap} held by no replica any more (deleted by retention, or a "
                     f"directory replaced by a pruned copy; the log starts at {held}) ({'; '.join(gone)})"
                 )
-                e.first = held  # type: ignore[attr-defined]
-                raise e
+                below.first = held  # type: ignore[attr-defined]
+                raise below
             if time.monotonic() > deadline:
                 raise errors.RequestTimeoutError(
                     f"partition {partition}: cannot read transaction {nxt} within {self.timeout} s ({last})"

@@ -380,7 +380,8 @@ async def _status(node: Any, info: Any) -> list[dict[str, Any]]:
     async with await StorageAdminClient.connect(
         node.host, node.admin_port, cluster_key=info.cluster_key, partition_count=info.partitions, timeout=10.0
     ) as c:
-        return await c.status()
+        status: list[dict[str, Any]] = await c.status()
+        return status
 
 
 def _drain_feed(
