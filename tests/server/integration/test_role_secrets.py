@@ -262,7 +262,9 @@ def test_hostile_peers_on_the_client_port_disturb_nobody(cluster: Cluster) -> No
         for batch in range(30):
             await asyncio.gather(*(hostile(batch * 10 + i) for i in range(10)))
             good.send(cp.HighWaterMarkRequest(100 + batch, 0))
-            await good.until(lambda m: isinstance(m, cp.HighWaterMarkResponse))
+            # Generous: the hostile appends commit through fsyncs, slow on a loaded machine; what
+            # is asserted is that the answer comes, not how fast.
+            await good.until(lambda m: isinstance(m, cp.HighWaterMarkResponse), timeout=60)
         good.close()
 
     asyncio.run(run())
