@@ -118,6 +118,11 @@ def test_a_task_lost_after_committing_and_a_restarted_query_write_each_row_once(
     tag = uuid.uuid4().hex
     _write_input(source, "a", tag, range(0, 40))
     _write_input(source, "b", tag, range(40, 60))
+    # Spark takes files in modification-time order; two written within one tick tie, and either
+    # could be batch 0. Apart by a minute, "a" is batch 0 on every run.
+    now = time.time()
+    os.utime(source / "a.parquet", (now - 120, now - 120))
+    os.utime(source / "b.parquet", (now - 60, now - 60))
 
     # Batch 0's tasks commit their rows and fail; with local[2] Spark does not retry a task, so
     # the query fails, and the batch is not in its commit log.
