@@ -106,13 +106,16 @@ class Node:
         return asyncio.run(go())
 
 
-@pytest.fixture
-def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
+def nodes_cluster(
+    metadata_url: str, tmp_path: pathlib.Path, **keys: Any
+) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
+    """Cluster "e2e" on three storage nodes with every partition assigned; `keys` go to each
+    `Node` (`storage_keys`, `node_keys`)."""
     store = open_store(metadata_url)
     store.start()
     meta = ClusterMetadata(store, "/waltz/e2e")
     info, _ = meta.create("e2e", PARTITIONS, 3)
-    nodes = [Node(tmp_path / f"n{i}", info.cluster_key) for i in range(3)]
+    nodes = [Node(tmp_path / f"n{i}", info.cluster_key, **keys) for i in range(3)]
     for i, n in enumerate(nodes):
         meta.add_storage_node(n.address, n.ports["admin_port"], i)
         meta.auto_assign(i)
@@ -127,6 +130,11 @@ def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMe
         if n.proc.poll() is None:
             stop(n.proc)
     store.close()
+
+
+@pytest.fixture
+def setup(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
+    yield from nodes_cluster(metadata_url, tmp_path)
 
 
 def start_server(

@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
+from support.daemons import Cli, Node, nodes_cluster, start_server, wait_served
 from support.processes import get, start, stop, wait_http
 from test_server_daemon import mounted
 from waltz import client_protocol as cp
 from waltz import errors
 from waltz.client import ClientConfig, Transaction, WaltzClient, WaltzClientCallbacks
-from waltz.cluster import open_store
 from waltz.cluster.metadata import ClusterMetadata
 
 SEGMENT = 8192
@@ -29,33 +28,9 @@ PAYLOAD = b"r" * 200
 @pytest.fixture
 def small_segments(metadata_url: str, tmp_path: pathlib.Path) -> Iterator[tuple[ClusterMetadata, list[Node], str]]:
     """The `setup` cluster with 8 KiB segments and a retention pass every 0.2 s."""
-    store = open_store(metadata_url)
-    store.start()
-    meta = ClusterMetadata(store, "/waltz/e2e")
-    info, _ = meta.create("e2e", PARTITIONS, 3)
-    nodes = [
-        Node(
-            tmp_path / f"n{i}",
-            info.cluster_key,
-            storage_keys={"segment_size": SEGMENT},
-            node_keys={"retention_interval": 0.2},
-        )
-        for i in range(3)
-    ]
-    for i, n in enumerate(nodes):
-        meta.add_storage_node(n.address, n.ports["admin_port"], i)
-        meta.auto_assign(i)
-
-        async def assign_all(c: Any) -> None:
-            for p in range(PARTITIONS):
-                await c.assign(p)
-
-        n.admin(assign_all)
-    yield meta, nodes, metadata_url
-    for n in nodes:
-        if n.proc.poll() is None:
-            stop(n.proc)
-    store.close()
+    yield from nodes_cluster(
+        metadata_url, tmp_path, storage_keys={"segment_size": SEGMENT}, node_keys={"retention_interval": 0.2}
+    )
 
 
 def status(node: Node, partition: int = 0) -> dict[str, Any]:
