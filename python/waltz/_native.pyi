@@ -2,8 +2,8 @@
 
 import os
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import ClassVar, Literal, TypedDict, final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Literal, Self, TypedDict, final
 
 __version__: str
 SYNC_MICROS_BOUNDS: list[int]
@@ -269,6 +269,35 @@ class FrameReader:
     def feed(self, data: bytes) -> None: ...
     def next_frame(self) -> tuple[int, bytes] | None: ...
     def buffered(self) -> int: ...
+
+@final
+class ClientVocabulary:
+    """The message classes, enums and exceptions of `waltz.client_protocol`, given once."""
+    def __new__(
+        cls,
+        messages: Mapping[int, type],
+        feed_entry: type,
+        mount_status: type,
+        failure_kind: type,
+        limit_exceeded: type[BaseException],
+        too_many_locks: type[BaseException],
+        python_decode: Callable[[int, bytes, int | None], object],
+    ) -> ClientVocabulary: ...
+    @property
+    def native_types(self) -> list[int]:
+        """The message types decoded natively (the others, if any, by the Python decoder)."""
+
+class ClientMessageReader:
+    """Bytes in, `waltz.client_protocol` messages out (framing and decoding in native code)."""
+
+    max_frame: int
+    """The largest frame accepted, checked as soon as a frame's length arrives."""
+    max_locks: int | None
+    """The most locks an Append may declare in all, or None."""
+    def __new__(cls, vocabulary: ClientVocabulary, max_frame: int = 64 << 20, max_locks: int | None = None) -> Self: ...
+    def feed(self, data: bytes) -> None: ...
+    def buffered(self) -> int: ...
+    def next_message(self) -> Any: ...
 
 def encode_frame(magic: int, msg_type: int, payload: bytes) -> bytes:
     """One frame of the shared framing around `payload`."""

@@ -1,7 +1,12 @@
-"""The client protocol (client ↔ server), shared by both sides: message payloads here, the
-framing (length, magic "WC", version, type, CRC) in the native codec. Byte layouts are in
-docs/protocol.md. Decoding is strict: short fields, trailing bytes, counts that cannot fit in the
-frame and data whose CRC fails raise `ProtocolError`, and the connection is closed."""
+"""The client protocol (client ↔ server), shared by both sides: the messages and their encoders
+here, the framing (length, magic "WC", version, type, CRC) in the native codec. Byte layouts are
+in docs/protocol.md. Decoding is strict: short fields, trailing bytes, counts that cannot fit in
+the frame and data whose CRC fails raise `ProtocolError`, and the connection is closed.
+
+`MessageReader`, which both ends read with, decodes in native code (rust/src/client_protocol/)
+into these classes; the decoder here (`decode`, `PyMessageReader`) is the reference that
+tests/client/unit/test_client_protocol_parity.py holds the native one to, and decodes what the
+native one does not know yet (a message added here first)."""
 
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ import hashlib
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from waltz._native import FrameReader, ProtocolError, encode_frame
+from waltz._native import ClientMessageReader, ClientVocabulary, FrameReader, ProtocolError, encode_frame
 
 MAGIC = 0x5743  # "WC"
 VERSION = 2
@@ -586,8 +591,9 @@ def decode(msg_type: int, payload: bytes, max_locks: int | None = None) -> Messa
     return msg
 
 
-class MessageReader:
-    """Bytes in, decoded messages out (`FrameReader` for the framing, then `decode`)."""
+class PyMessageReader:
+    """Bytes in, decoded messages out (`FrameReader` for the framing, then `decode`): the reference
+    implementation of `MessageReader`, in Python."""
 
     def __init__(self, max_frame: int = 64 << 20, max_locks: int | None = None) -> None:
         self._frames = FrameReader(MAGIC, max_frame)
@@ -616,3 +622,21 @@ class MessageReader:
         if frame is None:
             return None
         return decode(*frame, max_locks=self.max_locks)
+
+
+_VOCABULARY = ClientVocabulary(MESSAGES, FeedEntry, MountStatus, FailureKind, LimitExceeded, TooManyLocks, decode)
+
+
+class MessageReader(ClientMessageReader):
+    """Bytes in, decoded messages out, framing and decoding in native code: `feed(data)`, then
+    `next_message()` until it returns None. Raises what `PyMessageReader` raises for the same
+    bytes: `ProtocolError` (the connection is unusable), `LimitExceeded` for a frame above
+    `max_frame` (refused on its length, none of it buffered), `TooManyLocks` for an Append
+    declaring more than `max_locks` locks (its frame consumed: the connection may go on)."""
+
+    def __new__(cls, max_frame: int = 64 << 20, max_locks: int | None = None) -> MessageReader:
+        return super().__new__(cls, _VOCABULARY, max_frame, max_locks)
+
+    if TYPE_CHECKING:  # the native method, typed as what it returns
+
+        def next_message(self) -> Message | None: ...

@@ -1,5 +1,6 @@
-//! Waltz's native core: the storage engine, the storage node, and (feature `python`) the
+//! Waltz's native core: the storage engine, the storage node, the client protocol, and (feature `python`) the
 //! bindings that make them `waltz._native`.
+pub mod client_protocol;
 pub mod engine;
 pub mod node;
 

@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 mod bench;
+mod client_protocol;
 mod errors;
 mod inspect;
 mod log;
@@ -18,6 +19,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     bench::register(m)?;
     protocol::register(m)?;
+    client_protocol::register(m)?;
     inspect::register(m)?;
     node::register(m)?;
     storage::register(m)?;
