@@ -202,6 +202,8 @@ def client_seeds() -> list[bytes]:
         cp.FlushResponse(3, 0, 7),
         cp.TransactionDataRequest(4, 0, 6),
         cp.TransactionDataResponse(4, 0, 6, b"data"),
+        cp.TransactionDataRangeRequest(4, 0, 6, 10, 1 << 20),
+        cp.TransactionDataRangeResponse(4, 0, 6, (b"a", b"", b"ccc")),
         cp.HighWaterMarkRequest(5, 0),
         cp.HighWaterMarkResponse(5, 0, 7),
         cp.Failure(6, 0, cp.FailureKind.NOT_COMMITTED, "not yet"),
@@ -222,6 +224,19 @@ def client_seeds() -> list[bytes]:
     return seeds
 
 
+def client_reader_seeds() -> list[bytes]:
+    """Inputs of fuzz_targets/client_reader.rs: flags, chunk, then a stream of client frames (the
+    messages of `client_seeds`, each alone and all together, under each limit)."""
+    try:
+        from waltz import client_protocol as cp
+    except ImportError:
+        return []
+    frames = [cp.encode_frame(cp.MAGIC, s[1], s[2:]) for s in client_seeds() if s[0] == 0]
+    seeds = [bytes([0, 255]) + f for f in frames]
+    seeds += [bytes([flags, 6]) + b"".join(frames) for flags in (0, 2, 4, 5)]
+    return seeds
+
+
 def main() -> None:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "corpus"
     sets = {
@@ -230,6 +245,7 @@ def main() -> None:
         "control_file": control_seeds(),
         "segment_recovery": segment_seeds(),
         "client_protocol": client_seeds(),
+        "client_reader": client_reader_seeds(),
     }
     for target, seeds in sets.items():
         d = root / target

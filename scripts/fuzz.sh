@@ -9,7 +9,7 @@
 # RUNS defaults to 1000000 (or $FUZZ_RUNS); FUZZ_MAX_TIME caps each target's seconds (default
 # 1800); FUZZ_PYTHON is the interpreter with waltz installed (default .venv/bin/python, set up by
 # scripts/setup.sh if missing). Targets: storage_protocol admin_protocol control_file
-# segment_recovery (cargo-fuzz, fuzz/fuzz_targets/) and client_protocol (atheris,
+# segment_recovery client_reader (cargo-fuzz, fuzz/fuzz_targets/) and client_protocol (atheris,
 # fuzz/client_protocol.py). The corpus grows in fuzz/corpus/, crashes land in
 # fuzz/artifacts/<target>/, logs in fuzz/logs/ (none of them in git). Exits 1 on any crash.
 #
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 runs=${1:-${FUZZ_RUNS:-1000000}}
 [ $# -gt 0 ] && shift
-all=(storage_protocol admin_protocol control_file segment_recovery client_protocol)
+all=(storage_protocol admin_protocol control_file segment_recovery client_reader client_protocol)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 max_time=${FUZZ_MAX_TIME:-1800}
