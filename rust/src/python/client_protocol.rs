@@ -9,7 +9,7 @@ use crate::engine::record::ReqId;
 use crate::node::protocol::{FrameError, DEFAULT_MAX_FRAME};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::{ffi, intern, IntoPyObjectExt};
 
 /// Each message class's dataclass fields, in order, by type code.
 const FIELDS: [(u8, &[&str]); 17] = {
@@ -50,7 +50,10 @@ impl Class {
         let fields_of = py.import("dataclasses")?.getattr("fields")?;
         let declared: Vec<String> =
             fields_of.call1((cls,))?.try_iter()?.map(|f| f?.getattr("name")?.extract()).collect::<PyResult<_>>()?;
-        if declared != fields {
+        // Instances are made as object.__new__ makes them: a class with a __new__ of its own
+        // is left to the Python decoder.
+        let object_new = py.get_type::<pyo3::types::PyAny>().getattr(intern!(py, "__new__"))?;
+        if declared != fields || !cls.getattr(intern!(py, "__new__"))?.is(&object_new) {
             return Ok(None);
         }
         Ok(Some(Class {
@@ -73,7 +76,8 @@ pub struct PyClientVocabulary {
     too_many_locks: Py<PyType>,
     python_decode: Py<PyAny>,
     python_types: Vec<u8>,
-    object_new: Py<PyAny>,
+    /// object's tp_new: instances are made without a Python call.
+    object_new: ffi::newfunc,
 }
 
 #[pymethods]
@@ -116,7 +120,14 @@ impl PyClientVocabulary {
             too_many_locks: too_many_locks.clone().unbind(),
             python_decode: python_decode.clone().unbind(),
             python_types,
-            object_new: py.import("builtins")?.getattr("object")?.getattr("__new__")?.unbind(),
+            // SAFETY: PyType_GetSlot on a static type is allowed since Python 3.10; object
+            // always has a tp_new.
+            object_new: unsafe {
+                std::mem::transmute::<*mut std::ffi::c_void, ffi::newfunc>(ffi::PyType_GetSlot(
+                    std::ptr::addr_of_mut!(ffi::PyBaseObject_Type),
+                    ffi::Py_tp_new,
+                ))
+            },
         })
     }
 
@@ -132,13 +143,22 @@ fn req_id<'py>(py: Python<'py>, r: &ReqId) -> PyResult<Bound<'py, PyAny>> {
 }
 
 impl PyClientVocabulary {
+    /// `object.__new__(cls)`, then each field set as `object.__setattr__` sets it (what a frozen
+    /// dataclass's `__init__` does), without the Python calls.
     fn make<'py>(&self, py: Python<'py>, class: &Class, values: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
-        let obj = self.object_new.bind(py).call1((class.cls.bind(py),))?;
-        let dict = obj.getattr(intern!(py, "__dict__"))?.cast_into::<PyDict>()?;
-        for (name, v) in class.fields.iter().zip(values) {
-            dict.set_item(name.bind(py), v)?;
+        let args = PyTuple::empty(py);
+        // SAFETY: object_new is object's tp_new, called as `object.__new__(cls)` would call it,
+        // with a class that derives from object; every pointer passed is alive for the call.
+        unsafe {
+            let obj = (self.object_new)(class.cls.as_ptr().cast(), args.as_ptr(), std::ptr::null_mut());
+            let obj = Bound::from_owned_ptr_or_err(py, obj)?;
+            for (name, v) in class.fields.iter().zip(values) {
+                if ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), v.as_ptr()) < 0 {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+            Ok(obj)
         }
-        Ok(obj)
     }
 
     fn entry<'py>(&self, py: Python<'py>, e: FeedEntry) -> PyResult<Bound<'py, PyAny>> {
