@@ -46,6 +46,7 @@ from waltz.torture.history import HistoryWriter, read_history
 from waltz.torture.nemesis import FAULTS, Nemesis
 from waltz.torture.proxy import FaultProxy, ProxyLoop
 from waltz.torture.report import Report
+from waltz.torture.workloads import WorkloadSettings, check_workload, prepare
 
 
 @dataclasses.dataclass
@@ -71,6 +72,8 @@ class TortureOptions:
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
+    workload: str = "log"
+    """What the clients run (`waltz.torture.workloads.WORKLOADS`)."""
 
 
 @dataclasses.dataclass
@@ -193,13 +196,17 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper.start()
             metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
         retention = o.retention_max_age is not None
+        workload = WorkloadSettings.named(o.workload)
+        partition_keys = {"checkpoint_interval": 200} if retention else {}
+        if workload.lock_budget_bytes is not None:
+            partition_keys["lock_budget_bytes"] = workload.lock_budget_bytes
         cluster = LocalCluster.create(
             d / "cluster",
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
             storage_keys={"segment_size": 64 << 10} if retention else None,
-            partition_keys={"checkpoint_interval": 200} if retention else None,
+            partition_keys=partition_keys or None,
         )
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
@@ -218,7 +225,10 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             "op_timeout": o.op_timeout,
             "drain_timeout": o.heal_timeout,
             "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
+            "workload": workload.to_json(),
         }
+        prepare(workload, d, o.partitions)
+        say(f"workload: {o.workload}")
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
         observer = _MarkObserver(cluster, nemesis_log)
         nemesis = Nemesis(
@@ -282,6 +292,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         nemesis_log.close()
         history = read_history(sorted((d / "history").glob("*.jsonl")))
         report = check(history, drains, reference="cluster", lagging=lagging, first_id=None if starts else 0)
+        report.anomalies += check_workload(workload, d, drains["cluster"])
         transactions = sum(t + 1 for t in targets.values())
         result = TortureResult(
             report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
