@@ -11,7 +11,7 @@ the history: replicas are drained from their files, where nothing else is known.
 
 A workload with its own state (bank, list-append: `waltz/torture/workloads.py`) adds `"x"`, any
 JSON value: what the operation did (a transfer, the lists it read and the values it appended),
-so that its checker can replay the committed log alone.
+so that its checker can replay the committed log alone; it seeds the filler with the payload id.
 
 The filler is a function of the payload id and the length is recorded, so damage anywhere in the
 bytes (not only in the JSON), truncation included, is found by `decode_payload`, even when every
@@ -49,8 +49,10 @@ def lock_name(name: str, id: int) -> str:
     return f"{name}:{id}"
 
 
-def _filler(payload: str, n: int) -> bytes:
-    seed = hashlib.blake2b(payload.encode(), digest_size=32).digest()
+def _filler(payload: str, n: int, extra: Any = None) -> bytes:
+    # A workload's description seeds the filler too: a flip that leaves it valid JSON still shows.
+    key = payload if extra is None else payload + json.dumps(extra, separators=(",", ":"), sort_keys=True)
+    seed = hashlib.blake2b(key.encode(), digest_size=32).digest()
     return (seed * (n // len(seed) + 1))[:n]
 
 
@@ -77,7 +79,7 @@ def encode_payload(
     while True:  # the header holds the total length, which may grow with the header (a digit or two)
         head = json.dumps({**fields, "n": n}, separators=(",", ":"), sort_keys=True).encode() + b"\n"
         if len(head) <= n:
-            return head + _filler(payload, n - len(head))
+            return head + _filler(payload, n - len(head), extra)
         n = len(head)
 
 
