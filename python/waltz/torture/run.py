@@ -83,6 +83,8 @@ class TortureResult:
     problems: list[str]
     transactions: int
     seconds: float
+    locks: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The servers' lock failures at the end (counters restart with a partition's server)."""
 
     @property
     def passed(self) -> bool:
@@ -95,6 +97,7 @@ class TortureResult:
             "seconds": round(self.seconds, 1),
             "faults": self.faults,
             "problems": self.problems,
+            "locks": self.locks,
             "report": json.loads(self.report.to_json()),
         }
 
@@ -268,6 +271,11 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         if o.retention_max_age is not None:
             starts = _stop_retention(cluster, say)
         targets = _marks(cluster)
+        locks = {
+            k: int(sum(cluster.server_metric(f"waltz_server_{k}_total").values()))
+            for k in ("lock_failures", "lock_fallback_failures")
+        }
+        say(f"lock failures counted by the servers now serving: {locks}")
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
         drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout, starts)}
@@ -295,7 +303,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         report.anomalies += check_workload(workload, d, drains["cluster"])
         transactions = sum(t + 1 for t in targets.values())
         result = TortureResult(
-            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
+            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started, locks
         )
         (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
         return result
