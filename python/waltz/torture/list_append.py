@@ -175,7 +175,7 @@ def _check_partition(p: int, records: Sequence[Record], source: str) -> list[Ano
                 continue
             below = sum(1 for w in writers if w < r.txid)
             if n != below:
-                what = "stale: missing appends" if n < below else "from the future: appends"
+                what = "stale: it misses the appends of txids" if n < below else "from the future: the appends of txids"
                 out.append(
                     Anomaly(
                         "la-stale-read",
