@@ -104,7 +104,7 @@ def decode_payload(data: bytes) -> Payload:
         if not isinstance(group, list) or not all(isinstance(lock, str) for lock in group):
             raise PayloadError(f"payload header's {key!r} locks are not a list of strings")
         locks.append(tuple(group))
-    decoded = Payload(payload, hwm, *locks, extra=obj.get("x"))
+    decoded = Payload(payload, hwm, locks[0], locks[1], locks[2], extra=obj.get("x"))
     if n != len(data):
         raise PayloadError(f"payload {payload!r} has {len(data)} bytes, not the {n} written")
     # Re-encoding pins down every byte: the header's exact spelling and the filler.
