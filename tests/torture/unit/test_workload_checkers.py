@@ -86,6 +86,16 @@ def test_a_read_from_the_future_is_reported():
     assert kinds(check_list_append({0: log})) == {"la-stale-read": 1}
 
 
+def test_transactions_that_read_each_others_appends_form_a_g1c_cycle():
+    log = [
+        record(0, "t0", {"r": {"1": read_of(["t1"])}, "a": [0]}),
+        record(1, "t1", {"r": {"0": read_of(["t0"])}, "a": [1]}),
+    ]
+    found = check_list_append({0: log})
+    assert kinds(found) == {"la-stale-read": 1, "la-cycle": 1}
+    assert next(a for a in found if a.kind == "la-cycle").message.startswith("G1c")
+
+
 def test_a_read_that_is_not_a_prefix_of_the_final_order_is_reported():
     log = list_append_log(50)
     last = log[-1]
@@ -166,3 +176,11 @@ def test_money_created_lost_or_applied_outside_the_log_is_reported():
     db["marks"][0] = 150
     found = kinds(check_bank({0: log}, db, ACCOUNTS, OPENING))
     assert found == {"bank-not-applied": 2, "bank-phantom-apply": 1}, found
+
+
+def test_the_command_offers_every_workload():
+    from waltz.cli.torture import torture
+    from waltz.torture.workloads import WORKLOADS
+
+    option = next(p for p in torture.params if p.name == "workload")
+    assert tuple(option.type.choices) == WORKLOADS
