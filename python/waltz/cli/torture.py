@@ -46,6 +46,17 @@ def _seconds(value: str) -> float:
     "deletions happen during the faults; the checker then allows the ids deleted everywhere to be missing.",
 )
 @click.option(
+    "--workload",
+    type=click.Choice(["log", "bank", "list-append", "lock-fallback"]),
+    default="log",
+    show_default=True,
+    help="log: unique payloads under locks, checked against the log. bank: transfers applied exactly once into one "
+    "SQLite database shared by every client through SqlCallbacks (total conserved, no negative balance, each "
+    "transfer applied once). list-append: appends and reads of lists under write, read and append locks, checked "
+    "like Elle (prefixes, duplicates, stale reads, dependency cycles). lock-fallback: list-append over 4,096 keys "
+    "a partition with the servers' lock table squeezed to its hashed array.",
+)
+@click.option(
     "--directory",
     type=click.Path(file_okay=False, path_type=pathlib.Path),
     help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.",
@@ -59,6 +70,7 @@ def torture(
     faults: str | None,
     zookeeper: bool,
     retention: str | None,
+    workload: str,
     directory: pathlib.Path | None,
 ) -> None:
     """Run clients against a local cluster while faults strike, then check every history.
@@ -89,6 +101,7 @@ def torture(
             faults=kinds,
             zookeeper=zookeeper,
             retention_max_age=None if retention is None else _seconds(retention),
+            workload=workload,
         ),
         say=lambda s: console.print(f"  {s}", highlight=False),
     )

@@ -46,6 +46,7 @@ from waltz.torture.history import HistoryWriter, read_history
 from waltz.torture.nemesis import FAULTS, Nemesis
 from waltz.torture.proxy import FaultProxy, ProxyLoop
 from waltz.torture.report import Report
+from waltz.torture.workloads import WorkloadSettings, check_workload, prepare
 
 
 @dataclasses.dataclass
@@ -71,6 +72,8 @@ class TortureOptions:
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
+    workload: str = "log"
+    """What the clients run (`waltz.torture.workloads.WORKLOADS`)."""
 
 
 @dataclasses.dataclass
@@ -80,6 +83,8 @@ class TortureResult:
     problems: list[str]
     transactions: int
     seconds: float
+    locks: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The servers' lock failures at the end (counters restart with a partition's server)."""
 
     @property
     def passed(self) -> bool:
@@ -92,6 +97,7 @@ class TortureResult:
             "seconds": round(self.seconds, 1),
             "faults": self.faults,
             "problems": self.problems,
+            "locks": self.locks,
             "report": json.loads(self.report.to_json()),
         }
 
@@ -193,13 +199,17 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper.start()
             metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
         retention = o.retention_max_age is not None
+        workload = WorkloadSettings.named(o.workload)
+        partition_keys = {"checkpoint_interval": 200} if retention else {}
+        if workload.lock_budget_bytes is not None:
+            partition_keys["lock_budget_bytes"] = workload.lock_budget_bytes
         cluster = LocalCluster.create(
             d / "cluster",
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
             storage_keys={"segment_size": 64 << 10} if retention else None,
-            partition_keys={"checkpoint_interval": 200} if retention else None,
+            partition_keys=partition_keys or None,
         )
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
@@ -218,7 +228,10 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             "op_timeout": o.op_timeout,
             "drain_timeout": o.heal_timeout,
             "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
+            "workload": workload.to_json(),
         }
+        prepare(workload, d, o.partitions)
+        say(f"workload: {o.workload}")
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
         observer = _MarkObserver(cluster, nemesis_log)
         nemesis = Nemesis(
@@ -258,6 +271,11 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         if o.retention_max_age is not None:
             starts = _stop_retention(cluster, say)
         targets = _marks(cluster)
+        locks = {
+            k: int(sum(cluster.server_metric(f"waltz_server_{k}_total").values()))
+            for k in ("lock_failures", "lock_fallback_failures")
+        }
+        say(f"lock failures counted by the servers now serving: {locks}")
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
         drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout, starts)}
@@ -282,9 +300,10 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         nemesis_log.close()
         history = read_history(sorted((d / "history").glob("*.jsonl")))
         report = check(history, drains, reference="cluster", lagging=lagging, first_id=None if starts else 0)
+        report.anomalies += check_workload(workload, d, drains["cluster"])
         transactions = sum(t + 1 for t in targets.values())
         result = TortureResult(
-            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
+            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started, locks
         )
         (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
         return result
