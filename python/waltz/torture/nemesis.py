@@ -20,6 +20,10 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    replicas, restart it; healed with the documented repair (docs/operations.md:
                    remove the replica's files, add the partition, recover-partition from a
                    healthy replica, make it writable)
+    move-replica   move one replica of a partition to a storage node without one, with the
+                   documented operator sequence (torture/membership.py; the run adds a fourth
+                   storage node for it)
+    stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
 kill-majority, which runs alone; at most one server; faults otherwise combine.
@@ -43,6 +47,7 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
+from waltz.torture import membership
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -57,6 +62,8 @@ FAULTS = (
     "fsync-eio",
     "enospc",
     "corrupt",
+    "move-replica",
+    "stop-server",
 )
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
@@ -133,8 +140,10 @@ class Nemesis:
         storage_busy, servers_busy = self._busy("storage"), self._busy("server")
         if kind == "kill-majority":
             return not self.active
-        if kind == "kill-server":
+        if kind in ("kill-server", "stop-server"):
             return not servers_busy
+        if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
+            return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind in ("pause", "partition", "slow", "reset"):
@@ -167,10 +176,19 @@ class Nemesis:
                     c.start_member(t)
 
             fault.undo = restart_both
-        elif kind == "kill-server":
+        elif kind in ("kill-server", "stop-server"):
             fault.targets = (self.rng.choice(self.servers),)
-            c.kill(fault.targets[0])
-            fault.undo = lambda: c.start_member(fault.targets[0])
+            if kind == "kill-server":
+                c.kill(fault.targets[0])
+                fault.undo = lambda: c.start_member(fault.targets[0])
+            else:
+                c.kill(fault.targets[0], signal.SIGTERM)
+                fault.undo = lambda: membership.start_when_stopped(c, fault.targets[0])
+        elif kind == "move-replica":
+            # Done here, start to end (the metadata and the nodes see it at once); its targets
+            # stay busy for the hold so no storage fault lands on them right after.
+            fault.detail = membership.move_replica(c, self.rng, self.say)
+            fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None

@@ -36,9 +36,11 @@ from waltz.client import WaltzClient
 from waltz.client.log_reader import LogReader
 from waltz.cluster import retention as retention_policy
 from waltz.local import LocalCluster
+from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.storage import Storage
 from waltz.storage.client import StorageAdminClient
+from waltz.torture import membership
 from waltz.torture.checker import check
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
@@ -208,6 +210,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
+            storage_nodes=REPLICAS + (membership.SPARE_NODES if "move-replica" in o.faults else 0),
             storage_keys={"segment_size": 64 << 10} if retention else None,
             partition_keys=partition_keys or None,
         )
@@ -293,9 +296,11 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             if m.role == "server":
                 cluster.kill(m.name, signal.SIGTERM)
         lagging: list[tuple[str, int]] = []
+        held = membership.holders(cluster)  # replicas moved by move-replica are not where they began
         for m in cluster.members:
             if m.role == "storage":
-                drains[m.name] = _drain_files(cluster.directory / "data" / m.name, targets, m.name, lagging, problems)
+                mine = {p: t for p, t in targets.items() if m.name in held.get(p, ())}
+                drains[m.name] = _drain_files(cluster.directory / "data" / m.name, mine, m.name, lagging, problems)
         write_drains(d / "drains.jsonl", drains)
         nemesis_log.close()
         history = read_history(sorted((d / "history").glob("*.jsonl")))
