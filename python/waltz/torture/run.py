@@ -40,6 +40,7 @@ from waltz.local.zookeeper import ZooKeeperServer
 from waltz.storage import Storage
 from waltz.storage.client import StorageAdminClient
 from waltz.torture.checker import check
+from waltz.torture.disk import DISK_FAULTS, DISK_SEGMENT_SIZE, mount_disks, unmount_disks
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
 from waltz.torture.history import HistoryWriter, read_history
@@ -71,6 +72,9 @@ class TortureOptions:
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
+    segment_size: int | None = None
+    """Bytes per segment; None: 64 KiB with retention or disk faults (segments roll during the
+    faults), the node's default otherwise."""
 
 
 @dataclasses.dataclass
@@ -184,6 +188,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
     workers: list[_Worker] = []
     observer: _MarkObserver | None = None
     cluster: LocalCluster | None = None
+    disks: dict[str, Any] = {}
     nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
     problems: list[str] = []
     try:
@@ -193,14 +198,16 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper.start()
             metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
         retention = o.retention_max_age is not None
+        segment_size = o.segment_size or (DISK_SEGMENT_SIZE if retention or set(o.faults) & set(DISK_FAULTS) else None)
         cluster = LocalCluster.create(
             d / "cluster",
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
-            storage_keys={"segment_size": 64 << 10} if retention else None,
+            storage_keys={"segment_size": segment_size} if segment_size else None,
             partition_keys={"checkpoint_interval": 200} if retention else None,
         )
+        disks = mount_disks(cluster, o.faults)
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
             cluster.advertise(m.name, proxies[m.name].port)
@@ -231,6 +238,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper=zookeeper,
             hold=o.hold,
             committed=lambda: dict(observer.latest) if observer else {},
+            disks=disks,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
@@ -308,6 +316,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
                 cluster.stop()
             except Exception as e:  # noqa: BLE001 - the run's own error, if any, is what matters
                 say(f"stopping the cluster failed: {type(e).__name__}: {e}")
+        unmount_disks(disks)
         for p in proxies.values():
             p.close()
         loop.close()
