@@ -6,6 +6,8 @@ loses their unsynced writes on a power loss, fills up and slows down on command.
                          boundary; restart it
     power-loss-majority  the same on two of the three storage nodes at once (runs alone): what
                          a majority acknowledged was synced, so nothing acknowledged may be lost
+    power-outage         the same on every storage node at once (runs alone): only the syncs
+                         stand between an acknowledgement and its loss
     disk-full            two of the three disks refuse to grow past a small budget (ENOSPC; runs
                          alone): the cluster must stop committing, lose nothing, and resume when
                          space returns (healed as an operator would: free space, restart them)
@@ -22,8 +24,8 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.torture.lazyfs import LazyFs
 
-DISK_FAULTS = ("power-loss", "power-loss-majority", "disk-full", "slow-disk")
-MAJORITY_DISK_FAULTS = ("power-loss-majority", "disk-full")
+DISK_FAULTS = ("power-loss", "power-loss-majority", "power-outage", "disk-full", "slow-disk")
+MAJORITY_DISK_FAULTS = ("power-loss-majority", "power-outage", "disk-full")
 """Faults of two storage nodes at once: they run alone, as kill-majority does."""
 DISK_SEGMENT_SIZE = 64 << 10
 """Segment size of a run with disk faults: the segments roll (new files, headers, index
@@ -63,8 +65,9 @@ def start_disk_fault(
     kind: str, cluster: LocalCluster, disks: dict[str, LazyFs], storage: list[str], rng: random.Random
 ) -> tuple[tuple[str, ...], dict[str, Any], Callable[[], None]]:
     """Starts `kind` on `storage` nodes: (targets, detail for the history, undo)."""
-    if kind in ("power-loss", "power-loss-majority"):
-        targets = tuple(rng.sample(storage, 2 if kind == "power-loss-majority" else 1))
+    if kind in ("power-loss", "power-loss-majority", "power-outage"):
+        count = {"power-loss": 1, "power-loss-majority": 2, "power-outage": len(storage)}[kind]
+        targets = tuple(rng.sample(storage, count))
         tears = {t: rng.random() if rng.random() < 0.5 else None for t in targets}
         detail: dict[str, Any] = {}
         for t in targets:
@@ -80,7 +83,7 @@ def start_disk_fault(
         return targets, {"lost": detail}, restart
     if kind == "disk-full":
         targets = tuple(rng.sample(storage, 2))
-        budget = rng.choice([0, 16 << 10, 256 << 10])
+        budget = rng.choice([0, 4 << 10, 64 << 10])
         for t in targets:
             disks[t].command(f"full {budget}")
 

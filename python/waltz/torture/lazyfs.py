@@ -8,8 +8,8 @@ writes are gone, and only what the node synced survives. Before dying it can als
 write at a page boundary (its first pages reach the disk, the rest do not), as a disk may.
 
 Metadata (create, rename, unlink, mkdir) goes to the backing directory at once, and a truncate
-syncs its file first: both err on the side of keeping, so every loss this layer produces is one
-a real power loss could produce too.
+that shrinks a file syncs it first (one that grows it stays in memory like a write): both err on
+the side of keeping, so every loss this layer produces is one a real power loss could produce too.
 
 It also makes the disk full (ENOSPC once a budget of new bytes is used up) and slow (a delay on
 every write and sync), both switched at run time through a control socket:
@@ -240,7 +240,16 @@ class LazyOperations:
 
     def _truncate(self, fh: int, length: int) -> None:
         with self._mutex:
-            self._flush(fh)
+            ino = self._ino(fh)
+            f = self.files.get(ino)
+            size = f.size if f is not None else os.fstat(fh).st_size
+            if length >= size:
+                # Growth (a preallocated tail) stays in memory like a write: lost at a power loss.
+                if f is None:
+                    f = self.files[ino] = _File(size)
+                f.size = length
+                return
+            self._flush(fh)  # a shrink is a sync point: it never loses more than a real disk
             os.ftruncate(fh, length)
             os.fsync(fh)
 

@@ -20,13 +20,13 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    replicas, restart it; healed with the documented repair (docs/operations.md:
                    remove the replica's files, add the partition, recover-partition from a
                    healthy replica, make it writable)
-    power-loss, power-loss-majority, disk-full, slow-disk
+    power-loss, power-loss-majority, power-outage, disk-full, slow-disk
                    disk faults on LazyFS, a FUSE layer under the storage nodes that loses
                    unsynced writes (waltz/torture/disk.py says what each does)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
-kill-majority, power-loss-majority and disk-full, which run alone; at most one server; faults
-otherwise combine.
+kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
+server; faults otherwise combine.
 """
 
 from __future__ import annotations

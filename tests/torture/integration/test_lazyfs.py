@@ -64,15 +64,19 @@ def test_the_last_unsynced_write_is_torn_at_a_page_boundary(disk):
     assert older.read_bytes() == b""  # every other unsynced write is simply lost
 
 
-def test_a_truncate_is_a_sync_point_and_renames_keep_the_pages(disk):
-    f, g = disk.mountpoint / "a", disk.mountpoint / "b"
+def test_a_shrink_is_a_sync_point_a_growth_is_not_and_renames_keep_the_pages(disk):
+    f, g, h = disk.mountpoint / "a", disk.mountpoint / "b", disk.mountpoint / "grown"
     _write(f, b"k" * 9000)
     os.truncate(f, 6000)
+    _write(h, b"h" * 10, sync=True)
+    os.truncate(h, 3 * PAGE)  # a preallocated tail
+    assert h.read_bytes() == b"h" * 10 + b"\0" * (3 * PAGE - 10)
     _write(g, b"r" * 50)
     os.rename(g, disk.mountpoint / "c")
     assert (disk.mountpoint / "c").read_bytes() == b"r" * 50
     disk.power_loss()
     assert f.read_bytes() == b"k" * 6000
+    assert h.read_bytes() == b"h" * 10
     assert (disk.mountpoint / "c").read_bytes() == b""
 
 
