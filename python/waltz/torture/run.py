@@ -227,6 +227,12 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
         }
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
+        _wait(
+            lambda: all((d / "clients" / f"worker-{w.index}.ready").exists() for w in workers),
+            workers,
+            o.op_timeout + 60,
+            "the clients did not mount their partitions",
+        )
         observer = _MarkObserver(cluster, nemesis_log)
         nemesis = Nemesis(
             cluster,
