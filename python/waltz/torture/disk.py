@@ -101,5 +101,9 @@ def start_disk_fault(
         target = rng.choice(storage)
         delay = rng.choice([0.002, 0.02, 0.1])
         disks[target].command(f"delay {delay}")
-        return (target,), {"delay": delay}, lambda: disks[target].command("delay 0") and None
+
+        def no_delay() -> None:
+            disks[target].command("delay 0")
+
+        return (target,), {"delay": delay}, no_delay
     raise ValueError(kind)
