@@ -7,9 +7,9 @@ backing directory does not. Killing the file system's process is a power loss: t
 writes are gone, and only what the node synced survives. Before dying it can also tear the last
 write at a page boundary (its first pages reach the disk, the rest do not), as a disk may.
 
-Metadata (create, rename, unlink, mkdir) goes to the backing directory at once, and a truncate
-that shrinks a file syncs it first (one that grows it stays in memory like a write): both err on
-the side of keeping, so every loss this layer produces is one a real power loss could produce too.
+Metadata (create, rename, unlink, mkdir) goes to the backing directory at once (it errs on the
+side of keeping: every loss this layer produces is one a real power loss could produce too); a
+truncate, growing or shrinking, stays in memory like a write until the file is synced.
 
 It also makes the disk full (ENOSPC once a budget of new bytes is used up) and slow (a delay on
 every write and sync), both switched at run time through a control socket:
@@ -46,6 +46,8 @@ class _File:
     def __init__(self, size: int) -> None:
         self.size = size
         self.dirty: dict[int, bytearray] = {}
+        self.backed = size
+        """The backing file's bytes from here on are not the file's (an unsynced shrink cut them)."""
 
 
 class LazyOperations:
@@ -178,7 +180,7 @@ class LazyOperations:
             end = min(offset + size, f.size)
             if end <= offset:
                 return b""
-            buf = bytearray(os.pread(fh, end - offset, offset)).ljust(end - offset, b"\0")
+            buf = self._backing(fh, f, end - offset, offset)
             for page in range(offset // PAGE, (end - 1) // PAGE + 1):
                 dirty = f.dirty.get(page)
                 if dirty is None:
@@ -207,14 +209,19 @@ class LazyOperations:
             for page in range(offset // PAGE, (end - 1) // PAGE + 1):
                 buf = f.dirty.get(page)
                 if buf is None:
-                    # The page as the disk has it (the backing file is never longer than f.size).
-                    buf = f.dirty[page] = bytearray(os.pread(fh, PAGE, page * PAGE)).ljust(PAGE, b"\0")
+                    buf = f.dirty[page] = self._backing(fh, f, PAGE, page * PAGE)
                 lo, hi = max(offset, page * PAGE), min(end, (page + 1) * PAGE)
                 buf[lo - page * PAGE : hi - page * PAGE] = data[lo - offset : hi - offset]
             f.size = max(f.size, end)
             self.sequence += 1
             self.last_writes[ino] = (self.sequence, os.readlink(f"/proc/self/fd/{fh}"), offset, bytes(data))
             return len(data)
+
+    @staticmethod
+    def _backing(fh: int, f: _File, n: int, offset: int) -> bytearray:
+        """`n` bytes at `offset` as the disk has them for `f`: zeros past its end or a shrink."""
+        have = os.pread(fh, min(n, f.backed - offset), offset) if offset < f.backed else b""
+        return bytearray(have).ljust(n, b"\0")
 
     def _flush(self, fh: int) -> None:
         """Writes the file's dirty pages to the backing file (caller holds the lock)."""
@@ -223,6 +230,8 @@ class LazyOperations:
         self.last_writes.pop(ino, None)
         if f is None:
             return
+        if os.fstat(fh).st_size > f.backed:
+            os.ftruncate(fh, f.backed)
         for page, buf in sorted(f.dirty.items()):
             n = min(PAGE, f.size - page * PAGE)
             if n > 0:
@@ -243,15 +252,17 @@ class LazyOperations:
             ino = self._ino(fh)
             f = self.files.get(ino)
             size = f.size if f is not None else os.fstat(fh).st_size
-            if length >= size:
-                # Growth (a preallocated tail) stays in memory like a write: lost at a power loss.
-                if f is None:
-                    f = self.files[ino] = _File(size)
-                f.size = length
-                return
-            self._flush(fh)  # a shrink is a sync point: it never loses more than a real disk
-            os.ftruncate(fh, length)
-            os.fsync(fh)
+            if f is None:
+                f = self.files[ino] = _File(size)
+            # A truncate stays in memory like a write until a sync: lost at a power loss.
+            if length < f.size:
+                f.backed = min(f.backed, length)
+                for page in [p for p in f.dirty if p * PAGE >= length]:
+                    del f.dirty[page]
+                partial = f.dirty.get(length // PAGE)
+                if partial is not None:
+                    partial[length % PAGE :] = bytes(PAGE - length % PAGE)
+            f.size = length
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
         if fh is not None:

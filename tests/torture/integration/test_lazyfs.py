@@ -64,10 +64,12 @@ def test_the_last_unsynced_write_is_torn_at_a_page_boundary(disk):
     assert older.read_bytes() == b""  # every other unsynced write is simply lost
 
 
-def test_a_shrink_is_a_sync_point_a_growth_is_not_and_renames_keep_the_pages(disk):
+def test_truncates_are_lost_unless_synced_and_renames_keep_the_pages(disk):
     f, g, h = disk.mountpoint / "a", disk.mountpoint / "b", disk.mountpoint / "grown"
-    _write(f, b"k" * 9000)
+    _write(f, b"k" * 9000, sync=True)
     os.truncate(f, 6000)
+    os.truncate(f, 8000)  # the cut bytes do not come back: zeros
+    assert f.read_bytes() == b"k" * 6000 + b"\0" * 2000
     _write(h, b"h" * 10, sync=True)
     os.truncate(h, 3 * PAGE)  # a preallocated tail
     assert h.read_bytes() == b"h" * 10 + b"\0" * (3 * PAGE - 10)
@@ -75,9 +77,22 @@ def test_a_shrink_is_a_sync_point_a_growth_is_not_and_renames_keep_the_pages(dis
     os.rename(g, disk.mountpoint / "c")
     assert (disk.mountpoint / "c").read_bytes() == b"r" * 50
     disk.power_loss()
-    assert f.read_bytes() == b"k" * 6000
+    assert f.read_bytes() == b"k" * 9000
     assert h.read_bytes() == b"h" * 10
     assert (disk.mountpoint / "c").read_bytes() == b""
+    _write(f, b"s", offset=100)
+    os.truncate(f, 200)
+    _sync(f)
+    disk.power_loss()
+    assert f.read_bytes() == b"k" * 100 + b"s" + b"k" * 99
+
+
+def _sync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def test_a_full_disk_refuses_growth_until_space_returns(disk):
