@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from waltz import errors
 from waltz.local import LocalCluster
 from waltz.torture.lazyfs import LazyFs
 
@@ -37,6 +38,13 @@ def mount_disks(cluster: LocalCluster, kinds: tuple[str, ...]) -> dict[str, Lazy
     the nodes start); {} otherwise."""
     if not set(kinds) & set(DISK_FAULTS):
         return {}
+    try:
+        import fuse  # noqa: F401 - fusepy loads libfuse2 on import
+    except (ImportError, OSError) as e:
+        raise errors.WaltzError(
+            f"the disk faults ({', '.join(DISK_FAULTS)}) need fusepy and libfuse2 (scripts/setup.sh installs "
+            f"both) and /dev/fuse: {e}; or choose other faults with --faults"
+        ) from None
     disks: dict[str, LazyFs] = {}
     tag = uuid.uuid4().hex[:8]
     try:
