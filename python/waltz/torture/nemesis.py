@@ -24,9 +24,13 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    documented operator sequence (torture/membership.py; the run adds a fourth
                    storage node for it)
     stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
+    power-loss, power-loss-majority, power-outage, disk-full, slow-disk
+                   disk faults on LazyFS, a FUSE layer under the storage nodes that loses
+                   unsynced writes (waltz/torture/disk.py says what each does)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
-kill-majority, which runs alone; at most one server; faults otherwise combine.
+kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
+server; faults otherwise combine.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.torture import membership
+from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
+from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -64,8 +70,11 @@ FAULTS = (
     "corrupt",
     "move-replica",
     "stop-server",
+    *DISK_FAULTS,
 )
 STRACE_FAULTS = ("fsync-eio", "enospc")
+ALONE = ("kill-majority", *MAJORITY_DISK_FAULTS)
+"""Faults of a majority of the storage nodes: nothing else runs with them."""
 
 
 @dataclasses.dataclass
@@ -93,12 +102,16 @@ class Nemesis:
         max_active: int = 2,
         hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
+        disks: dict[str, LazyFs] | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)} (known: {', '.join(FAULTS)})")
         if "kill-zookeeper" in kinds and zookeeper is None:
             kinds = tuple(k for k in kinds if k != "kill-zookeeper")
+        self.disks = disks or {}
+        if not self.disks:  # the storage nodes run on LazyFS only when the run mounted it
+            kinds = tuple(k for k in kinds if k not in DISK_FAULTS)
         if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
             raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
         self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
@@ -120,7 +133,7 @@ class Nemesis:
         # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
         for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
             self.heal(f)
-        if len(self.active) >= self.max_active or any(f.kind == "kill-majority" for f in self.active):
+        if len(self.active) >= self.max_active or any(f.kind in ALONE for f in self.active):
             return
         if self.rng.random() < 0.5:
             return
@@ -138,7 +151,7 @@ class Nemesis:
 
     def _possible(self, kind: str) -> bool:
         storage_busy, servers_busy = self._busy("storage"), self._busy("server")
-        if kind == "kill-majority":
+        if kind in ALONE:
             return not self.active
         if kind in ("kill-server", "stop-server"):
             return not servers_busy
@@ -219,6 +232,8 @@ class Nemesis:
             fault.detail = self._corrupt(target)
             partition = fault.detail.get("partition")
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
+        elif kind in DISK_FAULTS:
+            fault.targets, fault.detail, fault.undo = start_disk_fault(kind, c, self.disks, self.storage, self.rng)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
         self.active.append(fault)

@@ -42,6 +42,7 @@ from waltz.storage import Storage
 from waltz.storage.client import StorageAdminClient
 from waltz.torture import membership
 from waltz.torture.checker import check
+from waltz.torture.disk import DISK_FAULTS, DISK_SEGMENT_SIZE, mount_disks, unmount_disks
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
 from waltz.torture.history import HistoryWriter, read_history
@@ -76,6 +77,9 @@ class TortureOptions:
     transactions, so that replicas delete during the faults (None: keep everything)."""
     workload: str = "log"
     """What the clients run (`waltz.torture.workloads.WORKLOADS`)."""
+    segment_size: int | None = None
+    """Bytes per segment; None: 64 KiB with retention or disk faults (segments roll during the
+    faults), the node's default otherwise."""
 
 
 @dataclasses.dataclass
@@ -192,6 +196,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
     workers: list[_Worker] = []
     observer: _MarkObserver | None = None
     cluster: LocalCluster | None = None
+    disks: dict[str, Any] = {}
     nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
     problems: list[str] = []
     try:
@@ -205,15 +210,17 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         partition_keys = {"checkpoint_interval": 200} if retention else {}
         if workload.lock_budget_bytes is not None:
             partition_keys["lock_budget_bytes"] = workload.lock_budget_bytes
+        segment_size = o.segment_size or (DISK_SEGMENT_SIZE if retention or set(o.faults) & set(DISK_FAULTS) else None)
         cluster = LocalCluster.create(
             d / "cluster",
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
             storage_nodes=REPLICAS + (membership.SPARE_NODES if "move-replica" in o.faults else 0),
-            storage_keys={"segment_size": 64 << 10} if retention else None,
+            storage_keys={"segment_size": segment_size} if segment_size else None,
             partition_keys=partition_keys or None,
         )
+        disks = mount_disks(cluster, o.faults)
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
             cluster.advertise(m.name, proxies[m.name].port)
@@ -236,6 +243,12 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         prepare(workload, d, o.partitions)
         say(f"workload: {o.workload}")
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
+        _wait(
+            lambda: all((d / "clients" / f"worker-{w.index}.ready").exists() for w in workers),
+            workers,
+            o.op_timeout + 60,
+            "the clients did not mount their partitions",
+        )
         observer = _MarkObserver(cluster, nemesis_log)
         nemesis = Nemesis(
             cluster,
@@ -247,6 +260,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper=zookeeper,
             hold=o.hold,
             committed=lambda: dict(observer.latest) if observer else {},
+            disks=disks,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
@@ -332,6 +346,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
                 cluster.stop()
             except Exception as e:  # noqa: BLE001 - the run's own error, if any, is what matters
                 say(f"stopping the cluster failed: {type(e).__name__}: {e}")
+        unmount_disks(disks)
         for p in proxies.values():
             p.close()
         loop.close()

@@ -158,6 +158,8 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
     submitted = 0
     with WaltzClient(feed, config) as client:
         partitions = client.partitions
+        # Mounted: the run starts its faults only now (a client that cannot mount at start exits).
+        (clients / f"worker-{index}.ready").write_text("")
         pending = []
         while not (clients / "stop").exists() and not stop.is_set():
             if not slots.acquire(timeout=0.2):
