@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
+from waltz import client_protocol as cp
 from waltz import errors, role_secrets, tls
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
@@ -293,7 +294,13 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             config.role_secrets.admitted(*tls.CLIENT_PORT_ROLES),
         )
         server = await tls.start_server(
-            on_client, s.host, s.port, server_ssl, what="client", roles=tls.CLIENT_PORT_ROLES
+            on_client,
+            s.host,
+            s.port,
+            server_ssl,
+            what="client",
+            roles=tls.CLIENT_PORT_ROLES,
+            refusal=lambda why: cp.Failure(-1, -1, cp.FailureKind.CLIENT_REFUSED, why).frame(),
         )
         port = server.sockets[0].getsockname()[1]
         storage_ssl = config.tls.client_context() if config.tls.enabled else None

@@ -371,16 +371,17 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
         await link.open(5.0)
         link.close()
 
-    def refused(coro: Any) -> None:
-        with pytest.raises(errors.TlsError, match="right after the handshake: it refused our certificate"):
+    def refused(coro: Any, role: str, error: type[Exception] = errors.RefusedError) -> None:
+        # The port answers the Hello with why (a bare close read like a connection limit).
+        with pytest.raises(error, match=f"refused our Hello: the client's certificate has role {role}; this port"):
             asyncio.run(asyncio.wait_for(coro, 20))
 
     # An application's certificate (and another storage node's) gets into neither node port,
     # so no state-changing admin request (Set Availability here) can be sent with it.
     for role in ("client", "storage"):
-        refused(storage(role))
-        refused(storage(role, StorageAdminClient, admin_port))
-    refused(make_unwritable("client"))
+        refused(storage(role), role)
+        refused(storage(role, StorageAdminClient, admin_port), role)
+    refused(make_unwritable("client"), "client")
     availability = {s["partition"]: s for s in node.admin(lambda a: a.status())}
     assert availability[0]["writable"], availability[0]
     # Servers and admins get in, to both.
@@ -391,7 +392,7 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
     for role in ("client", "admin"):
         asyncio.run(server_link(role))
     for role in ("server", "storage"):
-        refused(server_link(role))
+        refused(server_link(role), role, errors.HelloRefusedError)
     wait_for_line(c.server_log, "this port admits only admin, client")
     # The cluster still commits, with an application's certificate.
     app_tls = certs.tls("client")
