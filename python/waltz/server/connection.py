@@ -23,7 +23,7 @@ import dataclasses
 import hmac
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from waltz import client_protocol as cp
@@ -51,6 +51,11 @@ CONNECTION_SEQ_AHEAD = 86_400 * 1_000_000
 client counts its connections from its clock in µs, one per new connection): a day of skew.
 Further ahead is refused: the newest seq would stay there and drop every later mount of the
 client (a Mount with seq 2^62 locked a live client out)."""
+
+
+MAX_CLIENT_IDS_PER_CONNECTION = 16
+"""Client Id Requests one connection may make: each is a metadata write (a client needs one at
+start, and one more each time it has used up 2^31 sequence numbers)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +122,12 @@ class ClientConnection:
         limits: ConnectionLimits = ConnectionLimits(),
         refusals: Refusals | None = None,
         secrets: Mapping[str, str] | None = None,
+        client_ids: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
+        self.client_ids = client_ids
+        """Takes a new client id from the cluster's counter (Client Id Request); None: not offered."""
+        self._ids_given = 0
         self.secrets = dict(secrets or {})
         """The role secrets this port checks at Hello (`waltz.role_secrets`); empty: none asked."""
         self.peer = writer.get_extra_info("peername")
@@ -277,8 +286,32 @@ class ClientConnection:
             await self._spawn(self._data_range(msg), self._request_slots)
         elif isinstance(msg, cp.FeedRequest):
             await self._spawn(self._feed_request(msg), self._request_slots)
+        elif isinstance(msg, cp.ClientIdRequest):
+            await self._spawn(self._client_id(msg), self._request_slots)
         else:
             raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
+
+    async def _client_id(self, msg: cp.ClientIdRequest) -> None:
+        """A new client id from the cluster's counter, written with this server's metadata
+        credentials. Bounded per connection: each id is a metadata write, and a client needs one
+        at start and one each time it uses up a client id's sequence numbers."""
+        if self.client_ids is None:
+            why = "this server does not allocate client ids"
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.BAD_REQUEST, why).frame())
+            return
+        if self._ids_given >= MAX_CLIENT_IDS_PER_CONNECTION:
+            self.refusals.refuse("client_ids", f"{self.peer}: more than {MAX_CLIENT_IDS_PER_CONNECTION} client ids")
+            why = f"at most {MAX_CLIENT_IDS_PER_CONNECTION} client ids per connection"
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.CLIENT_REFUSED, why).frame())
+            return
+        self._ids_given += 1
+        try:
+            client_id = await self.client_ids()
+        except errors.WaltzError as e:
+            log.warning("client id for %s not allocated: %s", self.peer, e)
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.INTERNAL, f"no client id: {e}").frame())
+            return
+        await self._send(cp.ClientIdResponse(msg.seq, client_id).frame())
 
     async def _not_here(self, seq: int, partition: int) -> None:
         await self._send(

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import signal
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -84,9 +84,11 @@ class ClientPort:
         limits: ConnectionLimits,
         max_connections: int,
         secrets: Mapping[str, str] | None = None,
+        client_ids: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.partitions, self.limits, self.max_connections = partitions, limits, max_connections
         self.secrets = dict(secrets or {})
+        self.client_ids = client_ids
         self._open: dict[ClientConnection, None] = {}  # in the order they came; evicted ones leave at once
         self.refusals = Refusals(logging.getLogger("waltz.server.connection"), "client connection")
 
@@ -113,7 +115,9 @@ class ClientPort:
                 f"max_connections = {self.max_connections} client connections were open",
             )
             victim.writer.transport.abort()
-        conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals, self.secrets)
+        conn = ClientConnection(
+            reader, writer, self.partitions, self.limits, self.refusals, self.secrets, self.client_ids
+        )
         self._open[conn] = None
         try:
             await conn.run()
@@ -292,6 +296,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             limits,
             fit_connection_limit(s.max_connections),
             config.role_secrets.admitted(*tls.CLIENT_PORT_ROLES),
+            # Clients get their ids through a server, so they need no write rights on the metadata.
+            lambda: asyncio.to_thread(metadata.next_id, "client"),
         )
         server = await tls.start_server(
             on_client,
