@@ -156,7 +156,11 @@ class AsyncWaltzClient:
     async def _join_cluster(self) -> tuple[int, int]:
         """Opens the metadata store and watches the assignment; (the cluster's number of
         partitions, this client's id). `waltz.client.mock` joins an in-memory cluster instead."""
-        self._store = open_store(self.config.metadata, session_timeout=self.config.metadata_session_timeout)
+        self._store = open_store(
+            self.config.metadata,
+            session_timeout=self.config.metadata_session_timeout,
+            role=("client", self.config.role_secret.encode()) if self.config.role_secret else None,
+        )
         await asyncio.to_thread(self._store.start, self.config.mount_timeout)
         self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
         info = await asyncio.to_thread(metadata.info)

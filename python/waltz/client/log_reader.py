@@ -62,7 +62,7 @@ class LogReader:
         self._credential = credential
         """The admin role's (role, secret) for clusters with role secrets (`waltz.role_secrets`): it
         opens the storage nodes' admin ports and the servers' client ports alike."""
-        self._store = open_store(metadata, session_timeout=session_timeout)
+        self._store = open_store(metadata, session_timeout=session_timeout, role=credential)
         self._meta: ClusterMetadata | None = None
         self._info: ClusterInfo | None = None
         self._links: dict[str, Link] = {}

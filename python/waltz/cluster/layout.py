@@ -40,6 +40,12 @@ class Paths:
         self.sink = join(root, "sink")
         """The Spark streaming sink's task entries (`waltz.spark.stream_sink`)."""
 
+    def client_readable(self, path: str) -> bool:
+        """What a client reads (per-role ZooKeeper ACLs): the cluster's info, the servers'
+        registrations and the partition assignment; not store sessions, counters, replica
+        placement nor anything else only servers and operators use."""
+        return path in (self.root, self.store, self.servers, self.assignment) or path.startswith(self.servers + "/")
+
     def partition(self, partition_id: int) -> str:
         return join(self.partitions, partition_id)
 

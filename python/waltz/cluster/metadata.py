@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from waltz import errors
@@ -226,6 +226,13 @@ class ClusterMetadata:
                 return self.create(name, partitions, replicas, cluster_key)  # someone else created it just now
             raise
         return info, True
+
+    def set_role_acls(self, secrets: Mapping[str, str]) -> int:
+        """Per-role ZooKeeper access lists on the whole cluster tree (`secrets`: the server, admin
+        and client secrets, each its digest user's password): servers and admins may do
+        everything, only admins change access lists, clients read `Paths.client_readable` only.
+        Entries created later take their parent's list. Returns how many entries it set."""
+        return self.store.set_role_acls(self.paths.root, self.paths.client_readable, secrets)
 
     def info(self) -> ClusterInfo:
         d = self._read(self.paths.store)[0]

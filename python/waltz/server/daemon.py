@@ -277,7 +277,12 @@ class PartitionHost:
 
 async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future[int] | None = None) -> None:
     s = config.server
-    store = open_store(s.metadata, session_timeout=s.session_timeout)
+    store = open_store(
+        s.metadata,
+        session_timeout=s.session_timeout,
+        role=config.role_secrets.credential("server"),
+        acl_secrets=config.role_secrets.admitted(*role_secrets.ROLES),
+    )
     await asyncio.to_thread(store.start)
     try:
         metadata = ClusterMetadata(store, cluster_root(s.cluster))
