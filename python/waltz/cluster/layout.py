@@ -37,6 +37,8 @@ class Paths:
         self.manager = join(root, "manager")
         self.counters = join(root, "counters")
         self.retention = join(root, "retention")
+        self.clients = join(root, "clients")
+        """Client ids bound to the certificate of the connection they were allocated to."""
         self.sink = join(root, "sink")
         """The Spark streaming sink's task entries (`waltz.spark.stream_sink`)."""
 
@@ -51,6 +53,9 @@ class Paths:
 
     def server(self, server_id: int) -> str:
         return join(self.servers, server_id)
+
+    def client(self, client_id: int) -> str:
+        return join(self.clients, client_id)
 
     def counter(self, kind: str) -> str:
         return join(self.counters, kind)

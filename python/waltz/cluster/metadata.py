@@ -460,6 +460,22 @@ class ClusterMetadata:
 
         return DataWatch(self.store, self.paths.assignment, on_data)
 
+    def bind_client_id(self, client_id: int, certificate_sha256: str) -> None:
+        """Records that `client_id` was allocated over a connection with this certificate: only
+        a connection with the same certificate may mount it."""
+        self.store.create(
+            self.paths.client(client_id), encode({"certificate_sha256": certificate_sha256}), make_parents=True
+        )
+
+    def client_id_binding(self, client_id: int) -> str | None:
+        """The certificate digest `client_id` is bound to, or None (a fixed id, or one allocated
+        without TLS)."""
+        try:
+            data, _ = self.store.get(self.paths.client(client_id))
+        except errors.MetadataNotFoundError:
+            return None
+        return str(decode(data, self.paths.client(client_id))["certificate_sha256"])
+
     def next_id(self, kind: str) -> int:
         """A new id for a client or a server: never handed out twice in this cluster."""
         if kind not in ("client", "server"):

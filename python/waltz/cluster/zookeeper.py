@@ -365,13 +365,15 @@ class ZooKeeperStore(MetadataStore):
         parent = parent_of(path)
         if pending is not None and parent in pending:
             return pending[parent]
-        if parent == "/":
-            return None
-        try:
-            acl, _ = self._zk.retry(self._zk.get_acls, parent)
-        except NoNodeError:
-            return None  # makepath creates it (with the default list), or the create fails on it
-        return [self._unmasked(a, path) for a in acl]
+        # The nearest existing ancestor's: parents made on the way (makepath) get the same list.
+        while parent != "/":
+            try:
+                acl, _ = self._zk.retry(self._zk.get_acls, parent)
+            except NoNodeError:
+                parent = parent_of(parent)
+                continue
+            return [self._unmasked(a, path) for a in acl]
+        return None
 
     def _unmasked(self, entry: Any, path: str) -> Any:
         """`entry` of a parent's list with the digest user's hash restored from our copy of that

@@ -33,7 +33,7 @@ from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
 from waltz.limits import Refusals, raise_file_limit
 from waltz.sd_notify import notify
-from waltz.server.connection import ClientConnection, ConnectionLimits, Partitions
+from waltz.server.connection import ClientConnection, ClientIdBindings, ConnectionLimits, Partitions
 from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import ServerPartition
 from waltz.server.retention import RetentionPusher
@@ -85,10 +85,11 @@ class ClientPort:
         max_connections: int,
         secrets: Mapping[str, str] | None = None,
         client_ids: Callable[[], Awaitable[int]] | None = None,
+        bindings: ClientIdBindings | None = None,
     ) -> None:
         self.partitions, self.limits, self.max_connections = partitions, limits, max_connections
         self.secrets = dict(secrets or {})
-        self.client_ids = client_ids
+        self.client_ids, self.bindings = client_ids, bindings
         self._open: dict[ClientConnection, None] = {}  # in the order they came; evicted ones leave at once
         self.refusals = Refusals(logging.getLogger("waltz.server.connection"), "client connection")
 
@@ -116,7 +117,7 @@ class ClientPort:
             )
             victim.writer.transport.abort()
         conn = ClientConnection(
-            reader, writer, self.partitions, self.limits, self.refusals, self.secrets, self.client_ids
+            reader, writer, self.partitions, self.limits, self.refusals, self.secrets, self.client_ids, self.bindings
         )
         self._open[conn] = None
         try:
@@ -303,6 +304,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             config.role_secrets.admitted(*tls.CLIENT_PORT_ROLES),
             # Clients get their ids through a server, so they need no write rights on the metadata.
             lambda: asyncio.to_thread(metadata.next_id, "client"),
+            ClientIdBindings(metadata.bind_client_id, metadata.client_id_binding),
         )
         server = await tls.start_server(
             on_client,

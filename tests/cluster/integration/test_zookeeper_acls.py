@@ -70,12 +70,17 @@ def test_servers_and_admins_write_and_new_entries_keep_the_lists(url: str) -> No
         # Created now, under a parent clients may read (a registration) and one they may not.
         server.create(f"{ROOT}/servers/7", b'{"host":"h","port":1}', ephemeral=True)
         server.create(f"{ROOT}/store/partition/extra", b"{}")
+        meta.bind_client_id(first, "ab" * 32)  # its parent made on the way takes the root's list
         with as_role(url, "client") as client:
             assert client.get(f"{ROOT}/servers/7")[0] == b'{"host":"h","port":1}'
             with pytest.raises(errors.MetadataError, match="not authorised"):
                 client.get(f"{ROOT}/store/partition/extra")
             with pytest.raises(errors.MetadataError, match="not authorised"):
                 client.set(f"{ROOT}/servers/7", b"{}")
+            for path in (f"{ROOT}/clients", f"{ROOT}/clients/{first}"):
+                with pytest.raises(errors.MetadataError, match="not authorised"):
+                    client.set(path, b"{}")
+            assert ClusterMetadata(client, ROOT).client_id_binding(first) == "ab" * 32
     with as_role(url, "admin") as admin:
         admin.delete(f"{ROOT}/store/partition/extra")
         assert ClusterMetadata(admin, ROOT).next_id("server") == 1
