@@ -102,6 +102,7 @@ impl PyStorageNode {
             d.set_item("tls_role_refusals", s.tls_role_refusals.load(Relaxed))?;
             d.set_item("refused_connections", s.refused_connections.load(Relaxed))?;
             d.set_item("secret_refusals", s.secret_refusals.load(Relaxed))?;
+            d.set_item("role_request_refusals", s.role_request_refusals.load(Relaxed))?;
             let by_kind = PyDict::new(py);
             for (code, c) in s.failures_by_kind.iter().enumerate() {
                 let n = c.load(Relaxed);
