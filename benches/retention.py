@@ -142,7 +142,7 @@ def main() -> None:
             def delete(
                 end: int = end, rate: int = rate, deletion: dict = deletion, busy: threading.Event = busy
             ) -> None:
-                time.sleep(min(1.0, args.seconds / 4))  # appends are under way first
+                time.sleep(min(2.0, args.seconds / 2))  # appends are under way first
                 t = time.perf_counter()
                 before = p.retention()["reclaimed_bytes"]
                 p.drop_segments_before(end, rate or None)
@@ -160,6 +160,8 @@ def main() -> None:
             lo, hi = deletion["at"], deletion["at"] + deletion["seconds"]
             over = stats([(t, d) for t, d in during if t < hi and t + d > lo])
             over["phases"] = phase_delta(ph, phases(p))
+            # The same minute without the deletion: a shared disk's latency moves between phases.
+            just_before = stats([(t, d) for t, d in during if t + d <= lo])
             row = {
                 "rate_bytes_per_s": rate,
                 "fdatasync_p50_us": round(sync_p50, 1),
@@ -168,7 +170,9 @@ def main() -> None:
                 "reclaim_mb_per_s": round(deletion["bytes"] / deletion["seconds"] / 1e6, 1),
                 # The appends whose call overlapped the deletion itself.
                 "overlapping_the_deletion": over,
+                "just_before_the_deletion": just_before,
                 "p99_ratio_to_alone": round(over["p99_us"] / result["alone"]["p99_us"], 2),
+                "p99_ratio_to_just_before": round(over["p99_us"] / just_before["p99_us"], 2),
             }
             result[f"rate_{rate}"] = row
         print(json.dumps(result, indent=2))

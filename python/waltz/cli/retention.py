@@ -192,8 +192,9 @@ def set_(
 
 def _unconfirmed(rows: list[dict[str, Any]], partition: int, txid: int) -> list[str]:
     """The replicas of `partition` not yet known to keep `txid`, each with why. A replica
-    confirms when its standing retention order holds from `txid` or below; one with no
-    standing order deletes nothing, and the next order a server hands it carries the hold."""
+    confirms when its standing retention order (from the server serving the partition) holds
+    from `txid` or below. One with no standing order deletes nothing for now, but has not
+    confirmed: the order a server hands it next must carry the hold."""
     pending = []
     for r in rows:
         if "error" in r:
@@ -201,6 +202,11 @@ def _unconfirmed(rows: list[dict[str, Any]], partition: int, txid: int) -> list[
         elif r["partition"] == partition:
             if r["first_transaction_id"] > txid:
                 pending.append(f"{r['storage']}: already deleted it (first id {r['first_transaction_id']})")
+            elif r["retention_hold"] < 0:
+                pending.append(
+                    f"{r['storage']}: no retention order stands (no server serves the partition, or none has "
+                    "handed it the policy yet; it deletes nothing meanwhile)"
+                )
             elif r["retention_hold"] > txid:
                 pending.append(f"{r['storage']}: its retention order still holds only from {_hold_text(r)}")
     return pending
@@ -229,9 +235,9 @@ def hold(out: Output, name: str, partition: int, txid: int, ttl: str | None, wai
     """Keep transaction ID and everything after it on every replica of PARTITION.
 
     Writes the hold to the metadata, then waits until every storage node holding PARTITION
-    reports it in force (its standing retention order holds from ID or below, or it has no
-    order, so deletes nothing); names the replicas that did not within --wait and exits 1.
-    Refused when a replica already deleted the id.
+    reports it in force (the retention order the partition's server handed it holds from ID or
+    below); names the replicas that did not within --wait and exits 1 (the hold stays in the
+    metadata). Refused when a replica already deleted the id.
     """
     ttl_ms = policy_store.parse_duration(ttl) if ttl is not None else None
     with cluster_metadata() as meta:

@@ -229,3 +229,49 @@ def test_a_replica_down_past_the_retained_range_restarts_at_the_first_id_the_oth
         wait_for("the third replica to take new appends", lambda: status(down)["max_transaction_id"] == 519)
     finally:
         stop_server(server)
+
+
+def test_a_hold_waits_for_every_replica_to_confirm_it_or_names_those_that_did_not(
+    small_segments, tmp_path: pathlib.Path
+) -> None:
+    meta, nodes, url = small_segments
+    cli = Cli(url)
+    e2e = ("--cluster", "e2e")
+    # No server yet: no replica has an order to confirm the hold with (it deletes nothing).
+    unserved = cli(
+        *e2e, "retention", "hold", "early", "--partition", "0", "--id", "0", "--wait", "0.5", ok=False
+    ).output
+    assert unserved.count("no retention order stands") == 3, unserved
+    cli(*e2e, "retention", "release", "early")
+    server = start_server(tmp_path, url, "s1")
+    try:
+        endpoint, _ = wait_served(meta, 0)
+        asyncio.run(append_many(endpoint, 0, 40, -1, 1))
+        held = cli.json(*e2e, "retention", "hold", "spark", "--partition", "0", "--id", "10")
+        assert held["confirmed"] is True and held["txid"] == 10
+        # Confirmed means every replica's standing order carries it now.
+        assert [status(n)["retention_hold"] for n in nodes] == [10, 10, 10]
+        assert (
+            "every replica confirmed" in cli(*e2e, "retention", "hold", "etl", "--partition", "0", "--id", "30").output
+        )
+        assert [status(n)["retention_hold"] for n in nodes] == [10, 10, 10]  # the lowest hold stands
+    finally:
+        stop_server(server)
+    # No server hands out orders now, and the nodes' last ones (holding from 10) stand for their
+    # lease: a hold below 10 cannot be confirmed, and the command says where, within --wait.
+    started = time.monotonic()
+    failed = cli(*e2e, "retention", "hold", "late", "--partition", "0", "--id", "5", "--wait", "1.5", ok=False).output
+    assert time.monotonic() - started < 10
+    assert "hold late is in the metadata, but partition 0 has not confirmed it within 1.5s" in failed, failed
+    for n in nodes:
+        assert f"{n.address}: its retention order still holds only from id 10" in failed, failed
+    assert [h["name"] for h in cli.json(*e2e, "retention", "show", "--no-replicas")["holds"]] == [
+        "etl",
+        "late",
+        "spark",
+    ]
+    # --wait 0 writes the hold without asking the replicas.
+    assert (
+        cli.json(*e2e, "retention", "hold", "quick", "--partition", "0", "--id", "5", "--wait", "0")["confirmed"]
+        is False
+    )
