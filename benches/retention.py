@@ -13,11 +13,17 @@ retention thread does when a policy lets the whole head go; 0 = unpaced, the nod
 engine's own; the node adds only its network path to the appends. Also prints the fdatasync p50
 of the same disk before each phase (a shared machine's disk moves from minute to minute) and,
 with WALTZ_ENGINE_PHASES=1, the appends' phase timings (where the stall is). Nothing here asserts.
+
+With `--node`, the same through a running storage node (in this process, on loopback): the
+appends go through a storage connection in a store session, and the deletion is the node's own
+retention thread obeying a Set Retention order (max bytes 0, up to the low-water mark set at the
+end of that rate's fill), freeing at `[node] retention_rate` = each rate in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -28,7 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
-from waltz.storage import RecordBatch, ReqId, Storage
+from waltz.storage import RecordBatch, ReqId, Storage, StorageClient, StorageNode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import pick_base_dir  # noqa: E402  (the data directory rule every engine bench shares)
@@ -111,6 +117,70 @@ def stats(calls: list[tuple[float, float]]) -> dict[str, float]:
     }
 
 
+async def through_node(node, key, p, end: int, session: int, seconds: float, gib: float) -> dict:
+    """Appends through `node` for `seconds`, then orders the deletion of everything below `end`
+    and appends on until it is done; the calls' (start, duration), and the deletion's window."""
+    host, port = node.address
+    batch = RecordBatch([(ReqId(2, 1, 0, i), 0, b"a" * KIB) for i in range(10)])
+    async with await StorageClient.connect(host, port, cluster_key=key, partition_count=1) as c:
+        await c.set_low_water_mark(0, session, end - 1)
+        nxt = p.max_transaction_id + 1
+        calls: list[tuple[float, float]] = []
+        deletion: dict[str, float] = {}
+        before = p.retention()["reclaimed_bytes"]
+        target = gib * GIB - 2 * SEGMENT  # every whole segment below `end`, give or take the edges
+        stop_at = time.perf_counter() + seconds
+        polled = 0.0
+        while "end" not in deletion or time.perf_counter() < deletion["end"] + 0.5:
+            t = time.perf_counter()
+            await c.append(0, session, nxt, batch)
+            calls.append((t, time.perf_counter() - t))
+            nxt += 10
+            if "at" not in deletion and t >= stop_at:
+                deletion["at"] = time.perf_counter()
+                await c.set_retention(
+                    0, session, max_age_ms=None, max_bytes=0, min_kept=0, hold_from=2**63 - 1, lease_ms=600_000
+                )
+            elif "at" in deletion and "end" not in deletion and t - polled > 0.05:
+                polled = t
+                if p.retention()["reclaimed_bytes"] - before >= target:
+                    deletion["end"] = time.perf_counter()
+        deletion["bytes"] = p.retention()["reclaimed_bytes"] - before
+        return {"calls": calls, **deletion}
+
+
+def node_mode(work: Path, args: argparse.Namespace, rates: list[int]) -> dict:
+    key = uuid.uuid4()
+    s = Storage.create(str(work / "n"), key, 1, segment_size=SEGMENT)
+    s.add_partition(0)
+    p = s.partition(0)
+    started = time.perf_counter()
+    ends = [fill(p, args.gib) for _ in rates]
+    result: dict = {
+        "mode": "node",
+        "gib_per_deletion": args.gib,
+        "fill_seconds": round(time.perf_counter() - started, 2),
+    }
+    for session, (rate, end) in enumerate(zip(rates, ends, strict=True), start=1):
+        sync_p50 = fdatasync_p50(work)
+        with StorageNode.start(s, "127.0.0.1", 0, retention_interval=0.2, retention_rate=rate) as node:
+            run = asyncio.run(through_node(node, key, p, end, session, args.seconds, args.gib))
+        lo, hi = run["at"], run["end"]
+        before = stats([(t, d) for t, d in run["calls"] if t + d <= lo])
+        over = stats([(t, d) for t, d in run["calls"] if t < hi and t + d > lo])
+        result[f"rate_{rate}"] = {
+            "rate_bytes_per_s": rate,
+            "fdatasync_p50_us": round(sync_p50, 1),
+            "reclaimed_bytes": run["bytes"],
+            "reclaim_seconds": round(hi - lo, 3),
+            "reclaim_mb_per_s": round(run["bytes"] / (hi - lo) / 1e6, 1),
+            "just_before_the_deletion": before,
+            "overlapping_the_deletion": over,
+            "p99_ratio_to_just_before": round(over["p99_us"] / before["p99_us"], 2),
+        }
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=1.0, help="GiB to fill and then delete (default 1)")
@@ -118,11 +188,18 @@ def main() -> None:
     ap.add_argument("--rates", default="0", help="deletion rates to compare, bytes/s (0 = unpaced), e.g. 0,256MiB")
     ap.add_argument("--dir", help="where the data goes (a real disk: tmpfs ignores fsync)")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--node", action="store_true", help="append and delete through a running storage node")
     args = ap.parse_args()
     base = pick_base_dir(args.dir)
     work = Path(tempfile.mkdtemp(prefix="waltz-retention-", dir=base))
     try:
         rates = [parse_rate(r) for r in args.rates.split(",")]
+        if args.node:
+            result = node_mode(work, args, rates)
+            print(json.dumps(result, indent=2))
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            return
         s = Storage.create(str(work / "s"), uuid.uuid4(), 1, segment_size=SEGMENT)
         s.add_partition(0)
         p = s.partition(0)
