@@ -105,7 +105,8 @@ fn pass(shared: &Shared) {
             let start = retention_start(&spans, &policy(&order), cap, now_ms());
             if start > part.first_txid() {
                 let before = part.reclaimed_bytes();
-                let first = part.drop_segments_paced(start, shared.opts.retention_rate)?;
+                let stopping = || *lock(&shared.retention.stop.0);
+                let first = part.drop_segments_paced(start, shared.opts.retention_rate, &stopping)?;
                 log::info!(
                     "partition {pid}: retention deleted ids below {first} ({} bytes; limit {cap})",
                     part.reclaimed_bytes() - before

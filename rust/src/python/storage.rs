@@ -345,7 +345,7 @@ impl PyPartition {
     #[pyo3(signature = (txid, rate=None))]
     fn drop_segments_before(&self, py: Python<'_>, txid: i64, rate: Option<u64>) -> PyResult<i64> {
         let p = self.0.clone();
-        run(py, move || p.drop_segments_paced(txid, rate))
+        run(py, move || p.drop_segments_paced(txid, rate, &|| false))
     }
 
     /// What retention reports of the partition: first id, segment bytes on disk, creation of
