@@ -30,9 +30,16 @@ pub struct NodeOptions {
     pub max_connections: usize,
     /// How often the retention thread applies the standing orders (`node::retention`).
     pub retention_interval: Duration,
+    /// Bytes per second retention frees at most (None: unpaced), so that appends' fdatasyncs do
+    /// not queue behind the journal work of a large deletion (`Partition::drop_segments_paced`).
+    pub retention_rate: Option<u64>,
     /// Per-role shared secrets a peer must give in its Hello (empty: none asked).
     pub role_secrets: crate::node::secrets::RoleSecrets,
 }
+
+/// Retention's default freeing rate: well above what a node ingests on one disk, low enough
+/// that a large deletion leaves the appends' p99 alone (docs/performance.md, "Retention").
+pub const DEFAULT_RETENTION_RATE: u64 = 256 << 20;
 
 impl Default for NodeOptions {
     fn default() -> Self {
@@ -45,6 +52,7 @@ impl Default for NodeOptions {
             tls: None,
             max_connections: 4096,
             retention_interval: Duration::from_secs(1),
+            retention_rate: Some(DEFAULT_RETENTION_RATE),
             role_secrets: Default::default(),
         }
     }
