@@ -20,9 +20,17 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    replicas, restart it; healed with the documented repair (docs/operations.md:
                    remove the replica's files, add the partition, recover-partition from a
                    healthy replica, make it writable)
+    move-replica   move one replica of a partition to a storage node without one, with the
+                   documented operator sequence (torture/membership.py; the run adds a fourth
+                   storage node for it)
+    stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
+    power-loss, power-loss-majority, power-outage, disk-full, slow-disk
+                   disk faults on LazyFS, a FUSE layer under the storage nodes that loses
+                   unsynced writes (waltz/torture/disk.py says what each does)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
-kill-majority, which runs alone; at most one server; faults otherwise combine.
+kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
+server; faults otherwise combine.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
+from waltz.torture import membership
+from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
+from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -57,8 +68,13 @@ FAULTS = (
     "fsync-eio",
     "enospc",
     "corrupt",
+    "move-replica",
+    "stop-server",
+    *DISK_FAULTS,
 )
 STRACE_FAULTS = ("fsync-eio", "enospc")
+ALONE = ("kill-majority", *MAJORITY_DISK_FAULTS)
+"""Faults of a majority of the storage nodes: nothing else runs with them."""
 
 
 @dataclasses.dataclass
@@ -86,12 +102,16 @@ class Nemesis:
         max_active: int = 2,
         hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
+        disks: dict[str, LazyFs] | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)} (known: {', '.join(FAULTS)})")
         if "kill-zookeeper" in kinds and zookeeper is None:
             kinds = tuple(k for k in kinds if k != "kill-zookeeper")
+        self.disks = disks or {}
+        if not self.disks:  # the storage nodes run on LazyFS only when the run mounted it
+            kinds = tuple(k for k in kinds if k not in DISK_FAULTS)
         if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
             raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
         self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
@@ -113,7 +133,7 @@ class Nemesis:
         # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
         for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
             self.heal(f)
-        if len(self.active) >= self.max_active or any(f.kind == "kill-majority" for f in self.active):
+        if len(self.active) >= self.max_active or any(f.kind in ALONE for f in self.active):
             return
         if self.rng.random() < 0.5:
             return
@@ -131,10 +151,12 @@ class Nemesis:
 
     def _possible(self, kind: str) -> bool:
         storage_busy, servers_busy = self._busy("storage"), self._busy("server")
-        if kind == "kill-majority":
+        if kind in ALONE:
             return not self.active
-        if kind == "kill-server":
+        if kind in ("kill-server", "stop-server"):
             return not servers_busy
+        if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
+            return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind in ("pause", "partition", "slow", "reset"):
@@ -167,10 +189,19 @@ class Nemesis:
                     c.start_member(t)
 
             fault.undo = restart_both
-        elif kind == "kill-server":
+        elif kind in ("kill-server", "stop-server"):
             fault.targets = (self.rng.choice(self.servers),)
-            c.kill(fault.targets[0])
-            fault.undo = lambda: c.start_member(fault.targets[0])
+            if kind == "kill-server":
+                c.kill(fault.targets[0])
+                fault.undo = lambda: c.start_member(fault.targets[0])
+            else:
+                c.kill(fault.targets[0], signal.SIGTERM)
+                fault.undo = lambda: membership.start_when_stopped(c, fault.targets[0])
+        elif kind == "move-replica":
+            # Done here, start to end (the metadata and the nodes see it at once); its targets
+            # stay busy for the hold so no storage fault lands on them right after.
+            fault.detail = membership.move_replica(c, self.rng, self.say)
+            fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None
@@ -201,6 +232,8 @@ class Nemesis:
             fault.detail = self._corrupt(target)
             partition = fault.detail.get("partition")
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
+        elif kind in DISK_FAULTS:
+            fault.targets, fault.detail, fault.undo = start_disk_fault(kind, c, self.disks, self.storage, self.rng)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
         self.active.append(fault)
