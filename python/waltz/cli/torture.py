@@ -68,7 +68,12 @@ def torture(
     pauses, partitions, slows and resets members, fails their fsyncs and writes, and corrupts a
     replica, on a schedule drawn from --seed. Then everything heals, the cluster's feed and every
     replica's files are drained, and the checker judges the histories against them. Exit 1 on
-    any anomaly or problem; the report is in DIRECTORY/report.json."""
+    any anomaly or problem; the report is in DIRECTORY/report.json.
+
+    Partial faults too: partial-partition cuts one server from one storage node only, one-way
+    loses one direction of a link, zombie cuts one server from the metadata store (--zookeeper)
+    while it still reaches storage and clients, and bad-clients runs a misbehaving client (a live
+    client's id, too many locks, never reading) next to the honest ones."""
     from waltz.torture.nemesis import FAULTS
     from waltz.torture.run import TortureOptions, run_torture
 

@@ -20,6 +20,18 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    replicas, restart it; healed with the documented repair (docs/operations.md:
                    remove the replica's files, add the partition, recover-partition from a
                    healthy replica, make it writable)
+    partial-partition  one server cut from one storage node only (the other server still
+                   reaches it, and the first reaches the other nodes); heal it
+    one-way        the link to a storage node or a server moves bytes one way only (a lost
+                   direction: requests arrive and no answer comes back, or the reverse); heal it
+    zombie         one server cut from the metadata store (ZooKeeper behind its proxy; runs on
+                   ZooKeeper only) past its session timeout, while it still reaches the storage
+                   nodes and its clients: it must stop writing once another server takes its
+                   partitions; heal it
+    bad-clients    a misbehaving client process next to the honest ones (torture/bad_clients.py):
+                   a live client's id mounted with another token, an append with more locks than
+                   max_transaction_locks, or a client that never reads; each must be refused or
+                   held while the honest clients go on committing. Runs alone; healed by stopping it
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
 kill-majority, which runs alone; at most one server; faults otherwise combine.
@@ -43,6 +55,7 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
+from waltz.torture import net_faults
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -57,7 +70,13 @@ FAULTS = (
     "fsync-eio",
     "enospc",
     "corrupt",
+    "partial-partition",
+    "one-way",
+    "zombie",
+    "bad-clients",
 )
+ALONE_FAULTS = ("kill-majority", "bad-clients")
+"""Faults no other fault joins: a majority down, and a bad client whose honest neighbours must keep committing."""
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
 
@@ -86,12 +105,16 @@ class Nemesis:
         max_active: int = 2,
         hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
+        metadata_proxy: FaultProxy | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
             raise ValueError(f"unknown faults {sorted(unknown)} (known: {', '.join(FAULTS)})")
         if "kill-zookeeper" in kinds and zookeeper is None:
             kinds = tuple(k for k in kinds if k != "kill-zookeeper")
+        if "zombie" in kinds and metadata_proxy is None:
+            kinds = tuple(k for k in kinds if k != "zombie")
+        self.metadata_proxy = metadata_proxy
         if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
             raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
         self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
@@ -113,7 +136,7 @@ class Nemesis:
         # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
         for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
             self.heal(f)
-        if len(self.active) >= self.max_active or any(f.kind == "kill-majority" for f in self.active):
+        if len(self.active) >= self.max_active or any(f.kind in ALONE_FAULTS for f in self.active):
             return
         if self.rng.random() < 0.5:
             return
@@ -131,13 +154,17 @@ class Nemesis:
 
     def _possible(self, kind: str) -> bool:
         storage_busy, servers_busy = self._busy("storage"), self._busy("server")
-        if kind == "kill-majority":
+        if kind in ALONE_FAULTS:
             return not self.active
+        if kind == "partial-partition":
+            return not storage_busy and not servers_busy
+        if kind == "zombie":
+            return not servers_busy
         if kind == "kill-server":
             return not servers_busy
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
-        if kind in ("pause", "partition", "slow", "reset"):
+        if kind in ("pause", "partition", "slow", "reset", "one-way"):
             return not storage_busy or not servers_busy
         return not storage_busy
 
@@ -201,8 +228,11 @@ class Nemesis:
             fault.detail = self._corrupt(target)
             partition = fault.detail.get("partition")
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
+        elif kind in ("partial-partition", "one-way", "zombie", "bad-clients"):
+            fault.targets, fault.detail, fault.undo, fault.heal_at = net_faults.start(self, kind, hold)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
+        hold = fault.heal_at - time.monotonic()
         self.active.append(fault)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.log({"f": "nemesis", "type": "start", "fault": kind, "targets": list(fault.targets), **fault.detail})

@@ -186,12 +186,15 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
     cluster: LocalCluster | None = None
     nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
     problems: list[str] = []
+    metadata_proxy: FaultProxy | None = None
     try:
         metadata = None
         if zookeeper is not None:
             say(f"starting ZooKeeper on {zookeeper.hosts}")
             zookeeper.start()
-            metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
+            # Every process reaches ZooKeeper through a proxy: the zombie fault cuts one server from it.
+            metadata_proxy = FaultProxy(loop, "zookeeper", zookeeper.port)
+            metadata = f"zk://127.0.0.1:{metadata_proxy.port}/torture-{uuid.uuid4().hex[:8]}"
         retention = o.retention_max_age is not None
         cluster = LocalCluster.create(
             d / "cluster",
@@ -231,6 +234,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper=zookeeper,
             hold=o.hold,
             committed=lambda: dict(observer.latest) if observer else {},
+            metadata_proxy=metadata_proxy,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
@@ -241,7 +245,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         say("healing every fault")
         nemesis.heal_all()
         problems += nemesis.problems
-        for p in proxies.values():
+        for p in [*proxies.values(), *([metadata_proxy] if metadata_proxy else [])]:
             p.set_mode("pass")
         cluster.start()  # whatever a failed heal left down
         cluster.wait_served(o.heal_timeout)
@@ -310,6 +314,8 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
                 say(f"stopping the cluster failed: {type(e).__name__}: {e}")
         for p in proxies.values():
             p.close()
+        if metadata_proxy is not None:
+            metadata_proxy.close()
         loop.close()
         if zookeeper is not None:
             zookeeper.stop()

@@ -1,0 +1,104 @@
+"""The nemesis's partial partitions and misbehaving clients (issue 37 items 3 and 7): how
+`partial-partition`, `one-way`, `zombie` and `bad-clients` start, and what heals them. The
+schedule (which fault, when, for how long) stays in `nemesis.py`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from waltz.torture import bad_clients
+from waltz.torture.partial import from_process
+
+if TYPE_CHECKING:
+    from waltz.torture.nemesis import Nemesis
+
+Started = tuple[tuple[str, ...], dict[str, Any], Callable[[], None], float]
+
+
+def start(n: Nemesis, kind: str, hold: float) -> Started:
+    """(targets, detail, undo, heal_at) of a new fault of `kind`."""
+    now = time.monotonic()
+    c = n.cluster
+    if kind == "partial-partition":
+        server, node = n.rng.choice(n.servers), n.rng.choice(n.storage)
+        pid = c.pid(server)
+        if pid is None:
+            return (server, node), {"skipped": "server not running"}, lambda: None, now + hold
+        proxy = n.proxies[node]
+        proxy.set_mode("blackhole", only=from_process(pid))
+        return (server, node), {"link": f"{server} to {node}"}, lambda: proxy.set_mode("pass"), now + hold
+    if kind == "one-way":
+        target = n._pick_member()
+        way = n.rng.choice(("up", "down"))
+        proxy = n.proxies[target]
+        proxy.set_mode("blackhole", direction=way)
+        lost = "requests" if way == "up" else "answers"
+        return (target,), {"link": f"to {target}", "lost": lost}, lambda: proxy.set_mode("pass"), now + hold
+    if kind == "zombie":
+        meta = n.metadata_proxy
+        assert meta is not None
+        server = n.rng.choice(n.servers)
+        # Past the session timeout, so that the metadata store expires the session and another
+        # server takes the partitions while this one still reaches storage and its clients.
+        hold = max(hold, float(c.state.get("server_session_timeout", 3.0)) + 2.0 + n.rng.uniform(0, 2))
+        pid = c.pid(server)
+        if pid is None:
+            return (server,), {"skipped": "server not running"}, lambda: None, now + hold
+        meta.set_mode("blackhole", only=from_process(pid))
+        return (server,), {"link": f"{server} to the metadata store"}, lambda: meta.set_mode("pass"), now + hold
+    if kind == "bad-clients":
+        return _bad_client(n, max(hold, 4.0))
+    raise ValueError(kind)
+
+
+def _bad_client(n: Nemesis, hold: float) -> Started:
+    c = n.cluster
+    mode = n.rng.choice(bad_clients.MODES)
+    clients_dir = c.directory.parent / "clients"
+    number = n.counts.get("bad-clients", 0)
+    spec = {
+        "seed": n.rng.randrange(1 << 32),
+        "seconds": hold + 30,  # a backstop: the heal stops it
+        "partitions": c.partitions,
+        "servers": [c.dialed_address(c.member(s)) for s in n.servers],
+        "server_pids": [pid for s in n.servers if (pid := c.pid(s)) is not None],
+        "clients_dir": str(clients_dir),
+    }
+    log_path = clients_dir / f"bad-clients-{number}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "waltz.torture.bad_clients", mode, json.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    before = sum(n.committed().values())
+
+    def undo() -> None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            n.problems.append(f"bad-clients {mode}: did not stop within 60 s ({log_path})")
+            return
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        if proc.returncode != 0:
+            n.problems.append(f"bad-clients {mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+        elif lines and lines[-1].startswith("{"):
+            n.log({"f": "nemesis", "type": "observed", "fault": "bad-clients", "seen": json.loads(lines[-1])})
+        after = sum(n.committed().values())
+        if after <= before:  # alone, for at least 4 s: the honest clients must have committed meanwhile
+            n.problems.append(
+                f"bad-clients {mode}: the honest clients committed nothing while it ran (marks {before} -> {after})"
+            )
+
+    return ("clients",), {"mode": mode}, undo, time.monotonic() + hold
