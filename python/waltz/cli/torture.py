@@ -72,8 +72,8 @@ def torture(
 
     Partial faults too: partial-partition cuts one server from one storage node only, one-way
     loses one direction of a link, zombie cuts one server from the metadata store (--zookeeper)
-    while it still reaches storage and clients, and bad-clients runs a misbehaving client (a live
-    client's id, too many locks, never reading) next to the honest ones."""
+    while it still reaches storage and clients; dup-client-id, oversized-locks and stalled-reader
+    run a misbehaving client next to the honest ones."""
     from waltz.torture.nemesis import FAULTS
     from waltz.torture.run import TortureOptions, run_torture
 

@@ -1,12 +1,12 @@
-"""Misbehaving clients (issue 37 item 7): the `bad-clients` fault of a torture run starts one of
-these as a process of its own, next to the honest workers, for the fault's hold.
+"""Misbehaving clients (issue 37 item 7): each of these faults of a torture run starts one as a
+process of its own, next to the honest workers, for the fault's hold.
 
-    dup-id     mounts each partition under the client id of a live honest worker, with another
+    dup-client-id    mounts each partition under the client id of a live honest worker, with another
                token: the server must refuse it (CLIENT_REFUSED) while the worker holds it
-    big-locks  mounts under an id of its own and sends an Append declaring more locks than the
+    oversized-locks  mounts under an id of its own and sends an Append declaring more locks than the
                server's max_transaction_locks: it must get APPEND_REJECTED, the append must
                never commit, and the connection must keep answering
-    no-read    mounts every partition from the first transaction and asks for the whole log's
+    stalled-reader   mounts every partition from the first transaction and asks for the whole log's
                data again and again without ever reading an answer: the server's memory must
                stay bounded (it stops reading the connection), the honest clients go on
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from waltz import client_protocol as cp
 
-MODES = ("dup-id", "big-locks", "no-read")
+MODES = ("dup-client-id", "oversized-locks", "stalled-reader")
 MAX_TRANSACTION_LOCKS = 4096
 """The servers' default [partition] max_transaction_locks (waltz.config), which a torture cluster keeps."""
 RSS_GROWTH_LIMIT_MB = 256
@@ -138,7 +138,7 @@ def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> d
     # never every one.
     if seen["accepted"] >= 2 and seen["refused"] == 0:
         seen["finding"] = (
-            f"dup-id: {seen['accepted']} mounts under live client {victim}'s id with another token were "
+            f"dup-client-id: {seen['accepted']} mounts under live client {victim}'s id with another token were "
             "accepted, none refused"
         )
     return seen
@@ -164,7 +164,7 @@ def big_locks(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -
                 continue
             seq = c.next_seq()
             req = (own, m.generation, p, seq)
-            c.send(cp.Append(req, m.high_water_mark, 0, b"bad-clients big-locks", tuple(range(locks))))
+            c.send(cp.Append(req, m.high_water_mark, 0, b"bad-clients oversized-locks", tuple(range(locks))))
             answer: cp.Message | None = None
             until = time.monotonic() + 10
             while answer is None and (left := until - time.monotonic()) > 0:
@@ -180,15 +180,15 @@ def big_locks(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -
                 seq = c.next_seq()
                 c.send(cp.HighWaterMarkRequest(seq, p))  # the connection must keep answering
                 if not isinstance(c.until(cp.HighWaterMarkResponse, seq), (cp.HighWaterMarkResponse, cp.Failure)):
-                    seen["finding"] = "big-locks: the connection stopped answering after the rejection"
+                    seen["finding"] = "oversized-locks: the connection stopped answering after the rejection"
             elif isinstance(answer, cp.FeedData):
-                seen["finding"] = f"big-locks: an append with {locks} locks was committed"
+                seen["finding"] = f"oversized-locks: an append with {locks} locks was committed"
             elif isinstance(answer, cp.Failure) and answer.kind != cp.FailureKind.APPEND_REJECTED:
                 seen["other"] = f"{answer.kind.name}: {answer.message}"  # e.g. the store unavailable: no verdict
                 stop.wait(0.5)
                 continue
             else:
-                seen["finding"] = f"big-locks: an append with {locks} locks got no rejection within 10 s"
+                seen["finding"] = f"oversized-locks: an append with {locks} locks got no rejection within 10 s"
             return seen
         except OSError as e:
             seen["closed"] = str(e)
@@ -244,6 +244,8 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
                 conns.remove(c)  # closed by the server: also a way to hold
         for pid in peak:
             peak[pid] = max(peak[pid], _rss_mb(pid))
+        if max((peak[pid] - before[pid] for pid in before), default=0.0) > RSS_GROWTH_LIMIT_MB:
+            break  # found: a server that keeps growing would take the machine's memory with it
         stop.wait(0.05)
     for c in conns:
         c.close()
@@ -252,7 +254,7 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
     worst = max(growth.values(), default=0.0)
     if worst > RSS_GROWTH_LIMIT_MB:
         seen["finding"] = (
-            f"no-read: a server grew {worst:.0f} MiB while a client sent {sent} data requests and read nothing "
+            f"stalled-reader: a server grew {worst:.0f} MiB while a client sent {sent} data requests and read nothing "
             f"(limit {RSS_GROWTH_LIMIT_MB} MiB)"
         )
     return seen
@@ -263,7 +265,7 @@ def main(mode: str, spec: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Timer(spec["seconds"], stop.set).start()
     rng = random.Random(spec["seed"])
-    seen = {"dup-id": dup_id, "big-locks": big_locks, "no-read": no_read}[mode](spec, rng, stop)
+    seen = {"dup-client-id": dup_id, "oversized-locks": big_locks, "stalled-reader": no_read}[mode](spec, rng, stop)
     print(json.dumps({"mode": mode, **seen}), flush=True)
     if "finding" in seen:
         print(seen["finding"], flush=True)

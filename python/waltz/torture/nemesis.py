@@ -28,10 +28,14 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    ZooKeeper only) past its session timeout, while it still reaches the storage
                    nodes and its clients: it must stop writing once another server takes its
                    partitions; heal it
-    bad-clients    a misbehaving client process next to the honest ones (torture/bad_clients.py):
-                   a live client's id mounted with another token, an append with more locks than
-                   max_transaction_locks, or a client that never reads; each must be refused or
-                   held while the honest clients go on committing. Runs alone; healed by stopping it
+    dup-client-id  a misbehaving client process (torture/bad_clients.py) mounts every partition
+                   under a live honest client's id with another token: it must be refused
+    oversized-locks  one sends an append with more locks than max_transaction_locks: it must be
+                   rejected, never committed, the connection still answering
+    stalled-reader one mounts every partition and asks for the whole log again and again without
+                   reading: the servers' memory must stay bounded
+                   (The three run alone, for at least 4 s, and the honest clients must commit
+                   meanwhile; healed by stopping the process.)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
 kill-majority, which runs alone; at most one server; faults otherwise combine.
@@ -73,9 +77,12 @@ FAULTS = (
     "partial-partition",
     "one-way",
     "zombie",
-    "bad-clients",
+    "dup-client-id",
+    "oversized-locks",
+    "stalled-reader",
 )
-ALONE_FAULTS = ("kill-majority", "bad-clients")
+BAD_CLIENT_FAULTS = ("dup-client-id", "oversized-locks", "stalled-reader")
+ALONE_FAULTS = ("kill-majority", *BAD_CLIENT_FAULTS)
 """Faults no other fault joins: a majority down, and a bad client whose honest neighbours must keep committing."""
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
@@ -228,7 +235,7 @@ class Nemesis:
             fault.detail = self._corrupt(target)
             partition = fault.detail.get("partition")
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
-        elif kind in ("partial-partition", "one-way", "zombie", "bad-clients"):
+        elif kind in ("partial-partition", "one-way", "zombie", *BAD_CLIENT_FAULTS):
             fault.targets, fault.detail, fault.undo, fault.heal_at = net_faults.start(self, kind, hold)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)

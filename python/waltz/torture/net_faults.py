@@ -1,5 +1,5 @@
 """The nemesis's partial partitions and misbehaving clients (issue 37 items 3 and 7): how
-`partial-partition`, `one-way`, `zombie` and `bad-clients` start, and what heals them. The
+`partial-partition`, `one-way`, `zombie` and the misbehaving clients start, and what heals them. The
 schedule (which fault, when, for how long) stays in `nemesis.py`."""
 
 from __future__ import annotations
@@ -52,16 +52,15 @@ def start(n: Nemesis, kind: str, hold: float) -> Started:
             return (server,), {"skipped": "server not running"}, lambda: None, now + hold
         meta.set_mode("blackhole", only=from_process(pid))
         return (server,), {"link": f"{server} to the metadata store"}, lambda: meta.set_mode("pass"), now + hold
-    if kind == "bad-clients":
-        return _bad_client(n, max(hold, 4.0))
+    if kind in bad_clients.MODES:
+        return _bad_client(n, kind, max(hold, 4.0))
     raise ValueError(kind)
 
 
-def _bad_client(n: Nemesis, hold: float) -> Started:
+def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
     c = n.cluster
-    mode = n.rng.choice(bad_clients.MODES)
     clients_dir = c.directory.parent / "clients"
-    number = n.counts.get("bad-clients", 0)
+    number = sum(n.counts.get(k, 0) for k in bad_clients.MODES)
     spec = {
         "seed": n.rng.randrange(1 << 32),
         "seconds": hold + 30,  # a backstop: the heal stops it
@@ -88,17 +87,15 @@ def _bad_client(n: Nemesis, hold: float) -> Started:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            n.problems.append(f"bad-clients {mode}: did not stop within 60 s ({log_path})")
+            n.problems.append(f"{mode}: did not stop within 60 s ({log_path})")
             return
         lines = log_path.read_text(errors="replace").strip().splitlines()
         if proc.returncode != 0:
-            n.problems.append(f"bad-clients {mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+            n.problems.append(f"{mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
         elif lines and lines[-1].startswith("{"):
-            n.log({"f": "nemesis", "type": "observed", "fault": "bad-clients", "seen": json.loads(lines[-1])})
+            n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": json.loads(lines[-1])})
         after = sum(n.committed().values())
         if after <= before:  # alone, for at least 4 s: the honest clients must have committed meanwhile
-            n.problems.append(
-                f"bad-clients {mode}: the honest clients committed nothing while it ran (marks {before} -> {after})"
-            )
+            n.problems.append(f"{mode}: the honest clients committed nothing while it ran (marks {before} -> {after})")
 
-    return ("clients",), {"mode": mode}, undo, time.monotonic() + hold
+    return ("clients",), {}, undo, time.monotonic() + hold

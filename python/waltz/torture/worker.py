@@ -148,7 +148,7 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
     submitted = 0
     with WaltzClient(feed, config) as client:
         partitions = client.partitions
-        # The `bad-clients` fault's dup-id mode mounts under this id with another token.
+        # The dup-client-id fault mounts under this id with another token.
         (clients / f"worker-{index}.id").write_text(str(client.client_id))
         pending = []
         while not (clients / "stop").exists() and not stop.is_set():
