@@ -46,6 +46,12 @@ def _seconds(value: str) -> float:
     "deletions happen during the faults; the checker then allows the ids deleted everywhere to be missing.",
 )
 @click.option(
+    "--heal-timeout",
+    default="180s",
+    show_default=True,
+    help="How long the end of the run waits for the cluster and the clients after healing (before failing).",
+)
+@click.option(
     "--directory",
     type=click.Path(file_okay=False, path_type=pathlib.Path),
     help="Where the run keeps the cluster, histories and report (new or empty). Default: a new temporary directory.",
@@ -59,6 +65,7 @@ def torture(
     faults: str | None,
     zookeeper: bool,
     retention: str | None,
+    heal_timeout: str,
     directory: pathlib.Path | None,
 ) -> None:
     """Run clients against a local cluster while faults strike, then check every history.
@@ -94,6 +101,7 @@ def torture(
             faults=kinds,
             zookeeper=zookeeper,
             retention_max_age=None if retention is None else _seconds(retention),
+            heal_timeout=_seconds(heal_timeout),
         ),
         say=lambda s: console.print(f"  {s}", highlight=False),
     )

@@ -80,6 +80,10 @@ def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
         )
     before = sum(n.committed().values())
 
+    def finding(msg: str) -> None:
+        n.problems.append(msg)
+        n.say(f"nemesis: {msg}")
+
     def undo() -> None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -87,15 +91,15 @@ def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            n.problems.append(f"{mode}: did not stop within 60 s ({log_path})")
+            finding(f"{mode}: did not stop within 60 s ({log_path})")
             return
         lines = log_path.read_text(errors="replace").strip().splitlines()
         if proc.returncode != 0:
-            n.problems.append(f"{mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+            finding(f"{mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
         elif lines and lines[-1].startswith("{"):
             n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": json.loads(lines[-1])})
         after = sum(n.committed().values())
         if after <= before:  # alone, for at least 4 s: the honest clients must have committed meanwhile
-            n.problems.append(f"{mode}: the honest clients committed nothing while it ran (marks {before} -> {after})")
+            finding(f"{mode}: the honest clients committed nothing while it ran (marks {before} -> {after})")
 
     return ("clients",), {}, undo, time.monotonic() + hold

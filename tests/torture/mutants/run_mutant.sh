@@ -26,7 +26,7 @@ echo "mutant $mutant applied to $(git -C "$repo" rev-parse --short HEAD); tortur
 set +e
 (cd "$tmp" && PYTHONPATH="$tmp/wt/python" "$repo/.venv/bin/python" -m waltz.cli.main torture \
     --faults "$faults" --seed "$seed" --duration "$duration" --clients 2 --partitions 2 \
-    --directory "$tmp/run" "$@") 2>&1 | tee "$tmp/out.txt"
+    --heal-timeout 30s --directory "$tmp/run" "$@") 2>&1 | tee "$tmp/out.txt"
 code=${PIPESTATUS[0]}
 set -e
 grep -h -A3 '"problems"' "$tmp/run/report.json" 2>/dev/null || true
