@@ -109,9 +109,13 @@ def _mount(c: _Conn, partition: int, client_id: int, hwm: int, token: bytes) -> 
 
 
 def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> dict[str, Any]:
-    ids = sorted(int(p.read_text()) for p in pathlib.Path(spec["clients_dir"]).glob("worker-*.id"))
+    ids: list[int] = []
+    while not ids and not stop.is_set():  # the workers publish their ids once they have joined
+        ids = sorted(int(t) for p in pathlib.Path(spec["clients_dir"]).glob("worker-*.id") if (t := p.read_text()))
+        if not ids:
+            stop.wait(0.2)
     if not ids:
-        return {"skipped": "no honest client has published its id yet"}
+        return {"skipped": "no honest client had published its id"}
     victim = rng.choice(ids)
     seen = {"victim": victim, "refused": 0, "accepted": 0, "unanswered": 0}
     while not stop.is_set():

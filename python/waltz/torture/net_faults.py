@@ -78,7 +78,7 @@ def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    before = sum(n.committed().values())
+    before, started = sum(n.committed().values()), time.monotonic()
 
     def finding(msg: str) -> None:
         n.problems.append(msg)
@@ -94,12 +94,15 @@ def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
             finding(f"{mode}: did not stop within 60 s ({log_path})")
             return
         lines = log_path.read_text(errors="replace").strip().splitlines()
+        if proc.returncode == -signal.SIGTERM:  # healed (the run ending) before it installed its handler
+            n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": {"skipped": "stopped while starting"}})
+            return
         if proc.returncode != 0:
             finding(f"{mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
         elif lines and lines[-1].startswith("{"):
             n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": json.loads(lines[-1])})
         after = sum(n.committed().values())
-        if after <= before:  # alone, for at least 4 s: the honest clients must have committed meanwhile
+        if after <= before and time.monotonic() - started >= hold:  # alone that long: they must have committed
             finding(f"{mode}: the honest clients committed nothing while it ran (marks {before} -> {after})")
 
     return ("clients",), {}, undo, time.monotonic() + hold
