@@ -98,7 +98,7 @@ def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
             n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": {"skipped": "stopped while starting"}})
             return
         if proc.returncode != 0:
-            finding(f"{mode}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+            finding(lines[-1] if lines else f"{mode}: exit {proc.returncode}")
         elif lines and lines[-1].startswith("{"):
             n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": json.loads(lines[-1])})
         after = sum(n.committed().values())
