@@ -235,12 +235,13 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
         for c in list(conns):
             c.sock.setblocking(False)
             try:
-                for p in range(spec["partitions"]):
-                    c.sock.send(
-                        cp.TransactionDataRangeRequest(
-                            c.next_seq(), p, 0, cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
-                        ).frame()
+                for _ in range(64):  # until the socket is full: the server stopped reading
+                    # A different range each time: equal answers may share one encoded frame.
+                    p = sent % spec["partitions"]
+                    ask = cp.TransactionDataRangeRequest(
+                        c.next_seq(), p, sent // spec["partitions"], cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
                     )
+                    c.sock.send(ask.frame())
                     sent += 1
             except BlockingIOError:
                 pass  # the server stopped reading us: the back pressure this mode is after
