@@ -30,6 +30,7 @@ set +e
 code=${PIPESTATUS[0]}
 set -e
 grep -h -A3 '"problems"' "$tmp/run/report.json" 2>/dev/null || true
+for f in "$tmp"/run/clients/bad-clients-*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(tail -1 "$f")"; done
 if [ "$code" -ne 0 ]; then
     echo "CAUGHT: mutant $mutant made the run fail (exit $code)"
     exit 0
