@@ -220,39 +220,39 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
     own = (1 << 30) + rng.randrange(1 << 20)
     token = secrets.token_bytes(cp.TOKEN_BYTES)
     before = {pid: _rss_mb(pid) for pid in spec["server_pids"]}
-    conns: list[_Conn] = []
-    for endpoint in spec["servers"]:
-        try:
-            c = _Conn(endpoint)
-        except OSError:
-            continue
-        conns.append(c)
-        for p in range(spec["partitions"]):
-            c.send(cp.Mount(c.next_seq(), p, own, -1, time.time_ns() // 1000, token))
+    # On the partition's own server, mounted at its mark (a feed from the first transaction would
+    # fill the socket by itself): what piles up is the answers to the requests below.
+    conns: list[tuple[_Conn, int]] = []
+    for p in range(spec["partitions"]):
+        found = _owner(spec["servers"], p)
+        if found is not None:
+            c, hwm = found
+            c.send(cp.Mount(c.next_seq(), p, own, hwm, time.time_ns() // 1000, token))
+            conns.append((c, p))
     sent = 0
     peak = dict(before)
     while not stop.is_set() and conns:
-        for c in list(conns):
+        for c, p in list(conns):
             c.sock.setblocking(False)
             try:
                 for _ in range(64):  # until the socket is full: the server stopped reading
                     # A different range each time: equal answers may share one encoded frame.
-                    p = sent % spec["partitions"]
+                    first = (c.seq // 2) % 4096
                     ask = cp.TransactionDataRangeRequest(
-                        c.next_seq(), p, sent // spec["partitions"], cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
+                        c.next_seq(), p, first, cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
                     )
                     c.sock.send(ask.frame())
                     sent += 1
             except BlockingIOError:
                 pass  # the server stopped reading us: the back pressure this mode is after
             except OSError:
-                conns.remove(c)  # closed by the server: also a way to hold
+                conns.remove((c, p))  # closed by the server: also a way to hold
         for pid in peak:
             peak[pid] = max(peak[pid], _rss_mb(pid))
         if max((peak[pid] - before[pid] for pid in before), default=0.0) > RSS_GROWTH_LIMIT_MB:
             break  # found: a server that keeps growing would take the machine's memory with it
         stop.wait(0.05)
-    for c in conns:
+    for c, _ in conns:
         c.close()
     growth = {pid: round(peak[pid] - before[pid], 1) for pid in before if before[pid]}
     seen: dict[str, Any] = {"requests": sent, "rss_growth_mb": growth, "open_at_end": len(conns)}
