@@ -113,6 +113,7 @@ class Nemesis:
         hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
         metadata_proxy: FaultProxy | None = None,
+        cover: bool = False,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
@@ -121,7 +122,7 @@ class Nemesis:
             kinds = tuple(k for k in kinds if k != "kill-zookeeper")
         if "zombie" in kinds and metadata_proxy is None:
             kinds = tuple(k for k in kinds if k != "zombie")
-        self.metadata_proxy = metadata_proxy
+        self.metadata_proxy, self.cover = metadata_proxy, cover
         if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
             raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
         self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
@@ -145,9 +146,12 @@ class Nemesis:
             self.heal(f)
         if len(self.active) >= self.max_active or any(f.kind in ALONE_FAULTS for f in self.active):
             return
-        if self.rng.random() < 0.5:
+        if self.rng.random() < 0.5 and not self.cover:
             return
         choices = [k for k in self.kinds if self._possible(k)]
+        if self.cover:  # every kind once before any twice (waiting for it): a short run covers them all
+            least = min(self.counts.get(k, 0) for k in self.kinds)
+            choices = [k for k in choices if self.counts.get(k, 0) == least]
         if choices:
             self.start(self.rng.choice(choices))
 

@@ -68,6 +68,8 @@ class TortureOptions:
     hold: tuple[float, float] = (1.0, 6.0)
     """How long a fault lasts (uniform)."""
     heal_timeout: float = 180.0
+    cover: bool = False
+    """The nemesis picks among the kinds injected least so far (a short run covers every kind)."""
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
@@ -235,6 +237,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             hold=o.hold,
             committed=lambda: dict(observer.latest) if observer else {},
             metadata_proxy=metadata_proxy,
+            cover=o.cover,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration

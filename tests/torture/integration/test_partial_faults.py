@@ -33,6 +33,7 @@ def test_partial_partitions_and_bad_clients_lose_nothing(tmp_path):
             interval=0.5,
             faults=KINDS,
             heal_timeout=60.0,
+            cover=True,
         ),
         say=said.append,
     )
