@@ -18,6 +18,7 @@ clients' histories as always, and the nemesis checks that they kept committing m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import random
@@ -27,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from waltz import client_protocol as cp
@@ -37,6 +39,10 @@ MAX_TRANSACTION_LOCKS = 4096
 RSS_GROWTH_LIMIT_MB = 256
 """How much a server may grow while a client does not read (its answers in flight are bounded
 by REQUESTS_IN_FLIGHT and WRITE_BUFFER_LIMIT: a few MiB per connection)."""
+
+
+class _Stopped(Exception):
+    """SIGTERM (the heal): raised where the process waits, so that it answers at once."""
 
 
 class _Conn:
@@ -118,6 +124,20 @@ def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> d
         return {"skipped": "no honest client had published its id"}
     victim = rng.choice(ids)
     seen = {"victim": victim, "refused": 0, "accepted": 0, "unanswered": 0}
+    with _until_stopped():
+        _borrow(spec, victim, seen, stop)
+    # A live worker mounts every partition it writes: its id is held on the servers nearly all
+    # the time, and a short gap (a reconnect under another fault) can let one attempt through,
+    # never every one.
+    if seen["accepted"] >= 2 and seen["refused"] == 0:
+        seen["finding"] = (
+            f"dup-client-id: {seen['accepted']} mounts under live client {victim}'s id with another token were "
+            "accepted, none refused"
+        )
+    return seen
+
+
+def _borrow(spec: dict[str, Any], victim: int, seen: dict[str, int], stop: threading.Event) -> None:
     while not stop.is_set():
         for p in range(spec["partitions"]):
             found = _owner(spec["servers"], p)
@@ -137,15 +157,6 @@ def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> d
             else:
                 seen["unanswered"] += 1
         stop.wait(0.5)
-    # A live worker mounts every partition it writes: its id is held on the servers nearly all
-    # the time, and a short gap (a reconnect under another fault) can let one attempt through,
-    # never every one.
-    if seen["accepted"] >= 2 and seen["refused"] == 0:
-        seen["finding"] = (
-            f"dup-client-id: {seen['accepted']} mounts under live client {victim}'s id with another token were "
-            "accepted, none refused"
-        )
-    return seen
 
 
 def big_locks(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> dict[str, Any]:
@@ -153,6 +164,15 @@ def big_locks(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -
     own = (1 << 31) - 1 - rng.randrange(1 << 20)
     locks = MAX_TRANSACTION_LOCKS + 1 + rng.randrange(100)
     seen: dict[str, Any] = {"partition": p, "client": own, "locks": locks}
+    with _until_stopped():
+        return _too_many_locks(spec, p, own, locks, seen, stop)
+    seen.setdefault("skipped", "stopped before a verdict")
+    return seen
+
+
+def _too_many_locks(
+    spec: dict[str, Any], p: int, own: int, locks: int, seen: dict[str, Any], stop: threading.Event
+) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while not stop.is_set() and time.monotonic() < deadline:
         found = _owner(spec["servers"], p)
@@ -206,6 +226,14 @@ def big_locks(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -
     return seen
 
 
+@contextlib.contextmanager
+def _until_stopped() -> Iterator[None]:
+    try:
+        yield
+    except _Stopped:
+        pass
+
+
 def _rss_mb(pid: int) -> float:
     try:
         for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -229,8 +257,30 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
             c, hwm = found
             c.send(cp.Mount(c.next_seq(), p, own, hwm, time.time_ns() // 1000, token))
             conns.append((c, p))
-    sent = 0
+    sent = [0]
     peak = dict(before)
+    with _until_stopped():
+        _flood(conns, before, peak, sent, stop)
+    for c, _ in conns:
+        c.close()
+    growth = {pid: round(peak[pid] - before[pid], 1) for pid in before if before[pid]}
+    seen: dict[str, Any] = {"requests": sent[0], "rss_growth_mb": growth, "open_at_end": len(conns)}
+    worst = max(growth.values(), default=0.0)
+    if worst > RSS_GROWTH_LIMIT_MB:
+        seen["finding"] = (
+            f"stalled-reader: a server grew {worst:.0f} MiB while a client sent {sent[0]} data requests "
+            f"and read nothing (limit {RSS_GROWTH_LIMIT_MB} MiB)"
+        )
+    return seen
+
+
+def _flood(
+    conns: list[tuple[_Conn, int]],
+    before: dict[int, float],
+    peak: dict[int, float],
+    sent: list[int],
+    stop: threading.Event,
+) -> None:
     while not stop.is_set() and conns:
         for c, p in list(conns):
             c.sock.setblocking(False)
@@ -242,7 +292,7 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
                         c.next_seq(), p, first, cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
                     )
                     c.sock.send(ask.frame())
-                    sent += 1
+                    sent[0] += 1
             except BlockingIOError:
                 pass  # the server stopped reading us: the back pressure this mode is after
             except OSError:
@@ -252,22 +302,17 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
         if max((peak[pid] - before[pid] for pid in before), default=0.0) > RSS_GROWTH_LIMIT_MB:
             break  # found: a server that keeps growing would take the machine's memory with it
         stop.wait(0.05)
-    for c, _ in conns:
-        c.close()
-    growth = {pid: round(peak[pid] - before[pid], 1) for pid in before if before[pid]}
-    seen: dict[str, Any] = {"requests": sent, "rss_growth_mb": growth, "open_at_end": len(conns)}
-    worst = max(growth.values(), default=0.0)
-    if worst > RSS_GROWTH_LIMIT_MB:
-        seen["finding"] = (
-            f"stalled-reader: a server grew {worst:.0f} MiB while a client sent {sent} data requests and read nothing "
-            f"(limit {RSS_GROWTH_LIMIT_MB} MiB)"
-        )
-    return seen
 
 
 def main(mode: str, spec: dict[str, Any]) -> int:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def term(*_: Any) -> None:
+        stop.set()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Stopped
+
+    signal.signal(signal.SIGTERM, term)
     threading.Timer(spec["seconds"], stop.set).start()
     rng = random.Random(spec["seed"])
     seen = {"dup-client-id": dup_id, "oversized-locks": big_locks, "stalled-reader": no_read}[mode](spec, rng, stop)
