@@ -313,7 +313,9 @@ def main(mode: str, spec: dict[str, Any]) -> int:
         raise _Stopped
 
     signal.signal(signal.SIGTERM, term)
-    threading.Timer(spec["seconds"], stop.set).start()
+    backstop = threading.Timer(spec["seconds"], stop.set)
+    backstop.daemon = True  # the process ends when its mode returns, not when the backstop fires
+    backstop.start()
     rng = random.Random(spec["seed"])
     seen = {"dup-client-id": dup_id, "oversized-locks": big_locks, "stalled-reader": no_read}[mode](spec, rng, stop)
     print(json.dumps({"mode": mode, **seen}), flush=True)
