@@ -36,9 +36,12 @@ from waltz import client_protocol as cp
 MODES = ("dup-client-id", "oversized-locks", "stalled-reader")
 MAX_TRANSACTION_LOCKS = 4096
 """The servers' default [partition] max_transaction_locks (waltz.config), which a torture cluster keeps."""
-RSS_GROWTH_LIMIT_MB = 256
-"""How much a server may grow while a client does not read (its answers in flight are bounded
-by REQUESTS_IN_FLIGHT and WRITE_BUFFER_LIMIT: a few MiB per connection)."""
+ANSWER_BYTES = 1 << 20
+"""The data each of the stalled reader's requests asks for (most answers are that large once the
+log holds a few MiB)."""
+RSS_GROWTH_LIMIT_MB = 64
+"""How much a server may grow while a client does not read: its answers in flight are bounded
+by REQUESTS_IN_FLIGHT (8) and WRITE_BUFFER_LIMIT, about 8 MiB per connection of answers this size."""
 
 
 class _Stopped(Exception):
@@ -287,10 +290,8 @@ def _flood(
             try:
                 for _ in range(64):  # until the socket is full: the server stopped reading
                     # A different range each time: equal answers may share one encoded frame.
-                    first = (c.seq // 2) % 4096
-                    ask = cp.TransactionDataRangeRequest(
-                        c.next_seq(), p, first, cp.MAX_DATA_RANGE_COUNT, cp.MAX_DATA_RANGE_BYTES
-                    )
+                    first = (c.seq // 2) % 1024
+                    ask = cp.TransactionDataRangeRequest(c.next_seq(), p, first, cp.MAX_DATA_RANGE_COUNT, ANSWER_BYTES)
                     c.sock.send(ask.frame())
                     sent[0] += 1
             except BlockingIOError:
