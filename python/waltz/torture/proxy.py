@@ -177,6 +177,7 @@ class FaultProxy:
     def close(self) -> None:
         async def shut() -> None:
             self._server.close()
+            self._only = None  # every link, not only those a partial fault hits
             self._abort_all()
 
         with contextlib.suppress(Exception):
