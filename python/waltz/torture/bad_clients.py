@@ -126,7 +126,7 @@ def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> d
     if not ids:
         return {"skipped": "no honest client had published its id"}
     victim = rng.choice(ids)
-    seen = {"victim": victim, "refused": 0, "accepted": 0, "unanswered": 0}
+    seen: dict[str, Any] = {"victim": victim, "refused": 0, "accepted": 0, "unanswered": 0}
     with _until_stopped():
         _borrow(spec, victim, seen, stop)
     # A live worker mounts every partition it writes: its id is held on the servers nearly all
@@ -140,7 +140,7 @@ def dup_id(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> d
     return seen
 
 
-def _borrow(spec: dict[str, Any], victim: int, seen: dict[str, int], stop: threading.Event) -> None:
+def _borrow(spec: dict[str, Any], victim: int, seen: dict[str, Any], stop: threading.Event) -> None:
     while not stop.is_set():
         for p in range(spec["partitions"]):
             found = _owner(spec["servers"], p)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from waltz.torture import bad_clients
 from waltz.torture.partial import from_process
+from waltz.torture.proxy import Direction
 
 if TYPE_CHECKING:
     from waltz.torture.nemesis import Nemesis
@@ -35,7 +36,7 @@ def start(n: Nemesis, kind: str, hold: float) -> Started:
         return (server, node), {"link": f"{server} to {node}"}, lambda: proxy.set_mode("pass"), now + hold
     if kind == "one-way":
         target = n._pick_member()
-        way = n.rng.choice(("up", "down"))
+        way: Direction = n.rng.choice(("up", "down"))
         proxy = n.proxies[target]
         proxy.set_mode("blackhole", direction=way)
         lost = "requests" if way == "up" else "answers"
