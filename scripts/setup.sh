@@ -29,6 +29,8 @@ if [ "$mode" = full ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
   # systemd-analyze and systemd-sysusers check the unit files of deploy/systemd (tests/deploy).
   command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+  # libfuse 2 for the torture runs' LazyFS-style file system (waltz.torture.lazyfs, via fusepy).
+  ldconfig -p | grep -q 'libfuse\.so\.2' || need_apt+=(libfuse2)
   if ((${#need_apt[@]})); then
     if [ "$(id -u)" = 0 ]; then
       echo "setup: installing ${need_apt[*]} (apt)"

@@ -12,11 +12,10 @@ import json
 import pathlib
 import shutil
 import subprocess
-import time
 import urllib.request
 from typing import Any
 
-from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_process, track
+from .loadgen import PeerProcesses, PeerUnavailable, ensure_installed, free_port, log, stop_process
 
 MEMBERS = 3
 DURABILITY = "3 members (Raft): a put returns once a majority fsynced the entry to its WAL"
@@ -48,12 +47,14 @@ def _get(port: int, path: str, timeout: float = 2.0) -> dict[str, Any]:
         return out
 
 
-class EtcdCluster:
+class EtcdCluster(PeerProcesses):
+    label = "etcd member"
+    log_name = "m{i}/etcd.log"
+
     def __init__(self, directory: pathlib.Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.client_ports = [free_port() for _ in range(MEMBERS)]
         self.peer_ports = [free_port() for _ in range(MEMBERS)]
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.leader_port = 0
 
     @property
@@ -66,85 +67,62 @@ class EtcdCluster:
         for i in range(MEMBERS):
             d = self.directory / f"m{i}"
             d.mkdir(parents=True)
-            with open(d / "etcd.log", "wb") as logf:
-                self.procs.append(
-                    track(
-                        subprocess.Popen(
-                            [
-                                "etcd",
-                                "--name",
-                                f"m{i}",
-                                "--data-dir",
-                                str(d / "data"),
-                                "--listen-client-urls",
-                                f"http://127.0.0.1:{self.client_ports[i]}",
-                                "--advertise-client-urls",
-                                f"http://127.0.0.1:{self.client_ports[i]}",
-                                "--listen-peer-urls",
-                                f"http://127.0.0.1:{self.peer_ports[i]}",
-                                "--initial-advertise-peer-urls",
-                                f"http://127.0.0.1:{self.peer_ports[i]}",
-                                "--initial-cluster",
-                                initial,
-                                "--initial-cluster-token",
-                                "waltz-bench",
-                                "--initial-cluster-state",
-                                "new",
-                                "--logger",
-                                "zap",
-                                "--log-outputs",
-                                "stderr",
-                                "--log-level",
-                                "warn",
-                            ],
-                            stdin=subprocess.DEVNULL,
-                            stdout=logf,
-                            stderr=logf,
-                            start_new_session=True,
-                        )
-                    )
-                )
+            self.spawn(
+                i,
+                [
+                    "etcd",
+                    "--name",
+                    f"m{i}",
+                    "--data-dir",
+                    str(d / "data"),
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{self.client_ports[i]}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{self.client_ports[i]}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{self.peer_ports[i]}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{self.peer_ports[i]}",
+                    "--initial-cluster",
+                    initial,
+                    "--initial-cluster-token",
+                    "waltz-bench",
+                    "--initial-cluster-state",
+                    "new",
+                    "--logger",
+                    "zap",
+                    "--log-outputs",
+                    "stderr",
+                    "--log-level",
+                    "warn",
+                ],
+            )
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
         """Every member answers /health with true, and all agree on one leader."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            for i, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise PeerUnavailable(f"etcd member m{i} exited: {self.log_tail(i)}")
-            try:
-                health = [_get(port, "/health") for port in self.client_ports]
-                status = [_post(port, "/v3/maintenance/status", {}) for port in self.client_ports]
-            except (OSError, ValueError) as e:
-                last = str(e)
-                time.sleep(0.2)
-                continue
+
+        def probe() -> str | None:
+            health = [_get(port, "/health") for port in self.client_ports]
+            status = [_post(port, "/v3/maintenance/status", {}) for port in self.client_ports]
             leaders = {s.get("leader") for s in status}
-            if all(h.get("health") == "true" for h in health) and len(leaders) == 1 and None not in leaders:
-                leader = leaders.pop()
-                self.leader_port = next(
-                    port for port, s in zip(self.client_ports, status) if s["header"]["member_id"] == leader
-                )
-                log(f"etcd {version()}: 3 members healthy, leader on :{self.leader_port}")
-                return
-            last = f"health {health}, leaders {leaders}"
-            time.sleep(0.2)
-        raise PeerUnavailable(f"etcd cluster not healthy after {timeout:.0f} s: {last}")
+            if not (all(h.get("health") == "true" for h in health) and len(leaders) == 1 and None not in leaders):
+                return f"health {health}, leaders {leaders}"
+            leader = leaders.pop()
+            self.leader_port = next(
+                port for port, s in zip(self.client_ports, status) if s["header"]["member_id"] == leader
+            )
+            log(f"etcd {version()}: 3 members healthy, leader on :{self.leader_port}")
+            return None
 
-    def log_tail(self, i: int) -> str:
-        try:
-            return (self.directory / f"m{i}" / "etcd.log").read_text(errors="replace")[-1500:]
-        except OSError:
-            return "(no log)"
+        self.poll_ready(timeout, "etcd cluster", probe)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """One member at a time, leader first: a leader stopped together with its followers waits
         for a leadership transfer that cannot happen."""
         leader = [p for p, port in zip(self.procs, self.client_ports) if port == self.leader_port]
         for p in leader + [p for p in self.procs if p not in leader]:
-            stop_process(p, timeout=10)
+            stop_process(p, timeout=timeout)
 
 
 class EtcdSession:

@@ -24,7 +24,7 @@ import time
 import urllib.request
 from typing import Any
 
-from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_process, track
+from .loadgen import PeerProcesses, PeerUnavailable, ensure_installed, free_port, log
 
 SERVERS = 3
 STREAM = "WALTZBENCH"
@@ -79,13 +79,15 @@ def _get(port: int, path: str, timeout: float = 2.0) -> dict[str, Any]:
         return out
 
 
-class JetStreamCluster:
+class JetStreamCluster(PeerProcesses):
+    label = "nats-server"
+    log_name = "n{i}/nats-server.log"
+
     def __init__(self, directory: pathlib.Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.client_ports = [free_port() for _ in range(SERVERS)]
         self.http_ports = [free_port() for _ in range(SERVERS)]
         self.route_ports = [free_port() for _ in range(SERVERS)]
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.leader_port = 0
         self.version = "?"
 
@@ -101,41 +103,21 @@ class JetStreamCluster:
             d.mkdir(parents=True)
             conf = d / "nats-server.conf"
             conf.write_text(server_config(i, d, self.client_ports[i], self.http_ports[i], self.route_ports))
-            with open(d / "nats-server.log", "wb") as logf:
-                self.procs.append(
-                    track(
-                        subprocess.Popen(
-                            ["nats-server", "-c", str(conf)],
-                            stdin=subprocess.DEVNULL,
-                            stdout=logf,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
-                )
+            self.spawn(i, ["nats-server", "-c", str(conf)])
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
         """Every server's /healthz is ok (JetStream up) and the three agree on a meta leader."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            for i, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise PeerUnavailable(f"nats-server {i} exited: {self.log_tail(i)}")
-            try:
-                health = [_get(port, "/healthz") for port in self.http_ports]
-                jsz = [_get(port, "/jsz") for port in self.http_ports]
-            except (OSError, ValueError) as e:
-                last = str(e)
-                time.sleep(0.2)
-                continue
+
+        def probe() -> str | None:
+            health = [_get(port, "/healthz") for port in self.http_ports]
+            jsz = [_get(port, "/jsz") for port in self.http_ports]
             leaders = {(j.get("meta_cluster") or {}).get("leader") for j in jsz}
             if all(h.get("status") == "ok" for h in health) and len(leaders) == 1 and None not in leaders:
-                return
-            last = f"health {health}, meta leaders {leaders}"
-            time.sleep(0.2)
-        raise PeerUnavailable(f"NATS cluster not healthy after {timeout:.0f} s: {last}")
+                return None
+            return f"health {health}, meta leaders {leaders}"
+
+        self.poll_ready(timeout, "NATS cluster", probe)
 
     async def create_stream(self, timeout: float = 60.0) -> None:
         """The stream (3 replicas, file storage), then its leader's client port for the sessions."""
@@ -171,19 +153,6 @@ class JetStreamCluster:
             await nc.close()
         self.leader_port = next(p for i, p in enumerate(self.client_ports) if server_name(i) == leader)
         log(f"NATS {self.version}: 3 servers, stream of 3 replicas led by {leader} (:{self.leader_port})")
-
-    def log_tail(self, i: int) -> str:
-        try:
-            return (self.directory / f"n{i}" / "nats-server.log").read_text(errors="replace")[-1500:]
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            stop_process(p)
 
 
 class JetStreamSession:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -110,6 +110,75 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         _kill(proc)
         proc.wait(timeout=10)
+
+
+class PeerProcesses:
+    """The processes of one peer system the harness starts: each spawned into its own log file
+    under `directory` and tracked for `kill_leftovers`, polled until the system is ready (failing
+    at once, with the log's tail, when one exits), and stopped with SIGTERM."""
+
+    label = "member"
+    """How an error names process i: "{label} {i} exited"."""
+    log_name = "m{i}/peer.log"
+    """Process i's log file, relative to `directory`."""
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        self.directory = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, i: int, argv: list[str], **popen: Any) -> None:
+        with open(self.directory / self.log_name.format(i=i), "wb") as logf:
+            self.procs.append(
+                track(
+                    subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=logf,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        **popen,
+                    )
+                )
+            )
+
+    def log_text(self, i: int) -> str:
+        try:
+            return (self.directory / self.log_name.format(i=i)).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, i: int) -> str:
+        return self.log_text(i)[-1500:] or "(no log)"
+
+    def check_alive(self, only: Collection[int] | None = None) -> None:
+        for i, p in enumerate(self.procs):
+            if (only is None or i in only) and p.poll() is not None:
+                raise PeerUnavailable(f"{self.label} {i} exited: {self.log_tail(i)}")
+
+    def poll_ready(self, timeout: float, what: str, probe: Callable[[], str | None]) -> None:
+        """Calls `probe` every 0.2 s until it returns None (ready); otherwise it returns, or raises
+        as OSError or ValueError, what it saw, named in the error after `timeout`."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                state = probe()
+            except (OSError, ValueError) as e:
+                state = str(e)
+            if state is None:
+                return
+            last = state
+            time.sleep(0.2)
+        raise PeerUnavailable(f"{what} not ready after {timeout:.0f} s: {last}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM to all at once (they shut down in parallel), then each waited for."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            stop_process(p, timeout=timeout)
 
 
 def ensure_installed(what: str, present: Callable[[], bool], apt_packages: list[str]) -> None:

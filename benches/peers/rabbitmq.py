@@ -34,7 +34,7 @@ import subprocess
 import time
 from typing import Any
 
-from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_process, track
+from .loadgen import PeerProcesses, PeerUnavailable, ensure_installed, free_port, log, stop_process, track
 
 NODES = 3
 SCRIPTS = pathlib.Path("/usr/lib/rabbitmq/bin")  # Debian's /usr/sbin wrappers switch to the rabbitmq user
@@ -128,16 +128,18 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-class RabbitMQCluster:
+class RabbitMQCluster(PeerProcesses):
+    label = "RabbitMQ node"
+    log_name = "node{i}/rabbitmq.log"
+
     def __init__(self, directory: pathlib.Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.home = directory / "home"
         self.amqp_ports = [free_port() for _ in range(NODES)]
         self.dist_ports = [free_port() for _ in range(NODES)]
         self.epmd_port = free_port()
         self.cookie = secrets.token_hex(16)
         self.epmd: subprocess.Popen[bytes] | None = None
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.beam: dict[int, int] = {}  # node index -> pid of its Erlang VM (the script's child)
         self.leader_port = self.amqp_ports[0]
         self.version = version()
@@ -186,28 +188,14 @@ class RabbitMQCluster:
         (d / "rabbitmq-env.conf").write_text("")
         (d / "enabled_plugins").write_text("[].\n")
         (d / "rabbitmq.conf").write_text(node_config(i, node_name(0)))
-        with open(d / "rabbitmq.log", "wb") as logf:
-            self.procs.append(
-                track(
-                    subprocess.Popen(
-                        [str(SCRIPTS / "rabbitmq-server")],
-                        cwd=d,
-                        env=self.env(i),
-                        stdin=subprocess.DEVNULL,
-                        stdout=logf,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-            )
+        self.spawn(i, [str(SCRIPTS / "rabbitmq-server")], cwd=d, env=self.env(i))
 
     def wait_started(self, nodes: list[int], deadline: float) -> None:
         """Each node logged that its startup completed and accepts AMQP connections."""
         pending = set(nodes)
         while pending:
+            self.check_alive(pending)
             for i in sorted(pending):
-                if self.procs[i].poll() is not None:
-                    raise PeerUnavailable(f"RabbitMQ node {i} exited: {self.log_tail(i)}")
                 if "Server startup complete" in self.log_text(i) and _port_open(self.amqp_ports[i]):
                     if not (beams := _children(self.procs[i].pid)):
                         raise PeerUnavailable(f"RabbitMQ node {i}: no Erlang VM under {self.procs[i].pid}")
@@ -254,22 +242,9 @@ class RabbitMQCluster:
         self.leader_port = self.amqp_ports[int(leader.split("@")[0].removeprefix("waltzbench"))]
         log(f"RabbitMQ: quorum queue {QUEUE!r} on 3 nodes, leader {leader} (:{self.leader_port})")
 
-    def log_text(self, i: int) -> str:
-        try:
-            return (self.directory / f"node{i}" / "rabbitmq.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, i: int) -> str:
-        return self.log_text(i)[-1500:] or "(no log)"
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM to each node's script, which stops its VM cleanly and waits for it; then epmd."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            stop_process(p, timeout=60)
+        super().stop(timeout)
         if self.epmd is not None:
             stop_process(self.epmd)
 

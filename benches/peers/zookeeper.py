@@ -16,11 +16,9 @@ import os
 import pathlib
 import shutil
 import socket
-import subprocess
-import time
 from typing import Any
 
-from .loadgen import PeerUnavailable, ensure_installed, free_port, log, stop_process, track
+from .loadgen import PeerProcesses, ensure_installed, free_port, log
 
 SERVERS = 3
 JAR = "/usr/share/java/zookeeper.jar"
@@ -45,12 +43,14 @@ def four_letter(port: int, word: str) -> str:
         return ""
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(PeerProcesses):
+    label = "ZooKeeper server"
+    log_name = "zk{i}/zookeeper.log"
+
     def __init__(self, directory: pathlib.Path) -> None:
-        self.directory = directory
+        super().__init__(directory)
         self.client_ports = [free_port() for _ in range(SERVERS)]
         self.quorum_ports = [(free_port(), free_port()) for _ in range(SERVERS)]
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.leader_port = 0
         self.version = "?"
 
@@ -71,69 +71,45 @@ class ZooKeeperEnsemble:
                 "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat\n"
                 "maxClientCnxns=0\n" + servers
             )
-            with open(d / "zookeeper.log", "wb") as logf:
-                self.procs.append(
-                    track(
-                        subprocess.Popen(
-                            [
-                                "java",
-                                "-Xmx1g",
-                                "-Dzookeeper.root.logger=WARN,CONSOLE",
-                                "-cp",
-                                f"{CONF}:{JAR}",
-                                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                                str(d / "zoo.cfg"),
-                            ],
-                            stdin=subprocess.DEVNULL,
-                            stdout=logf,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
-                )
+            self.spawn(
+                i,
+                [
+                    "java",
+                    "-Xmx1g",
+                    "-Dzookeeper.root.logger=WARN,CONSOLE",
+                    "-cp",
+                    f"{CONF}:{JAR}",
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                    str(d / "zoo.cfg"),
+                ],
+            )
         self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float) -> None:
         """Every server answers ruok → imok, and the ensemble has one leader and two followers."""
-        deadline = time.monotonic() + timeout
-        modes: list[str] = []
-        while time.monotonic() < deadline:
-            for i, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise PeerUnavailable(f"ZooKeeper server {i + 1} exited: {self.log_tail(i)}")
+
+        def probe() -> str | None:
             oks = [four_letter(port, "ruok") for port in self.client_ports]
             srvr = [four_letter(port, "srvr") for port in self.client_ports]
             modes = [
                 next((line.split(":", 1)[1].strip() for line in s.splitlines() if line.startswith("Mode:")), "")
                 for s in srvr
             ]
-            if all(o == "imok" for o in oks) and sorted(modes) == ["follower", "follower", "leader"]:
-                self.leader_port = self.client_ports[modes.index("leader")]
-                self.version = next(
-                    (
-                        line.split(":", 1)[1].split("-")[0].strip()
-                        for line in srvr[0].splitlines()
-                        if line.startswith("Zookeeper version")
-                    ),
-                    "?",
-                )
-                log(f"ZooKeeper {self.version}: ensemble of 3 healthy, leader on :{self.leader_port}")
-                return
-            time.sleep(0.2)
-        raise PeerUnavailable(f"ZooKeeper ensemble not healthy after {timeout:.0f} s (modes {modes})")
+            if not (all(o == "imok" for o in oks) and sorted(modes) == ["follower", "follower", "leader"]):
+                return f"modes {modes}"
+            self.leader_port = self.client_ports[modes.index("leader")]
+            self.version = next(
+                (
+                    line.split(":", 1)[1].split("-")[0].strip()
+                    for line in srvr[0].splitlines()
+                    if line.startswith("Zookeeper version")
+                ),
+                "?",
+            )
+            log(f"ZooKeeper {self.version}: ensemble of 3 healthy, leader on :{self.leader_port}")
+            return None
 
-    def log_tail(self, i: int) -> str:
-        try:
-            return (self.directory / f"zk{i}" / "zookeeper.log").read_text(errors="replace")[-1500:]
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            stop_process(p)
+        self.poll_ready(timeout, "ZooKeeper ensemble", probe)
 
 
 class ZooKeeperSession:

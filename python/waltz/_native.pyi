@@ -145,8 +145,9 @@ class Partition:
         appending concurrently share fsyncs (group commit)."""
     def truncate(self, txid: int) -> int:
         """Drops every transaction after `txid` (crash-safe); returns the new max id."""
-    def drop_segments_before(self, txid: int) -> int:
-        """Retention: deletes whole segments below `txid`; returns the new first id."""
+    def drop_segments_before(self, txid: int, rate: int | None = None) -> int:
+        """Retention: deletes whole segments below `txid`, freeing at most `rate` bytes per
+        second (None: unpaced); returns the new first id."""
     def retention(self) -> dict[str, int]:
         """first_transaction_id, segments, bytes_on_disk, oldest_ms (creation of the oldest
         segment, -1 unknown), reclaimed_bytes (deleted since the partition was opened)."""
@@ -232,6 +233,7 @@ class StorageNode:
         max_in_flight: int = 1024,
         max_connections: int = 4096,
         retention_interval: float = 1.0,
+        retention_rate: int = 268435456,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,

@@ -532,6 +532,26 @@ class HighWaterMarkResponse(_Fixed):
 
 
 @dataclasses.dataclass(frozen=True)
+class ClientIdRequest(_Fixed):
+    """Asks the server for a new client id, which it takes from the cluster's counter with its
+    own metadata credentials: clients never write the metadata (issue 34, ZooKeeper ACLs)."""
+
+    TYPE = 0x37
+    LAYOUT = struct.Struct(">q")
+    seq: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientIdResponse(_Fixed):
+    """A client id no one in the cluster was given before."""
+
+    TYPE = 0xB7
+    LAYOUT = struct.Struct(">qi")
+    seq: int
+    client_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Failure(Message):
     TYPE = 0x81
     seq: int
@@ -569,6 +589,8 @@ MESSAGES: dict[int, type[Message]] = {
         TransactionDataRangeResponse,
         HighWaterMarkRequest,
         HighWaterMarkResponse,
+        ClientIdRequest,
+        ClientIdResponse,
         Failure,
     )
 }

@@ -49,6 +49,7 @@ class NodeSection:
     max_in_flight: int = 1024
     max_connections: int = 4096
     retention_interval: float = 1.0
+    retention_rate: int = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,7 @@ def _check_ranges(where: str, config: StorageNodeConfig) -> None:
         need(getattr(n, name) > 0, f"[node] {name} must be positive")
     need(0 < n.idle_timeout <= 86_400, "[node] idle_timeout must be between 0 and 86400 seconds")
     need(0 < n.retention_interval <= 86_400, "[node] retention_interval must be between 0 and 86400 seconds")
+    need(n.retention_rate >= 0, "[node] retention_rate must be 0 (unpaced) or a positive number of bytes per second")
     need(st.partition_count is None or st.partition_count > 0, "[storage] partition_count must be positive")
     need(st.segment_size >= 4096, "[storage] segment_size must be at least 4096")
     need(st.checkpoint_interval > 0, "[storage] checkpoint_interval must be positive")

@@ -44,6 +44,13 @@ class TlsError(WaltzError, ConnectionError):
     refused client certificate, or a plaintext port."""
 
 
+class HelloRefusedError(ProtocolError):
+    """A server refused our Hello: the role of our certificate, or our role secret, is not
+    admitted on its port (the message says why). Retrying does not help until the credential
+    changes, so readers raise it at once; `WaltzClient` keeps retrying (a credential can be fixed
+    without restarting it)."""
+
+
 class StorageRequestError(StorageError):
     """A storage node answered a request with a Failure; `kind` says which (docs/protocol.md)."""
 
@@ -278,6 +285,7 @@ __all__ = [
     "MetadataVersionError",
     "StaleSessionError",
     "StorageConnectionError",
+    "HelloRefusedError",
     "StorageRequestError",
     "StorageTimeoutError",
 ]

@@ -57,6 +57,17 @@ def credential_from_env(env: Mapping[str, str] | None = None) -> Credential | No
     return ("admin", secret.encode()) if secret else None
 
 
+ROLE_SECRET_ENVS = {"server": "WALTZ_SERVER_SECRET", "admin": ADMIN_SECRET_ENV, "client": "WALTZ_CLIENT_SECRET"}
+"""Where `waltz cluster set-acls` (and `cluster create`) read the three roles' secrets: the
+passwords of ZooKeeper's per-role digest users."""
+
+
+def secrets_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The roles' secrets set in the environment (`ROLE_SECRET_ENVS`)."""
+    source = os.environ if env is None else env
+    return {role: source[name] for role, name in ROLE_SECRET_ENVS.items() if source.get(name)}
+
+
 def check(secrets: dict[str, str], credential: Credential | None) -> str | None:
     """None when `credential` proves a role of `secrets` (or `secrets` is empty); else why it is
     refused, never echoing the secret given."""

@@ -11,6 +11,7 @@ cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
@@ -211,6 +212,10 @@ def plaintext_refused(peer: str) -> TlsError:
 
 _HANDSHAKE_FAILURES = (ssl.SSLError, ConnectionResetError, ConnectionAbortedError, EOFError)
 
+REFUSAL_WAIT = 2.0
+"""How long a peer refused for its certificate's role has to send its Hello, which is answered
+with the reason (`TlsListener`)."""
+
 
 async def open_connection(
     host: str, port: int, *, context: ssl.SSLContext | None, timeout: float, peer: str
@@ -259,11 +264,13 @@ async def start_server(
     what: str,
     timeout: float = 10.0,
     roles: frozenset[str] | None = None,
+    refusal: Callable[[str], bytes] | None = None,
 ) -> asyncio.Server | TlsListener:
     """`asyncio.start_server`, or with a context a `TlsListener`: every connection is TLS before
     `on_client` sees it, and a failed handshake is one warning line naming the peer and why.
     `roles`: the certificate roles admitted (others are refused after the handshake, with a
-    warning); None admits any certificate of the CA."""
+    warning); None admits any certificate of the CA. `refusal(why)`: the frame that answers a
+    refused peer's first frame (its Hello), so that it learns why instead of seeing a close."""
     if context is None:
         return await asyncio.start_server(on_client, host, port)
     # The loop's resolver (a thread), as asyncio.start_server does: a host name must not block the loop.
@@ -271,7 +278,7 @@ async def start_server(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
     family, _, _, _, address = infos[0]
-    return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout, roles)
+    return TlsListener(socket.create_server(address, family=family), on_client, context, what, timeout, roles, refusal)
 
 
 class TlsListener:
@@ -289,10 +296,11 @@ class TlsListener:
         what: str,
         timeout: float,
         roles: frozenset[str] | None = None,
+        refusal: Callable[[str], bytes] | None = None,
     ) -> None:
         sock.setblocking(False)
         self.sockets = [sock]
-        self._roles = roles
+        self._roles, self._refusal = roles, refusal
         self._on_client, self._context, self._what, self._timeout = on_client, context, what, timeout
         self._connections: set[asyncio.Task[None]] = set()
         self._accepting = asyncio.ensure_future(self._accept())
@@ -328,9 +336,21 @@ class TlsListener:
             why = refuse_role(ssl_object.getpeercert() if ssl_object is not None else None, self._roles)
             if why is not None:
                 log.warning("%s connection from %s refused: %s", self._what, _address(peer), why)
-                transport.abort()
+                await self._refuse(reader, transport, why)
                 return
         await self._on_client(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
+
+    async def _refuse(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport, why: str) -> None:
+        """Answers the refused peer's Hello with `why` and closes. The answer waits for the Hello:
+        closing with its bytes unread would reset the connection, and a reset can reach the peer
+        before it reads the answer."""
+        try:
+            if self._refusal is not None:
+                with contextlib.suppress(TimeoutError, OSError):
+                    await asyncio.wait_for(reader.read(65536), REFUSAL_WAIT)
+                    transport.write(self._refusal(why))  # type: ignore[attr-defined]
+        finally:
+            transport.close()
 
     def close(self) -> None:
         """Stops accepting; connections already made go on, as with `asyncio.Server.close`."""

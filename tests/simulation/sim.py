@@ -436,6 +436,7 @@ class World:
             "server-crash",
             "majority-crash",
             "wipe",
+            "retention",
         )
         self.request_timeout = 0.25
         self.acked: dict[int, bytes] = {}
@@ -443,6 +444,8 @@ class World:
         self.faults: dict[str, int] = {}
         self.sessions = 0
         self.writers: list[asyncio.Task[None]] = []
+        self.published_lwm = -1
+        """The highest low-water mark a session has told a replica (see `retention`)."""
         self.running = True
         self.next_writer = 0
         self.failure: SimulationError | None = None
@@ -624,11 +627,22 @@ class World:
                 self.start_writer()
 
     def retention(self) -> None:
-        """A policy deletes on every replica that is up, each by its own local low-water mark."""
+        """A policy deletes on every replica that is up, each by its own local low-water mark.
+        Only committed transactions may go: never an id above the highest low-water mark a
+        session has published (what the servers know is committed), whatever the node's own
+        bookkeeping says."""
+        self.published_lwm = max([self.published_lwm] + [n.info[1] for n in self.nodes])
         for v in self.nodes:
             cut = v.retain(self.rng) if v.up else None
             if cut is not None:
                 self.log(f"nemesis: retention on {v.address} deletes below {cut}")
+                if cut - 1 > self.published_lwm:
+                    self.fail(
+                        SimulationError(
+                            f"seed {self.seed}: retention on {v.address} deleted up to {cut - 1}, above the highest "
+                            f"low-water mark any session published ({self.published_lwm}): uncommitted ids went"
+                        )
+                    )
 
     async def outage(self, kind: str, victims: list[SimNode], stop: Any, down: float | None = None) -> None:
         """`stop` each victim (a crash, a lost disk), check the invariants, restart them a little later."""
@@ -793,7 +807,24 @@ def _trusting_lost_files() -> None:
     recovery.prepare = trusting  # type: ignore[assignment]
 
 
-MUTANTS = {"guessing-vote": _guessing_vote, "no-fence": _no_fence, "trusting-lost-files": _trusting_lost_files}
+def _retention_past_the_mark() -> None:
+    """A node whose retention ignores its low-water mark: it deletes up to its tail."""
+
+    def greedy(self: SimNode, rng: random.Random) -> int | None:
+        if len(self.log) <= self.first:
+            return None
+        self.first = rng.randint(self.first + 1, len(self.log))
+        return self.first
+
+    SimNode.retain = greedy  # type: ignore[method-assign]
+
+
+MUTANTS = {
+    "guessing-vote": _guessing_vote,
+    "no-fence": _no_fence,
+    "trusting-lost-files": _trusting_lost_files,
+    "retention-past-the-mark": _retention_past_the_mark,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,13 +85,20 @@ def test_a_seed_replays_exactly() -> None:
 
 @pytest.mark.parametrize(
     ("mutant", "found"),
-    [("guessing-vote", "acknowledged"), ("no-fence", "acknowledged"), ("trusting-lost-files", "acknowledged")],
+    [
+        ("guessing-vote", "acknowledged"),
+        ("no-fence", "acknowledged"),
+        ("trusting-lost-files", "acknowledged"),
+        ("retention-past-the-mark", "uncommitted ids went"),
+    ],
 )
 def test_the_invariants_catch_a_broken_system(mutant: str, found: str) -> None:
     """Negative controls (in a process of their own: the mutant patches modules): a vote that
     ignores unreachable replicas, nodes that never fence an older session, and a recovery that
     believes a replica which lost its files (found by `waltz torture`), lose
-    acknowledged transactions within a few seeds, and the simulation says so with a replay line."""
+    acknowledged transactions within a few seeds; a node whose retention ignores its low-water
+    mark deletes uncommitted ids (the default fault mix includes retention); the simulation says
+    so with a replay line."""
     out = subprocess.run(
         [sys.executable, str(pathlib.Path(sim.__file__)), "--seeds", "40", "--duration", "3", "--mutant", mutant],
         capture_output=True,

@@ -15,7 +15,7 @@ require("rich", "cli", "The waltz command")
 
 from rich.text import Text
 
-from waltz import errors
+from waltz import errors, role_secrets
 from waltz.cli.context import admin_call, cluster_metadata, cluster_name, tls_context
 from waltz.cli.output import Failed, Output, pass_output, user_errors
 from waltz.cluster.metadata import UNRESOLVED, ClusterInfo, ClusterMetadata, StorageNodeInfo
@@ -43,8 +43,13 @@ def cluster() -> None:
 def create(out: Output, name: str | None, partitions: int, replicas: int, cluster_key: uuid.UUID | None) -> None:
     """Create a cluster with a new cluster key, or --key (idempotent for the same shape and key)."""
     name = name or cluster_name()
+    secrets = role_secrets.secrets_from_env()
     with cluster_metadata(name) as meta:
         info, created = meta.create(name, partitions, replicas, cluster_key)
+        # With every role's secret given, a ZooKeeper cluster gets its per-role access lists at once.
+        acls = len(secrets) == 3 and meta.store.description.startswith("zk://")
+        if acls:
+            meta.set_role_acls(secrets)
     out.emit(
         {
             "created": created,
@@ -52,12 +57,31 @@ def create(out: Output, name: str | None, partitions: int, replicas: int, cluste
             "cluster_key": str(info.cluster_key),
             "partitions": info.partitions,
             "replicas": info.replicas,
+            "acls": acls,
         },
         lambda: out.line(
             f"{'created' if created else 'exists already:'} cluster {info.name} "
             f"(key {info.cluster_key}, {info.partitions} partitions, {info.replicas} replicas)"
+            + ("; per-role ZooKeeper ACLs set" if acls else "")
         ),
     )
+
+
+@cluster.command("set-acls")
+@pass_output
+@user_errors
+def set_acls(out: Output) -> None:
+    """Give the cluster's ZooKeeper tree per-role access lists (servers and admins write, clients
+    read the cluster info, server registrations and assignment). The digest users' passwords are
+    the role secrets in WALTZ_SERVER_SECRET, WALTZ_ADMIN_SECRET and WALTZ_CLIENT_SECRET, all three
+    required. Upgrade servers and clients first: older clients write their ids to ZooKeeper."""
+    secrets = role_secrets.secrets_from_env()
+    missing = [env for role, env in role_secrets.ROLE_SECRET_ENVS.items() if role not in secrets]
+    if missing:
+        raise errors.ClusterError(f"set-acls needs every role's secret: set {', '.join(missing)}")
+    with cluster_metadata() as meta:
+        n = meta.set_role_acls(secrets)
+    out.emit({"entries": n}, lambda: out.line(f"per-role access lists set on {n} entries of {meta.paths.root}"))
 
 
 @cluster.command()

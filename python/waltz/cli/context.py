@@ -51,7 +51,7 @@ def cluster_metadata(name: str | None = None) -> Iterator[ClusterMetadata]:
         root = cluster_root(name or cluster_name())
     except ValueError as e:
         raise errors.ClusterError(str(e)) from e
-    store = open_store(str(url))
+    store = open_store(str(url), role=role_secrets.credential_from_env(), acl_secrets=role_secrets.secrets_from_env())
     store.start(timeout=float(_root_params().get("connect_timeout") or 10.0))  # type: ignore[arg-type]
     try:
         yield ClusterMetadata(store, root)

@@ -73,6 +73,7 @@ def _replicas(meta: ClusterMetadata, partitions: int) -> list[dict[str, Any]]:
                     "oldest_segment_age_ms": now - oldest if oldest >= 0 else None,
                     "reclaimed_bytes": s.get("reclaimed_bytes", 0),
                     "retention_limit": s.get("retention_limit", -1),
+                    "retention_hold": s.get("retention_hold", -1),
                 }
             )
     return rows
@@ -189,18 +190,54 @@ def set_(
     )
 
 
+def _unconfirmed(rows: list[dict[str, Any]], partition: int, txid: int) -> list[str]:
+    """The replicas of `partition` not yet known to keep `txid`, each with why. A replica
+    confirms when its standing retention order (from the server serving the partition) holds
+    from `txid` or below. One with no standing order deletes nothing for now, but has not
+    confirmed: the order a server hands it next must carry the hold."""
+    pending = []
+    for r in rows:
+        if "error" in r:
+            pending.append(f"{r['storage']}: unreachable ({r['error']})")
+        elif r["partition"] == partition:
+            if r["first_transaction_id"] > txid:
+                pending.append(f"{r['storage']}: already deleted it (first id {r['first_transaction_id']})")
+            elif r["retention_hold"] < 0:
+                pending.append(
+                    f"{r['storage']}: no retention order stands (no server serves the partition, or none has "
+                    "handed it the policy yet; it deletes nothing meanwhile)"
+                )
+            elif r["retention_hold"] > txid:
+                pending.append(f"{r['storage']}: its retention order still holds only from {_hold_text(r)}")
+    return pending
+
+
+def _hold_text(r: dict[str, Any]) -> str:
+    return "nowhere (no hold)" if r["retention_hold"] == policy_store.NO_HOLD else f"id {r['retention_hold']}"
+
+
 @retention.command("hold")
 @click.argument("name")
 @click.option("--partition", "-p", type=click.IntRange(0), required=True, help="Partition to hold.")
 @click.option("--id", "txid", type=click.IntRange(0), required=True, help="First transaction id to keep.")
 @click.option("--ttl", metavar="DURATION", help="Expire the hold after this long (default: never).")
+@click.option(
+    "--wait",
+    metavar="SECONDS",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="How long to wait for every replica to confirm the hold (0: do not wait).",
+)
 @pass_output
 @user_errors
-def hold(out: Output, name: str, partition: int, txid: int, ttl: str | None) -> None:
+def hold(out: Output, name: str, partition: int, txid: int, ttl: str | None, wait: float) -> None:
     """Keep transaction ID and everything after it on every replica of PARTITION.
 
-    A hold is in force once the partition's server has handed it to the replicas (within a
-    second while a server serves the partition). Refused when a replica already deleted the id.
+    Writes the hold to the metadata, then waits until every storage node holding PARTITION
+    reports it in force (the retention order the partition's server handed it holds from ID or
+    below); names the replicas that did not within --wait and exits 1 (the hold stays in the
+    metadata). Refused when a replica already deleted the id.
     """
     ttl_ms = policy_store.parse_duration(ttl) if ttl is not None else None
     with cluster_metadata() as meta:
@@ -210,11 +247,23 @@ def hold(out: Output, name: str, partition: int, txid: int, ttl: str | None) -> 
             where = ", ".join(f"{r['storage']} (first id {r['first_transaction_id']})" for r in gone)
             raise Failed(f"partition {partition}: transaction {txid} is already deleted on {where}")
         h = policy_store.add_hold(meta, name, partition, txid, ttl_ms)
+        deadline = time.monotonic() + wait
+        pending = _unconfirmed(_replicas(meta, n), partition, txid) if wait > 0 else []
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pending = _unconfirmed(_replicas(meta, n), partition, txid)
+    if pending:
+        raise Failed(
+            f"hold {h.name} is in the metadata, but partition {partition} has not confirmed it within {wait:g}s on "
+            + "; ".join(pending)
+            + " (is a server serving the partition? `waltz retention show` lists the replicas)"
+        )
     out.emit(
-        h,
+        {**h.__dict__, "confirmed": wait > 0},
         lambda: out.line(
             f"hold {h.name}: partition {h.partition} keeps transaction {h.txid} and after"
             + ("" if ttl_ms is None else f" for {_age(ttl_ms)}")
+            + (" (every replica confirmed)" if wait > 0 else " (not waited for)")
         ),
     )
 

@@ -50,6 +50,21 @@ def _seconds(value: str) -> float:
     default="180s",
     show_default=True,
     help="How long the end of the run waits for the cluster and the clients after healing (before failing).",
+    "--workload",
+    type=click.Choice(["log", "bank", "list-append", "lock-fallback"]),
+    default="log",
+    show_default=True,
+    help="log: unique payloads under locks, checked against the log. bank: transfers applied exactly once into one "
+    "SQLite database shared by every client through SqlCallbacks (total conserved, no negative balance, each "
+    "transfer applied once). list-append: appends and reads of lists under write, read and append locks, checked "
+    "like Elle (prefixes, duplicates, stale reads, dependency cycles). lock-fallback: list-append over 4,096 keys "
+    "a partition with the servers' lock table squeezed to its hashed array.",
+)
+@click.option(
+    "--segment-size",
+    type=click.IntRange(4096),
+    help="Bytes per segment on the storage nodes (default: 64 KiB with --retention or disk faults, so that "
+    "segments roll during the faults; the node's default otherwise).",
 )
 @click.option(
     "--directory",
@@ -66,14 +81,22 @@ def torture(
     zookeeper: bool,
     retention: str | None,
     heal_timeout: str,
+    workload: str,
+    segment_size: int | None,
     directory: pathlib.Path | None,
 ) -> None:
     """Run clients against a local cluster while faults strike, then check every history.
 
     Starts 3 storage nodes and 2 servers behind fault-injecting proxies, client processes that
     append transactions (some under locks) and consume the whole feed, and a nemesis that kills,
-    pauses, partitions, slows and resets members, fails their fsyncs and writes, and corrupts a
-    replica, on a schedule drawn from --seed. Then everything heals, the cluster's feed and every
+    pauses, partitions, slows and resets members, fails their fsyncs and writes, corrupts a
+    replica, moves replicas to another storage node as an operator would (move-replica, onto a
+    fourth node) and stops servers gracefully (stop-server), on a schedule drawn from --seed. Disk faults run the storage nodes on LazyFS, a FUSE
+    layer that keeps unsynced writes in memory: power-loss (one node loses its unsynced writes,
+    the last one maybe torn at a page boundary), power-loss-majority (two nodes at once),
+    power-outage (all of them),
+    disk-full (ENOSPC on two nodes until space returns) and slow-disk (a delay on every write
+    and sync). Then everything heals, the cluster's feed and every
     replica's files are drained, and the checker judges the histories against them. Exit 1 on
     any anomaly or problem; the report is in DIRECTORY/report.json.
 
@@ -102,6 +125,8 @@ def torture(
             zookeeper=zookeeper,
             retention_max_age=None if retention is None else _seconds(retention),
             heal_timeout=_seconds(heal_timeout),
+            workload=workload,
+            segment_size=segment_size,
         ),
         say=lambda s: console.print(f"  {s}", highlight=False),
     )

@@ -156,13 +156,15 @@ class AsyncWaltzClient:
     async def _join_cluster(self) -> tuple[int, int]:
         """Opens the metadata store and watches the assignment; (the cluster's number of
         partitions, this client's id). `waltz.client.mock` joins an in-memory cluster instead."""
-        self._store = open_store(self.config.metadata, session_timeout=self.config.metadata_session_timeout)
+        self._store = open_store(
+            self.config.metadata,
+            session_timeout=self.config.metadata_session_timeout,
+            role=("client", self.config.role_secret.encode()) if self.config.role_secret else None,
+        )
         await asyncio.to_thread(self._store.start, self.config.mount_timeout)
         self.metadata = metadata = ClusterMetadata(self._store, cluster_root(self.config.cluster))
         info = await asyncio.to_thread(metadata.info)
-        client_id = (
-            self.config.client_id if self.config.client_id >= 0 else await asyncio.to_thread(metadata.next_id, "client")
-        )
+        client_id = self.config.client_id if self.config.client_id >= 0 else await self._first_client_id()
         loop = self.loop
 
         def on_assignment(a: Assignment) -> None:  # a store thread
@@ -412,9 +414,41 @@ class AsyncWaltzClient:
 
     # -- servers and links -----------------------------------------------------------------
     async def next_client_id(self) -> int:
+        """A new client id, allocated by one of the cluster's servers (Client Id Request): the
+        server takes it from the cluster's counter with its own metadata credentials, so a client
+        only ever reads the metadata (ZooKeeper ACLs give clients read rights only)."""
         metadata = self.metadata
         assert metadata is not None
-        return await asyncio.to_thread(metadata.next_id, "client")
+        servers = await asyncio.to_thread(metadata.servers)
+        if not servers:
+            raise Unavailable("no client id: servers not registered yet (a server allocates client ids)")
+        self._rng.shuffle(servers)
+        last: BaseException | None = None
+        for server in servers:
+            try:
+                link = await self.link(server.endpoint, "rpc")
+                resp = await link.request(lambda seq: cp.ClientIdRequest(seq), self.config.request_timeout)
+                assert isinstance(resp, cp.ClientIdResponse), resp
+                return resp.client_id
+            except (OSError, TimeoutError, errors.ProtocolError, errors.RequestFailedError) as e:
+                last = e
+        raise Unavailable(f"no server allocated a client id ({last})")
+
+    async def _first_client_id(self) -> int:
+        """`next_client_id`, retried until `mount_timeout` (servers may still be starting)."""
+        deadline = time.monotonic() + self.config.mount_timeout
+        backoff = self.backoff()
+        while True:
+            try:
+                return await self.next_client_id()
+            except errors.HelloRefusedError:
+                raise  # our credential is refused: waiting does not change it
+            except (Unavailable, OSError, TimeoutError, errors.ProtocolError, errors.RequestFailedError) as e:
+                if time.monotonic() >= deadline:
+                    raise errors.MountTimeoutError(
+                        f"no client id within mount_timeout {self.config.mount_timeout:g} s: {e}"
+                    ) from e
+                await backoff.sleep(deadline - time.monotonic())
 
     async def locate(self, partition: int) -> tuple[str, int, int]:
         """(endpoint, server id, generation) of the server assigned the partition."""

@@ -34,6 +34,10 @@ from waltz.storage.client import StorageAdminClient
 
 log = logging.getLogger("waltz.client.log_reader")
 
+REFUSALS = (errors.RefusedError, errors.HelloRefusedError)
+"""What a reader raises at once instead of retrying: a storage node or a server refused our
+credential (the role of our certificate, or our role secret); trying again cannot change that."""
+
 RETRY_BASE, RETRY_CAP = 0.05, 0.5
 """Bounds of the waits between attempts (full jitter, `waltz.client.retry`): short, since a
 reader waits for a replica or a server that is usually back within a second."""
@@ -58,7 +62,7 @@ class LogReader:
         self._credential = credential
         """The admin role's (role, secret) for clusters with role secrets (`waltz.role_secrets`): it
         opens the storage nodes' admin ports and the servers' client ports alike."""
-        self._store = open_store(metadata, session_timeout=session_timeout)
+        self._store = open_store(metadata, session_timeout=session_timeout, role=credential)
         self._meta: ClusterMetadata | None = None
         self._info: ClusterInfo | None = None
         self._links: dict[str, Link] = {}
@@ -113,6 +117,8 @@ class LogReader:
                 resp = await link.request(lambda seq: cp.HighWaterMarkRequest(seq, partition), self.timeout)
                 assert isinstance(resp, cp.HighWaterMarkResponse)
                 return resp.high_water_mark
+            except REFUSALS:
+                raise
             except (OSError, errors.RequestFailedError, errors.ClusterError, errors.ProtocolError, TimeoutError) as e:
                 last = str(e)
                 await backoff.sleep(deadline - time.monotonic())
@@ -174,6 +180,8 @@ class LogReader:
                     last = f"{address}: {e}"
                     gone.append(last)
                     firsts.append(getattr(e, "first", -1))
+                except REFUSALS:
+                    raise
                 except (OSError, errors.StorageError, errors.ProtocolError, TimeoutError) as e:
                     last = f"{address}: {e}"
                     await self._drop_admin(address)
@@ -221,6 +229,8 @@ class LogReader:
             answers = await asyncio.gather(*(self._status(a) for a in addresses), return_exceptions=True)
             rows: dict[str, dict[int, dict[str, Any]]] = {}
             for address, answer in zip(addresses, answers, strict=True):
+                if isinstance(answer, REFUSALS):
+                    raise answer
                 if isinstance(answer, (OSError, errors.StorageError, errors.ProtocolError, TimeoutError)):
                     last = f"{address}: {answer}"
                     await self._drop_admin(address)
@@ -260,15 +270,21 @@ class LogReader:
             node = await asyncio.to_thread(self.metadata.storage_node, address)
             if not node.admin_port:
                 raise errors.StorageConnectionError(f"storage node {address} has no admin port in the metadata")
-            admin = await StorageAdminClient.connect(
-                node.host,
-                node.admin_port,
-                cluster_key=self.info.cluster_key,
-                partition_count=self.info.partitions,
-                timeout=self.timeout,
-                ssl=self._ssl,
-                credential=self._credential,
-            )
+            try:
+                admin = await StorageAdminClient.connect(
+                    node.host,
+                    node.admin_port,
+                    cluster_key=self.info.cluster_key,
+                    partition_count=self.info.partitions,
+                    timeout=self.timeout,
+                    ssl=self._ssl,
+                    credential=self._credential,
+                )
+            except errors.RefusedError as e:
+                raise errors.RefusedError(
+                    f"{e} (a log reader reads records from the storage nodes' admin ports, which admit only the "
+                    "server and admin roles: give it an admin certificate, or the admin secret)"
+                ) from e
             self._admins[address] = admin
         return admin
 

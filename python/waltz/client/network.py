@@ -67,7 +67,7 @@ class Link:
             raise
         if isinstance(hello, cp.Failure) and hello.kind == cp.FailureKind.CLIENT_REFUSED:
             writer.close()
-            raise errors.ProtocolError(f"server {self.endpoint} refused our Hello: {hello.message}")
+            raise errors.HelloRefusedError(f"server {self.endpoint} refused our Hello: {hello.message}")
         if not isinstance(hello, cp.HelloOk) or hello.version != cp.VERSION:
             writer.close()
             raise errors.ProtocolError(f"server {self.endpoint} answered the handshake with {hello!r}")

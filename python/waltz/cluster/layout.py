@@ -37,14 +37,25 @@ class Paths:
         self.manager = join(root, "manager")
         self.counters = join(root, "counters")
         self.retention = join(root, "retention")
+        self.clients = join(root, "clients")
+        """Client ids bound to the certificate of the connection they were allocated to."""
         self.sink = join(root, "sink")
         """The Spark streaming sink's task entries (`waltz.spark.stream_sink`)."""
+
+    def client_readable(self, path: str) -> bool:
+        """What a client reads (per-role ZooKeeper ACLs): the cluster's info, the servers'
+        registrations and the partition assignment; not store sessions, counters, replica
+        placement nor anything else only servers and operators use."""
+        return path in (self.root, self.store, self.servers, self.assignment) or path.startswith(self.servers + "/")
 
     def partition(self, partition_id: int) -> str:
         return join(self.partitions, partition_id)
 
     def server(self, server_id: int) -> str:
         return join(self.servers, server_id)
+
+    def client(self, client_id: int) -> str:
+        return join(self.clients, client_id)
 
     def counter(self, kind: str) -> str:
         return join(self.counters, kind)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from waltz import errors
@@ -226,6 +226,13 @@ class ClusterMetadata:
                 return self.create(name, partitions, replicas, cluster_key)  # someone else created it just now
             raise
         return info, True
+
+    def set_role_acls(self, secrets: Mapping[str, str]) -> int:
+        """Per-role ZooKeeper access lists on the whole cluster tree (`secrets`: the server, admin
+        and client secrets, each its digest user's password): servers and admins may do
+        everything, only admins change access lists, clients read `Paths.client_readable` only.
+        Entries created later take their parent's list. Returns how many entries it set."""
+        return self.store.set_role_acls(self.paths.root, self.paths.client_readable, secrets)
 
     def info(self) -> ClusterInfo:
         d = self._read(self.paths.store)[0]
@@ -452,6 +459,22 @@ class ClusterMetadata:
             fn(assignment_from_json(decode(data, self.paths.assignment)) if data else {})
 
         return DataWatch(self.store, self.paths.assignment, on_data)
+
+    def bind_client_id(self, client_id: int, certificate_sha256: str) -> None:
+        """Records that `client_id` was allocated over a connection with this certificate: only
+        a connection with the same certificate may mount it."""
+        self.store.create(
+            self.paths.client(client_id), encode({"certificate_sha256": certificate_sha256}), make_parents=True
+        )
+
+    def client_id_binding(self, client_id: int) -> str | None:
+        """The certificate digest `client_id` is bound to, or None (a fixed id, or one allocated
+        without TLS)."""
+        try:
+            data, _ = self.store.get(self.paths.client(client_id))
+        except errors.MetadataNotFoundError:
+            return None
+        return str(decode(data, self.paths.client(client_id))["certificate_sha256"])
 
     def next_id(self, kind: str) -> int:
         """A new id for a client or a server: never handed out twice in this cluster."""

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from waltz import errors
@@ -239,6 +239,11 @@ class MetadataStore(ABC):
     def transaction(self, ops: Sequence[Op]) -> list[Any]:
         """Applies every op or none. Returns per op: the created path, the new Stat, or True.
         Raises `MetadataTransactionError` naming the failing op."""
+
+    def set_role_acls(self, root: str, client_reads: Callable[[str], bool], secrets: Mapping[str, str]) -> int:
+        """Gives every entry from `root` down the per-role access list (ZooKeeper only: the
+        embedded store is one file, guarded by its file mode). Returns how many entries it set."""
+        raise errors.ClusterError(f"{self.description} has no access lists: per-role ACLs exist on ZooKeeper only")
 
     # -- built on the primitives -----------------------------------------------------------
     def ensure_path(self, path: str) -> None:

@@ -14,7 +14,14 @@ the session expired, then CONNECTED with a new session. Listeners and watches ru
 event thread, never on kazoo's connection thread, so they may call the store.
 
 With credentials in the URL (`zk://user:secret@host:port/chroot`) the client authenticates with
-the digest scheme and every entry it creates is readable and writable by that user only. With
+the digest scheme and every entry it creates is readable and writable by that user only.
+Otherwise a process given its role's secret (`role=`: servers their `[role_secrets] server`,
+clients `client`, the CLI `WALTZ_ADMIN_SECRET`) authenticates as the digest user named after its
+role, and every entry it creates takes its parent's access list: the per-role lists that
+`set_role_acls` puts on a cluster's tree (`waltz cluster set-acls`; docs/operations.md, "Security
+model") then carry over to every entry created later. ZooKeeper shows a digest user's password
+hash only to a reader with the ADMIN permission, so a server rebuilds the list from the roles the
+parent names and its own copies of their secrets (`acl_secrets`: a server's `[role_secrets]`). With
 `?tls_ca=PEM&tls_cert=PEM&tls_key=PEM` the link runs inside mutual TLS (ZooKeeper's
 `secureClientPort`): the server's certificate must chain to `tls_ca` and this process presents
 `tls_cert`.
@@ -26,7 +33,7 @@ import contextlib
 import pathlib
 import urllib.parse
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from waltz._extras import require
@@ -54,7 +61,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType as KazooEvent
 from kazoo.protocol.states import WatchedEvent, ZnodeStat
 from kazoo.retry import RetryFailedError
-from kazoo.security import make_digest_acl
+from kazoo.security import ACL, Id, make_digest_acl, make_digest_acl_credential
 
 from waltz import errors
 from waltz.cluster.store import (
@@ -71,6 +78,7 @@ from waltz.cluster.store import (
     Watcher,
     WatchEvent,
     check_path,
+    parent_of,
 )
 from waltz.tls import TlsSection, check
 
@@ -118,6 +126,19 @@ def _error(e: Exception, what: str) -> errors.MetadataError:
     return errors.MetadataError(f"{what}: {type(e).__name__}: {e}")
 
 
+def role_acl(secrets: Mapping[str, str], *, client_reads: bool) -> list[Any]:
+    """The access list of a cluster's entry: the `admin` and `server` digest users (each with its
+    role's secret as password) may do everything, except that only `admin` may change access
+    lists; `client` may read, where `client_reads`."""
+    acl = [
+        make_digest_acl("admin", secrets["admin"], all=True),
+        make_digest_acl("server", secrets["server"], read=True, write=True, create=True, delete=True),
+    ]
+    if client_reads:
+        acl.append(make_digest_acl("client", secrets["client"], read=True))
+    return acl
+
+
 @contextlib.contextmanager
 def _mapped(what: str) -> Iterator[None]:
     try:
@@ -158,14 +179,21 @@ class ZooKeeperStore(MetadataStore):
         user: str | None = None,
         secret: str | None = None,
         tls: TlsSection | None = None,
+        role: tuple[str, bytes] | None = None,
+        acl_secrets: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.hosts = hosts
         self.session_timeout = session_timeout
         kwargs: dict[str, Any] = {}
+        self._inherit_acls = False
         if user is not None:
             kwargs["auth_data"] = [("digest", f"{user}:{secret or ''}")]
             kwargs["default_acl"] = [make_digest_acl(user, secret or "", all=True)]
+        elif role is not None:
+            kwargs["auth_data"] = [("digest", f"{role[0]}:{role[1].decode()}")]
+            self._inherit_acls = True
+        self._acl_secrets = dict(acl_secrets or {})
         if tls is not None and tls.enabled:
             # Mutual TLS to ZooKeeper's secure port; the certificate is checked against the CA (the
             # host name is not: ZooKeeper's own clients do not check it either).
@@ -193,7 +221,14 @@ class ZooKeeperStore(MetadataStore):
         self._states: EventThread | None = None
 
     @classmethod
-    def from_url(cls, url: str, *, session_timeout: float = 10.0) -> ZooKeeperStore:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        session_timeout: float = 10.0,
+        role: tuple[str, bytes] | None = None,
+        acl_secrets: Mapping[str, str] | None = None,
+    ) -> ZooKeeperStore:
         """`zk://[user:secret@]host:port[,host:port][/chroot][?tls_ca=PEM&tls_cert=PEM&tls_key=PEM]`."""
         parsed = urllib.parse.urlsplit(url)
         query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
@@ -219,7 +254,15 @@ class ZooKeeperStore(MetadataStore):
         if not netloc:
             raise errors.MetadataError(f"bad ZooKeeper URL {url!r}: expected zk://host:port[/chroot]")
         chroot = parsed.path.rstrip("/")
-        return cls(netloc + chroot, session_timeout=session_timeout, user=user, secret=secret, tls=tls)
+        return cls(
+            netloc + chroot,
+            session_timeout=session_timeout,
+            user=user,
+            secret=secret,
+            tls=tls,
+            role=role,
+            acl_secrets=acl_secrets,
+        )
 
     def start(self, timeout: float = 15.0) -> None:
         self._events = EventThread(f"waltz-zookeeper-events {self.hosts}")
@@ -301,12 +344,66 @@ class ZooKeeperStore(MetadataStore):
     ) -> str:
         check_path(path)
         with _mapped(f"create {path}"):
+            acl = self._inherited_acl(path)
             if sequential:
                 # Not retried: a retry after a lost answer would create a second entry.
                 return str(
-                    self._zk.create(path, bytes(data), ephemeral=ephemeral, sequence=True, makepath=make_parents)
+                    self._zk.create(
+                        path, bytes(data), acl=acl, ephemeral=ephemeral, sequence=True, makepath=make_parents
+                    )
                 )
-            return str(self._zk.retry(self._zk.create, path, bytes(data), ephemeral=ephemeral, makepath=make_parents))
+            return str(
+                self._zk.retry(self._zk.create, path, bytes(data), acl=acl, ephemeral=ephemeral, makepath=make_parents)
+            )
+
+    def _inherited_acl(self, path: str, pending: Mapping[str, Any] | None = None) -> Any:
+        """The access list a new entry at `path` takes: its parent's, for a store that logged in
+        as a role (None otherwise: kazoo's default). `pending`: lists of entries a transaction
+        creates before this one."""
+        if not self._inherit_acls:
+            return None
+        parent = parent_of(path)
+        if pending is not None and parent in pending:
+            return pending[parent]
+        # The nearest existing ancestor's: parents made on the way (makepath) get the same list.
+        while parent != "/":
+            try:
+                acl, _ = self._zk.retry(self._zk.get_acls, parent)
+            except NoNodeError:
+                parent = parent_of(parent)
+                continue
+            return [self._unmasked(a, path) for a in acl]
+        return None
+
+    def _unmasked(self, entry: Any, path: str) -> Any:
+        """`entry` of a parent's list with the digest user's hash restored from our copy of that
+        role's secret (ZooKeeper masks it, `user:x`, for readers without the ADMIN permission)."""
+        if entry.id.scheme != "digest" or not entry.id.id.endswith(":x"):
+            return entry
+        user = entry.id.id[:-2]
+        secret = self._acl_secrets.get(user)
+        if not secret:
+            raise errors.MetadataError(
+                f"create {path}: its parent's access list names the {user} role, whose secret this process "
+                f"does not have ([role_secrets] {user}): it cannot give the new entry the same list"
+            )
+        return ACL(entry.perms, Id("digest", make_digest_acl_credential(user, secret)))
+
+    def set_role_acls(self, root: str, client_reads: Callable[[str], bool], secrets: Mapping[str, str]) -> int:
+        missing = [r for r in ("server", "admin", "client") if not secrets.get(r)]
+        if missing:
+            raise errors.ClusterError(
+                f"per-role ACLs need the server, admin and client secrets; missing: {', '.join(missing)}"
+            )
+        done = 0
+        pending = [check_path(root)]
+        with _mapped(f"setting the access lists under {root}"):
+            while pending:
+                path = pending.pop()
+                self._zk.retry(self._zk.set_acls, path, role_acl(secrets, client_reads=client_reads(path)))
+                done += 1
+                pending.extend(f"{path.rstrip('/')}/{c}" for c in self._zk.retry(self._zk.get_children, path))
+        return done
 
     def get(self, path: str, watch: Watcher | None = None) -> tuple[bytes, Stat]:
         with _mapped(f"get {check_path(path)}"):
@@ -351,10 +448,13 @@ class ZooKeeperStore(MetadataStore):
 
     def transaction(self, ops: Sequence[Op]) -> list[Any]:
         t = self._zk.transaction()
+        created: dict[str, Any] = {}
         for op in ops:
             check_path(op.path)
             if isinstance(op, Create):
-                t.create(op.path, bytes(op.data), ephemeral=op.ephemeral, sequence=op.sequential)
+                with _mapped(f"create {op.path}"):
+                    created[op.path] = acl = self._inherited_acl(op.path, created)
+                t.create(op.path, bytes(op.data), acl=acl, ephemeral=op.ephemeral, sequence=op.sequential)
             elif isinstance(op, SetData):
                 t.set_data(op.path, bytes(op.data), version=op.version)
             elif isinstance(op, Delete):

@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from waltz import client_protocol as cp
@@ -51,6 +52,11 @@ CONNECTION_SEQ_AHEAD = 86_400 * 1_000_000
 client counts its connections from its clock in µs, one per new connection): a day of skew.
 Further ahead is refused: the newest seq would stay there and drop every later mount of the
 client (a Mount with seq 2^62 locked a live client out)."""
+
+
+MAX_CLIENT_IDS_PER_CONNECTION = 16
+"""Client Id Requests one connection may make: each is a metadata write (a client needs one at
+start, and one more each time it has used up 2^31 sequence numbers)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +114,34 @@ class _MountTimeout(Exception):
     pass
 
 
+class ClientIdBindings:
+    """Client ids bound to the certificate they were allocated to, kept in the cluster's
+    metadata so that every server checks them; bindings read are cached (a binding never
+    changes), absent ones are read again on the next Mount (the id may be allocated since)."""
+
+    def __init__(self, bind: Callable[[int, str], None], read: Callable[[int], str | None]) -> None:
+        self._bind, self._read = bind, read
+        self._known: dict[int, str] = {}
+
+    async def bind(self, client_id: int, certificate: str) -> None:
+        await asyncio.to_thread(self._bind, client_id, certificate)
+        self._known[client_id] = certificate
+
+    async def bound(self, client_id: int) -> str | None:
+        if client_id not in self._known:
+            found = await asyncio.to_thread(self._read, client_id)
+            if found is None:
+                return None
+            self._known[client_id] = found
+        return self._known[client_id]
+
+
+def _certificate_digest(writer: asyncio.StreamWriter) -> str | None:
+    ssl_object = writer.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
 class ClientConnection:
     def __init__(
         self,
@@ -117,8 +151,17 @@ class ClientConnection:
         limits: ConnectionLimits = ConnectionLimits(),
         refusals: Refusals | None = None,
         secrets: Mapping[str, str] | None = None,
+        client_ids: Callable[[], Awaitable[int]] | None = None,
+        bindings: ClientIdBindings | None = None,
     ) -> None:
         self.reader, self.writer, self.partitions = reader, writer, partitions
+        self.client_ids = client_ids
+        """Takes a new client id from the cluster's counter (Client Id Request); None: not offered."""
+        self._ids_given = 0
+        self.bindings = bindings
+        self.certificate = _certificate_digest(writer)
+        """SHA-256 of the peer's TLS certificate (hex), or None without TLS: what the client
+        ids allocated on this connection are bound to."""
         self.secrets = dict(secrets or {})
         """The role secrets this port checks at Hello (`waltz.role_secrets`); empty: none asked."""
         self.peer = writer.get_extra_info("peername")
@@ -277,8 +320,34 @@ class ClientConnection:
             await self._spawn(self._data_range(msg), self._request_slots)
         elif isinstance(msg, cp.FeedRequest):
             await self._spawn(self._feed_request(msg), self._request_slots)
+        elif isinstance(msg, cp.ClientIdRequest):
+            await self._spawn(self._client_id(msg), self._request_slots)
         else:
             raise errors.ProtocolError(f"a client does not send {type(msg).__name__}")
+
+    async def _client_id(self, msg: cp.ClientIdRequest) -> None:
+        """A new client id from the cluster's counter, written with this server's metadata
+        credentials. Bounded per connection: each id is a metadata write, and a client needs one
+        at start and one each time it uses up a client id's sequence numbers."""
+        if self.client_ids is None:
+            why = "this server does not allocate client ids"
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.BAD_REQUEST, why).frame())
+            return
+        if self._ids_given >= MAX_CLIENT_IDS_PER_CONNECTION:
+            self.refusals.refuse("client_ids", f"{self.peer}: more than {MAX_CLIENT_IDS_PER_CONNECTION} client ids")
+            why = f"at most {MAX_CLIENT_IDS_PER_CONNECTION} client ids per connection"
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.CLIENT_REFUSED, why).frame())
+            return
+        self._ids_given += 1
+        try:
+            client_id = await self.client_ids()
+            if self.bindings is not None and self.certificate is not None:
+                await self.bindings.bind(client_id, self.certificate)
+        except errors.WaltzError as e:
+            log.warning("client id for %s not allocated: %s", self.peer, e)
+            await self._send(cp.Failure(msg.seq, -1, cp.FailureKind.INTERNAL, f"no client id: {e}").frame())
+            return
+        await self._send(cp.ClientIdResponse(msg.seq, client_id).frame())
 
     async def _not_here(self, seq: int, partition: int) -> None:
         await self._send(
@@ -392,7 +461,7 @@ class ClientConnection:
             )
             return
         key = (msg.client_id, msg.partition)
-        refused = self._refusal(msg, key)
+        refused = self._refusal(msg, key) or await self._binding_refusal(msg.client_id)
         if refused:
             log.warning("client connection %s: mount refused: %s", self.peer, refused)
             await self._send(cp.Failure(msg.seq, msg.partition, cp.FailureKind.CLIENT_REFUSED, refused).frame())
@@ -420,6 +489,19 @@ class ClientConnection:
             )
             return
         self._feeds[msg.partition] = asyncio.ensure_future(self._feed(msg, p))
+
+    async def _binding_refusal(self, client_id: int) -> str:
+        """Why this connection may not mount `client_id`: the id was allocated over a connection
+        with another certificate (issue 34: a client id is bound to its credential)."""
+        if self.bindings is None:
+            return ""
+        try:
+            bound = await self.bindings.bound(client_id)
+        except errors.WaltzError as e:
+            return f"the binding of client id {client_id} cannot be read now ({e}): mount again"
+        if bound is None or bound == self.certificate:
+            return ""
+        return f"client id {client_id} was allocated to another certificate: allocate an id of your own"
 
     def _refusal(self, msg: cp.Mount, key: tuple[int, int]) -> str:
         """Why the Mount must be refused ("" if it may go on): a connection seq far ahead, or

@@ -17,10 +17,11 @@ import asyncio
 import logging
 import signal
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
+from waltz import client_protocol as cp
 from waltz import errors, role_secrets, tls
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
@@ -32,7 +33,7 @@ from waltz.event_loop import loop_factory
 from waltz.http import serve_endpoint
 from waltz.limits import Refusals, raise_file_limit
 from waltz.sd_notify import notify
-from waltz.server.connection import ClientConnection, ConnectionLimits, Partitions
+from waltz.server.connection import ClientConnection, ClientIdBindings, ConnectionLimits, Partitions
 from waltz.server.metrics import ServerCollector, health
 from waltz.server.partition import ServerPartition
 from waltz.server.retention import RetentionPusher
@@ -83,9 +84,12 @@ class ClientPort:
         limits: ConnectionLimits,
         max_connections: int,
         secrets: Mapping[str, str] | None = None,
+        client_ids: Callable[[], Awaitable[int]] | None = None,
+        bindings: ClientIdBindings | None = None,
     ) -> None:
         self.partitions, self.limits, self.max_connections = partitions, limits, max_connections
         self.secrets = dict(secrets or {})
+        self.client_ids, self.bindings = client_ids, bindings
         self._open: dict[ClientConnection, None] = {}  # in the order they came; evicted ones leave at once
         self.refusals = Refusals(logging.getLogger("waltz.server.connection"), "client connection")
 
@@ -112,7 +116,9 @@ class ClientPort:
                 f"max_connections = {self.max_connections} client connections were open",
             )
             victim.writer.transport.abort()
-        conn = ClientConnection(reader, writer, self.partitions, self.limits, self.refusals, self.secrets)
+        conn = ClientConnection(
+            reader, writer, self.partitions, self.limits, self.refusals, self.secrets, self.client_ids, self.bindings
+        )
         self._open[conn] = None
         try:
             await conn.run()
@@ -272,7 +278,12 @@ class PartitionHost:
 
 async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future[int] | None = None) -> None:
     s = config.server
-    store = open_store(s.metadata, session_timeout=s.session_timeout)
+    store = open_store(
+        s.metadata,
+        session_timeout=s.session_timeout,
+        role=config.role_secrets.credential("server"),
+        acl_secrets=config.role_secrets.admitted(*role_secrets.ROLES),
+    )
     await asyncio.to_thread(store.start)
     try:
         metadata = ClusterMetadata(store, cluster_root(s.cluster))
@@ -291,9 +302,18 @@ async def serve(config: ServerConfig, stop: asyncio.Event, ready: asyncio.Future
             limits,
             fit_connection_limit(s.max_connections),
             config.role_secrets.admitted(*tls.CLIENT_PORT_ROLES),
+            # Clients get their ids through a server, so they need no write rights on the metadata.
+            lambda: asyncio.to_thread(metadata.next_id, "client"),
+            ClientIdBindings(metadata.bind_client_id, metadata.client_id_binding),
         )
         server = await tls.start_server(
-            on_client, s.host, s.port, server_ssl, what="client", roles=tls.CLIENT_PORT_ROLES
+            on_client,
+            s.host,
+            s.port,
+            server_ssl,
+            what="client",
+            roles=tls.CLIENT_PORT_ROLES,
+            refusal=lambda why: cp.Failure(-1, -1, cp.FailureKind.CLIENT_REFUSED, why).frame(),
         )
         port = server.sockets[0].getsockname()[1]
         storage_ssl = config.tls.client_context() if config.tls.enabled else None

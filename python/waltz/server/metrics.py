@@ -22,6 +22,7 @@ REFUSAL_REASONS = (
     "frame_too_large",
     "too_many_locks",
     "role_secret",
+    "client_ids",
 )
 
 

@@ -107,6 +107,8 @@ class _Replica:
     """It has been in this session's write path, so it holds this session's log (it may have
     left since): reads may fall back to it. One that never was may hold an older session's dirty
     tail at ids this session committed differently."""
+    log_start: int = 0
+    """Where its log starts when that is above what the recovery keeps of it (see `_prepare`)."""
 
 
 class _Deleted(Exception):
@@ -289,8 +291,22 @@ class StoreSession:
         prep = recovery.prepare(
             meta.replicas.get(r.address), recovery.ReplicaReport(lsn, lwm, top), recovery.last_session(meta)
         )
+        r.log_start = 0
         if prep.truncate_to is not None:
-            await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+            try:
+                await r.client.truncate(self.partition, self.session_id, prep.truncate_to)
+            except errors.BelowLogStartError as e:
+                # Its log starts above the mark: it restarted at the others' first id (retention
+                # had deleted what it lacked) and no session recorded it clean since. Nothing it
+                # holds is kept, as the recovery says, and it stays a log starting there: it is
+                # filled from there (it votes as before, for nothing above the mark). Found by
+                # the simulation with retention and lost disks in one run (seed 48).
+                first = getattr(e, "first", None)
+                if first is None or first < 0:
+                    raise
+                await r.client.truncate(self.partition, self.session_id, first - 1)
+                r.log_start = first
+                prep = dataclasses.replace(prep, why=f"{prep.why}; its log starts at {first}: emptied")
         self._note(f"{r.address}: max {top}; {prep.why}")
         if prep.forgot:
             log.warning("partition %d session %d: %s: %s", self.partition, self.session_id, r.address, prep.why)
@@ -622,7 +638,7 @@ class StoreSession:
             self._keep_out_until_successor(r)
             return
         clean = meta.replicas.get(r.address) == ReplicaState(self.session_id, UNRESOLVED) and lsn == self.session_id
-        await self._catch_up(r, prep.high_water_mark + 1, clean)
+        await self._catch_up(r, max(prep.high_water_mark + 1, r.log_start), clean)
 
     async def _reconnect(self, r: _Replica) -> None:
         while r.in_flight > 0 and self._failed is None:  # what it was sent before leaving settles first

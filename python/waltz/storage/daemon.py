@@ -115,6 +115,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
             max_in_flight=n.max_in_flight,
             max_connections=max_connections,
             retention_interval=n.retention_interval,
+            retention_rate=n.retention_rate,
             tls_ca=tls.ca,
             tls_cert=tls.cert,
             tls_key=tls.key,

@@ -73,6 +73,7 @@ class NodeCollector(Collector):
                 "secret_refusals",
                 "Peers refused at Hello: no role secret, a wrong one, or a role the port does not admit",
             ),
+            ("role_request_refusals", "Requests refused: the peer lacks the role they need (Restart Log: server)"),
         ):
             value = s.get(name, 0)
             yield CounterMetricFamily(f"waltz_storage_{name}", help_text, value=value if isinstance(value, int) else 0)

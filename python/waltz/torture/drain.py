@@ -32,6 +32,8 @@ class Record:
     read_locks: tuple[str, ...] = ()
     append_locks: tuple[str, ...] = ()
     error: str | None = None
+    extra: Any = dataclasses.field(default=None, compare=False, hash=False)
+    """The workload's description of the operation (payload "x"), None for the plain workload."""
 
     def describe(self, source: str) -> str:
         what = self.payload if self.payload is not None else f"undecodable ({self.error})"
@@ -58,7 +60,7 @@ def record_from_bytes(txid: int, data: bytes, header: int = 0) -> Record:
         p = decode_payload(data)
     except PayloadError as e:
         return Record(txid, d, None, error=str(e))
-    return Record(txid, d, p.payload, p.client_hwm, p.write_locks, p.read_locks, p.append_locks)
+    return Record(txid, d, p.payload, p.client_hwm, p.write_locks, p.read_locks, p.append_locks, extra=p.extra)
 
 
 class DrainWriter:
@@ -112,6 +114,7 @@ def _record(obj: Mapping[str, Any], where: str) -> tuple[str, int, Record]:
         read_locks=locks[1],
         append_locks=locks[2],
         error=field("error", str, True),
+        extra=obj.get("extra"),
     )
     return field("source", str), field("partition", int), record
 

@@ -36,9 +36,17 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    reading: the servers' memory must stay bounded
                    (The three run alone, for at least 4 s, and the honest clients must commit
                    meanwhile; healed by stopping the process.)
+    move-replica   move one replica of a partition to a storage node without one, with the
+                   documented operator sequence (torture/membership.py; the run adds a fourth
+                   storage node for it)
+    stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
+    power-loss, power-loss-majority, power-outage, disk-full, slow-disk
+                   disk faults on LazyFS, a FUSE layer under the storage nodes that loses
+                   unsynced writes (waltz/torture/disk.py says what each does)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
-kill-majority, which runs alone; at most one server; faults otherwise combine.
+kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
+server; faults otherwise combine.
 """
 
 from __future__ import annotations
@@ -60,6 +68,9 @@ from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.torture import net_faults
+from waltz.torture import membership
+from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
+from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -80,10 +91,14 @@ FAULTS = (
     "dup-client-id",
     "oversized-locks",
     "stalled-reader",
+    "move-replica",
+    "stop-server",
+    *DISK_FAULTS,
 )
 BAD_CLIENT_FAULTS = ("dup-client-id", "oversized-locks", "stalled-reader")
-ALONE_FAULTS = ("kill-majority", *BAD_CLIENT_FAULTS)
-"""Faults no other fault joins: a majority down, and a bad client whose honest neighbours must keep committing."""
+ALONE_FAULTS = ("kill-majority", *MAJORITY_DISK_FAULTS, *BAD_CLIENT_FAULTS)
+"""Faults no other fault joins: a majority of the storage nodes down or failing, and a bad client
+whose honest neighbours must keep committing."""
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
 
@@ -114,6 +129,7 @@ class Nemesis:
         committed: Callable[[], dict[int, int]] = dict,
         metadata_proxy: FaultProxy | None = None,
         cover: bool = False,
+        disks: dict[str, LazyFs] | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
@@ -123,6 +139,9 @@ class Nemesis:
         if "zombie" in kinds and metadata_proxy is None:
             kinds = tuple(k for k in kinds if k != "zombie")
         self.metadata_proxy, self.cover = metadata_proxy, cover
+        self.disks = disks or {}
+        if not self.disks:  # the storage nodes run on LazyFS only when the run mounted it
+            kinds = tuple(k for k in kinds if k not in DISK_FAULTS)
         if set(kinds) & set(STRACE_FAULTS) and shutil.which("strace") is None:
             raise RuntimeError("fsync-eio and enospc need strace (apt install strace)")
         self.cluster, self.proxies, self.rng, self.kinds = cluster, proxies, rng, kinds
@@ -171,8 +190,10 @@ class Nemesis:
             return not storage_busy and not servers_busy
         if kind == "zombie":
             return not servers_busy
-        if kind == "kill-server":
+        if kind in ("kill-server", "stop-server"):
             return not servers_busy
+        if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
+            return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind in ("pause", "partition", "slow", "reset", "one-way"):
@@ -205,10 +226,19 @@ class Nemesis:
                     c.start_member(t)
 
             fault.undo = restart_both
-        elif kind == "kill-server":
+        elif kind in ("kill-server", "stop-server"):
             fault.targets = (self.rng.choice(self.servers),)
-            c.kill(fault.targets[0])
-            fault.undo = lambda: c.start_member(fault.targets[0])
+            if kind == "kill-server":
+                c.kill(fault.targets[0])
+                fault.undo = lambda: c.start_member(fault.targets[0])
+            else:
+                c.kill(fault.targets[0], signal.SIGTERM)
+                fault.undo = lambda: membership.start_when_stopped(c, fault.targets[0])
+        elif kind == "move-replica":
+            # Done here, start to end (the metadata and the nodes see it at once); its targets
+            # stay busy for the hold so no storage fault lands on them right after.
+            fault.detail = membership.move_replica(c, self.rng, self.say)
+            fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None
@@ -241,6 +271,8 @@ class Nemesis:
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
         elif kind in ("partial-partition", "one-way", "zombie", *BAD_CLIENT_FAULTS):
             fault.targets, fault.detail, fault.undo, fault.heal_at = net_faults.start(self, kind, hold)
+        elif kind in DISK_FAULTS:
+            fault.targets, fault.detail, fault.undo = start_disk_fault(kind, c, self.disks, self.storage, self.rng)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
         hold = fault.heal_at - time.monotonic()

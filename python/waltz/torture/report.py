@@ -37,6 +37,22 @@ KINDS: dict[str, str] = {
     "malformed-history": "events that do not form operations (a completion without invoke, a payload invoked twice, "
     "...)",
 }
+# The workloads' own invariants (waltz/torture/bank.py, list_append.py).
+KINDS.update(
+    {
+        "bank-total": "the accounts' total in the database is not what was opened",
+        "bank-negative": "a balance is negative (in the database at the end, or replaying the log after a transfer)",
+        "bank-stale-read": "a committed transfer saw other balances than the log held just before its id",
+        "bank-applied-twice": "the database applied one committed transfer more than once",
+        "bank-not-applied": "a committed transfer is not in the database at its id (or its mark is not the log's end)",
+        "bank-phantom-apply": "the database applied a transfer that is not in the committed log",
+        "bank-balance-mismatch": "the database's balances are not the committed log's replay",
+        "la-incompatible-order": "a committed read of a list is not a prefix of the list's final order",
+        "la-duplicate-append": "a value appears more than once in a list's final order",
+        "la-stale-read": "a committed read did not see exactly the appends committed below its id",
+        "la-cycle": "the write-write/write-read/read-write dependency graph of committed transactions has a cycle",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)

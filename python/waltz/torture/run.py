@@ -36,16 +36,20 @@ from waltz.client import WaltzClient
 from waltz.client.log_reader import LogReader
 from waltz.cluster import retention as retention_policy
 from waltz.local import LocalCluster
+from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.storage import Storage
 from waltz.storage.client import StorageAdminClient
+from waltz.torture import membership
 from waltz.torture.checker import check
+from waltz.torture.disk import DISK_FAULTS, DISK_SEGMENT_SIZE, mount_disks, unmount_disks
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
 from waltz.torture.history import HistoryWriter, read_history
 from waltz.torture.nemesis import FAULTS, Nemesis
 from waltz.torture.proxy import FaultProxy, ProxyLoop
 from waltz.torture.report import Report
+from waltz.torture.workloads import WorkloadSettings, check_workload, prepare
 
 
 @dataclasses.dataclass
@@ -73,6 +77,11 @@ class TortureOptions:
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
+    workload: str = "log"
+    """What the clients run (`waltz.torture.workloads.WORKLOADS`)."""
+    segment_size: int | None = None
+    """Bytes per segment; None: 64 KiB with retention or disk faults (segments roll during the
+    faults), the node's default otherwise."""
 
 
 @dataclasses.dataclass
@@ -82,6 +91,8 @@ class TortureResult:
     problems: list[str]
     transactions: int
     seconds: float
+    locks: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The servers' lock failures at the end (counters restart with a partition's server)."""
 
     @property
     def passed(self) -> bool:
@@ -94,6 +105,7 @@ class TortureResult:
             "seconds": round(self.seconds, 1),
             "faults": self.faults,
             "problems": self.problems,
+            "locks": self.locks,
             "report": json.loads(self.report.to_json()),
         }
 
@@ -186,6 +198,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
     workers: list[_Worker] = []
     observer: _MarkObserver | None = None
     cluster: LocalCluster | None = None
+    disks: dict[str, Any] = {}
     nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
     problems: list[str] = []
     metadata_proxy: FaultProxy | None = None
@@ -198,14 +211,21 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             metadata_proxy = FaultProxy(loop, "zookeeper", zookeeper.port)
             metadata = f"zk://127.0.0.1:{metadata_proxy.port}/torture-{uuid.uuid4().hex[:8]}"
         retention = o.retention_max_age is not None
+        workload = WorkloadSettings.named(o.workload)
+        partition_keys = {"checkpoint_interval": 200} if retention else {}
+        if workload.lock_budget_bytes is not None:
+            partition_keys["lock_budget_bytes"] = workload.lock_budget_bytes
+        segment_size = o.segment_size or (DISK_SEGMENT_SIZE if retention or set(o.faults) & set(DISK_FAULTS) else None)
         cluster = LocalCluster.create(
             d / "cluster",
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
-            storage_keys={"segment_size": 64 << 10} if retention else None,
-            partition_keys={"checkpoint_interval": 200} if retention else None,
+            storage_nodes=REPLICAS + (membership.SPARE_NODES if "move-replica" in o.faults else 0),
+            storage_keys={"segment_size": segment_size} if segment_size else None,
+            partition_keys=partition_keys or None,
         )
+        disks = mount_disks(cluster, o.faults)
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
             cluster.advertise(m.name, proxies[m.name].port)
@@ -223,8 +243,17 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             "op_timeout": o.op_timeout,
             "drain_timeout": o.heal_timeout,
             "client": cluster.client_settings(mount_timeout=o.op_timeout, transaction_timeout=o.op_timeout),
+            "workload": workload.to_json(),
         }
+        prepare(workload, d, o.partitions)
+        say(f"workload: {o.workload}")
         workers = [_Worker(d, i, spec) for i in range(o.clients)]
+        _wait(
+            lambda: all((d / "clients" / f"worker-{w.index}.ready").exists() for w in workers),
+            workers,
+            o.op_timeout + 60,
+            "the clients did not mount their partitions",
+        )
         observer = _MarkObserver(cluster, nemesis_log)
         nemesis = Nemesis(
             cluster,
@@ -238,6 +267,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             committed=lambda: dict(observer.latest) if observer else {},
             metadata_proxy=metadata_proxy,
             cover=o.cover,
+            disks=disks,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
@@ -265,6 +295,11 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         if o.retention_max_age is not None:
             starts = _stop_retention(cluster, say)
         targets = _marks(cluster)
+        locks = {
+            k: int(sum(cluster.server_metric(f"waltz_server_{k}_total").values()))
+            for k in ("lock_failures", "lock_fallback_failures")
+        }
+        say(f"lock failures counted by the servers now serving: {locks}")
         (d / "clients" / "final.json").write_text(json.dumps(targets))
         say(f"committed high-water marks {targets}; draining")
         drains = {"cluster": _drain_feed(cluster, targets, o.heal_timeout, starts)}
@@ -282,16 +317,19 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             if m.role == "server":
                 cluster.kill(m.name, signal.SIGTERM)
         lagging: list[tuple[str, int]] = []
+        held = membership.holders(cluster)  # replicas moved by move-replica are not where they began
         for m in cluster.members:
             if m.role == "storage":
-                drains[m.name] = _drain_files(cluster.directory / "data" / m.name, targets, m.name, lagging, problems)
+                mine = {p: t for p, t in targets.items() if m.name in held.get(p, ())}
+                drains[m.name] = _drain_files(cluster.directory / "data" / m.name, mine, m.name, lagging, problems)
         write_drains(d / "drains.jsonl", drains)
         nemesis_log.close()
         history = read_history(sorted((d / "history").glob("*.jsonl")))
         report = check(history, drains, reference="cluster", lagging=lagging, first_id=None if starts else 0)
+        report.anomalies += check_workload(workload, d, drains["cluster"])
         transactions = sum(t + 1 for t in targets.values())
         result = TortureResult(
-            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started
+            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started, locks
         )
         (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
         return result
@@ -315,6 +353,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
                 cluster.stop()
             except Exception as e:  # noqa: BLE001 - the run's own error, if any, is what matters
                 say(f"stopping the cluster failed: {type(e).__name__}: {e}")
+        unmount_disks(disks)
         for p in proxies.values():
             p.close()
         if metadata_proxy is not None:

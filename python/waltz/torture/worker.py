@@ -27,7 +27,6 @@ from typing import Any
 from waltz import errors
 from waltz.client import ClientConfig, PartitionLocalLock, TransactionBuilder, TransactionContext, WaltzClient
 from waltz.torture.drain import Record
-from waltz.torture.feed import FeedRecorder
 from waltz.torture.history import HistoryWriter
 from waltz.torture.payload import encode_payload, lock_name
 
@@ -35,6 +34,9 @@ LOCK = "k"
 
 
 class Op(TransactionContext):
+    lock = LOCK
+    """The name of its locks (`PartitionLocalLock(lock, id)`); workloads name theirs."""
+
     def __init__(
         self, payload: str, partition: int, locks: dict[str, list[int]], size: int, timeout: float, on_applied: Any
     ) -> None:
@@ -47,7 +49,11 @@ class Op(TransactionContext):
         return self.partition
 
     def lock_names(self, kind: str) -> list[str]:
-        return [lock_name(LOCK, i) for i in self.locks[kind]]
+        return [lock_name(self.lock, i) for i in self.locks[kind]]
+
+    def extra(self, client_high_water_mark: int) -> Any:
+        """What a workload's operation does, decided at each execution (the payload's "x")."""
+        return None
 
     def execute(self, builder: TransactionBuilder) -> bool:
         # The bytes carry the mark this execution was checked at: the checker judges the locks by
@@ -60,11 +66,12 @@ class Op(TransactionContext):
                 read_locks=self.lock_names("r"),
                 append_locks=self.lock_names("a"),
                 size=self.size,
+                extra=self.extra(builder.client_high_water_mark),
             )
         )
-        builder.add_write_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["w"]))
-        builder.add_read_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["r"]))
-        builder.add_append_locks(*(PartitionLocalLock(LOCK, i) for i in self.locks["a"]))
+        builder.add_write_locks(*(PartitionLocalLock(self.lock, i) for i in self.locks["w"]))
+        builder.add_read_locks(*(PartitionLocalLock(self.lock, i) for i in self.locks["r"]))
+        builder.add_append_locks(*(PartitionLocalLock(self.lock, i) for i in self.locks["a"]))
         return True
 
     def on_application(self) -> None:
@@ -125,7 +132,10 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
     def on_record(partition: int, record: Record) -> None:
         history.read(partition, record.txid, record.payload, record.digest, 0)
 
-    feed = FeedRecorder(on_record)
+    from waltz.torture.workloads import workload_for  # imports this module: not at its top
+
+    workload = workload_for(spec, directory, index)
+    feed = workload.feed(on_record)
 
     def applied(op: Op) -> None:
         txid = feed.committed_ids.get(op.payload)
@@ -150,19 +160,14 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
         partitions = client.partitions
         # The dup-client-id fault mounts under this id with another token.
         (clients / f"worker-{index}.id").write_text(str(client.client_id))
+        # Mounted: the run starts its faults only now (a client that cannot mount at start exits).
+        (clients / f"worker-{index}.ready").write_text("")
         pending = []
         while not (clients / "stop").exists() and not stop.is_set():
             if not slots.acquire(timeout=0.2):
                 continue
             p = rng.randrange(partitions)
-            op = Op(
-                f"w{index}-{submitted:07d}",
-                p,
-                _locks(rng, spec["lock_pool"]),
-                rng.choice(spec["sizes"]),
-                spec["op_timeout"],
-                applied,
-            )
+            op = workload.op(rng, f"w{index}-{submitted:07d}", p, applied)
             history.invoke(
                 p,
                 op.payload,

@@ -316,6 +316,7 @@ fn status(shared: &Shared, h: MsgHeader) -> AdminResponse {
                     oldest_ms: spans.first().map_or(-1, |s| s.creation_ms),
                     reclaimed_bytes: p.reclaimed_bytes() as i64,
                     retention_limit: shared.retention.limit(shared, id),
+                    retention_hold: shared.retention.hold(shared, id),
                 }
             }
             Err(e) => PartitionStatus {
@@ -333,6 +334,7 @@ fn status(shared: &Shared, h: MsgHeader) -> AdminResponse {
                 oldest_ms: -1,
                 reclaimed_bytes: 0,
                 retention_limit: -1,
+                retention_hold: -1,
             },
         });
     }

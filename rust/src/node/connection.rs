@@ -30,9 +30,16 @@ pub struct NodeOptions {
     pub max_connections: usize,
     /// How often the retention thread applies the standing orders (`node::retention`).
     pub retention_interval: Duration,
+    /// Bytes per second retention frees at most (None: unpaced), so that appends' fdatasyncs do
+    /// not queue behind the journal work of a large deletion (`Partition::drop_segments_paced`).
+    pub retention_rate: Option<u64>,
     /// Per-role shared secrets a peer must give in its Hello (empty: none asked).
     pub role_secrets: crate::node::secrets::RoleSecrets,
 }
+
+/// Retention's default freeing rate: well above what a node ingests on one disk, low enough
+/// that a large deletion leaves the appends' p99 alone (docs/performance.md, "Retention").
+pub const DEFAULT_RETENTION_RATE: u64 = 256 << 20;
 
 impl Default for NodeOptions {
     fn default() -> Self {
@@ -45,6 +52,7 @@ impl Default for NodeOptions {
             tls: None,
             max_connections: 4096,
             retention_interval: Duration::from_secs(1),
+            retention_rate: Some(DEFAULT_RETENTION_RATE),
             role_secrets: Default::default(),
         }
     }
@@ -64,6 +72,9 @@ pub struct NodeStats {
     pub tls_role_refusals: AtomicU64,
     /// Peers refused at Hello: no role secret, a wrong one, or one of a role the port does not admit.
     pub secret_refusals: AtomicU64,
+    /// Requests refused because the peer did not prove the role they need (a storage-port
+    /// Restart Log from anyone but a server).
+    pub role_request_refusals: AtomicU64,
     /// Connections closed on accept because `max_connections` were open on their port.
     pub refused_connections: AtomicU64,
     /// Failures answered, indexed by FailureKind code.
@@ -109,6 +120,10 @@ impl Drop for Slot {
 #[derive(Clone, Debug, Default)]
 pub(super) struct PeerRole {
     pub(super) roles: Vec<String>,
+    /// Why the port does not admit the peer's certificate: its Hello is answered with a Failure
+    /// saying so, then the connection closes (a silent close left readers retrying for their
+    /// whole timeout, unable to tell a refusal from a connection limit).
+    pub(super) refused: Option<String>,
 }
 
 /// Checks a Hello's credential against the node's role secrets (`crate::node::secrets`); on a
@@ -121,6 +136,9 @@ pub(super) fn check_credential(
     credential: Option<&crate::node::protocol::Credential>,
     role: &mut PeerRole,
 ) -> Result<(), String> {
+    if let Some(why) = &role.refused {
+        return Err(why.clone()); // counted and logged at the handshake
+    }
     match shared.opts.role_secrets.check(credential, crate::node::tls::NODE_PORT_ROLES) {
         Ok(proven) => {
             role.roles.extend(proven);
@@ -135,8 +153,20 @@ pub(super) fn check_credential(
 }
 
 impl PeerRole {
+    /// The roles a TLS peer's leaf certificate carries.
+    pub(super) fn of_certificates(certs: Option<&[rustls_pki_types::CertificateDer<'_>]>) -> PeerRole {
+        PeerRole {
+            roles: certs.and_then(|c| c.first()).map(crate::node::tls::roles).unwrap_or_default(),
+            refused: crate::node::tls::refuse_role(certs, crate::node::tls::NODE_PORT_ROLES),
+        }
+    }
+
     pub(super) fn is_admin(&self) -> bool {
         self.roles.iter().any(|r| r == "admin")
+    }
+
+    pub(super) fn is(&self, role: &str) -> bool {
+        self.roles.iter().any(|r| r == role)
     }
 }
 

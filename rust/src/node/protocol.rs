@@ -939,6 +939,9 @@ pub struct PartitionStatus {
     pub oldest_ms: i64,
     pub reclaimed_bytes: i64,
     pub retention_limit: i64,
+    /// The standing order's hold (the lowest id a hold protects; i64::MAX when no hold is
+    /// active), -1 when no order stands: what `waltz retention hold` waits for.
+    pub retention_hold: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -950,7 +953,7 @@ pub enum AdminResponse {
     RecordList { h: MsgHeader, records: Vec<WireRecord> },
 }
 
-const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4 + 4 * 8;
+const STATUS_MIN: usize = 4 + 6 * 8 + 2 + 4 + 5 * 8;
 
 impl AdminRequest {
     pub fn header(&self) -> Option<MsgHeader> {
@@ -1126,7 +1129,8 @@ impl AdminResponse {
                         o.push(p.readable as u8);
                         o.push(p.writable as u8);
                         put_bytes(o, p.failure.as_bytes());
-                        for v in [p.bytes_on_disk, p.oldest_ms, p.reclaimed_bytes, p.retention_limit] {
+                        for v in [p.bytes_on_disk, p.oldest_ms, p.reclaimed_bytes, p.retention_limit, p.retention_hold]
+                        {
                             o.extend_from_slice(&v.to_be_bytes());
                         }
                     }
@@ -1171,6 +1175,7 @@ impl AdminResponse {
                         oldest_ms: r.i64("oldest segment")?,
                         reclaimed_bytes: r.i64("reclaimed bytes")?,
                         retention_limit: r.i64("retention limit")?,
+                        retention_hold: r.i64("retention hold")?,
                     });
                 }
                 AdminResponse::Status { h, partitions }
@@ -1399,6 +1404,7 @@ mod tests {
             oldest_ms: 1_700_000_000_000,
             reclaimed_bytes: 5,
             retention_limit: -1,
+            retention_hold: 7,
         };
         for m in [
             AdminResponse::Status { h: h(0), partitions: vec![st.clone(), st] },

@@ -55,6 +55,11 @@ impl Retention {
         }
     }
 
+    /// The standing order's hold for `pid` (i64::MAX: none active), -1 when no order stands.
+    pub(super) fn hold(&self, shared: &Shared, pid: i32) -> i64 {
+        self.standing(shared, pid).map_or(-1, |o| o.hold_from)
+    }
+
     pub(super) fn stop(&self) {
         *lock(&self.stop.0) = true;
         self.stop.1.notify_all();
@@ -100,7 +105,8 @@ fn pass(shared: &Shared) {
             let start = retention_start(&spans, &policy(&order), cap, now_ms());
             if start > part.first_txid() {
                 let before = part.reclaimed_bytes();
-                let first = part.drop_segments_before(start)?;
+                let stopping = || *lock(&shared.retention.stop.0);
+                let first = part.drop_segments_paced(start, shared.opts.retention_rate, &stopping)?;
                 log::info!(
                     "partition {pid}: retention deleted ids below {first} ({} bytes; limit {cap})",
                     part.reclaimed_bytes() - before

@@ -127,15 +127,8 @@ pub fn start(
                                     }),
                                     Some(a) => tokio::spawn(async move {
                                         let _slot = slot;
-                                        if let Some(s) = handshake(&a, stream, peer, "admin", &sh).await {
-                                            let roles = s
-                                                .get_ref()
-                                                .1
-                                                .peer_certificates()
-                                                .and_then(|c| c.first())
-                                                .map(crate::node::tls::roles)
-                                                .unwrap_or_default();
-                                            serve_admin(s, peer, sh, unopened, PeerRole { roles }).await;
+                                        if let Some((s, role)) = handshake(&a, stream, peer, "admin", &sh).await {
+                                            serve_admin(s, peer, sh, unopened, role).await;
                                         }
                                     }),
                                 };
@@ -336,27 +329,26 @@ fn admit(shared: &Shared, stream: &TcpStream, peer: SocketAddr, port: &str, open
     Some(slot)
 }
 
-/// The TLS handshake of an accepted connection; a failure is one warning line and the
-/// connection is dropped.
+/// The TLS handshake of an accepted connection and the roles the peer's certificate proves; a
+/// failed handshake is one warning line and the connection is dropped.
 async fn handshake(
     acceptor: &crate::node::tls::TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
     port: &str,
     shared: &Shared,
-) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerRole)> {
     let why = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(s)) => {
             // Any certificate of the CA passes the handshake; only servers and operators may
             // use either port (a client's certificate must not set availability or truncate).
-            let Some(why) =
-                crate::node::tls::refuse_role(s.get_ref().1.peer_certificates(), crate::node::tls::NODE_PORT_ROLES)
-            else {
-                return Some(s);
-            };
-            shared.stats.tls_role_refusals.fetch_add(1, Ordering::Relaxed);
-            log::warn!("{port} connection from {peer} refused: {why}");
-            return None;
+            // A refused peer's Hello is answered with the reason (`check_credential`).
+            let role = PeerRole::of_certificates(s.get_ref().1.peer_certificates());
+            if let Some(why) = &role.refused {
+                shared.stats.tls_role_refusals.fetch_add(1, Ordering::Relaxed);
+                log::warn!("{port} connection from {peer} refused: {why}");
+            }
+            return Some((s, role));
         }
         Ok(Err(e)) => crate::node::tls::describe(&e),
         Err(_) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
@@ -397,10 +389,10 @@ fn serve_on_own_thread(
                     Err(e) => return log::warn!("connection from {peer} dropped: {e}"),
                 };
                 match acceptor {
-                    None => serve(stream, peer, sh, unopened).await,
+                    None => serve(stream, peer, sh, unopened, PeerRole::default()).await,
                     Some(a) => {
-                        if let Some(s) = handshake(&a, stream, peer, "storage", &sh).await {
-                            serve(s, peer, sh, unopened).await;
+                        if let Some((s, role)) = handshake(&a, stream, peer, "storage", &sh).await {
+                            serve(s, peer, sh, unopened, role).await;
                         }
                     }
                 }
@@ -452,8 +444,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     peer: SocketAddr,
     shared: Arc<Shared>,
     unopened: Slot,
+    role: PeerRole,
 ) {
-    let mut conn = Conn { peer, greeted: false, opened: false, refused: None };
+    let mut conn = Conn { peer, greeted: false, opened: false, refused: None, role };
     let mut unopened = Some(unopened);
     let (greet_by, open_by) = greet_and_open_deadlines(&shared);
     let wait = |conn: &Conn| match (conn.greeted, conn.opened) {
@@ -558,6 +551,8 @@ struct Conn {
     opened: bool,
     /// Set when the peer was refused with an answer: the connection closes once it is sent.
     refused: Option<String>,
+    /// What the peer proved: its certificate's roles, then the role whose secret it gave.
+    role: PeerRole,
 }
 
 /// Turns one request into its (future) response. Err closes the connection with that reason.
@@ -579,10 +574,40 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
         Ok(p) => p,
         Err(resp) => return Ok(now(resp)),
     };
-    if let Some(refused) = refusal(shared, h, &req, &part) {
+    if let Some(refused) = refusal(shared, h, &req, &part).or_else(|| role_refusal(shared, conn, h, &req)) {
         return Ok(now(refused));
     }
     Ok(dispatch(shared, h, part, req))
+}
+
+/// Refused when the request needs a role the peer did not prove. A Restart Log replaces a
+/// replica's whole log (issue 35): only a server's store session sends it on this port (an
+/// operator has the admin port's), so with TLS or role secrets it needs the `server` role;
+/// without either, nothing is proven by anyone and the cluster key in Open is all there is
+/// (docs/operations.md, "Security model").
+fn role_refusal(shared: &Shared, conn: &Conn, h: MsgHeader, req: &Request) -> Option<Response> {
+    let roles_proven = shared.opts.tls.is_some() || !shared.opts.role_secrets.is_empty();
+    if !matches!(req, Request::RestartLog { .. }) || !roles_proven || conn.role.is("server") {
+        return None;
+    }
+    let has = match conn.role.roles.as_slice() {
+        [] => "no role".to_string(),
+        roles => format!("role {}", roles.join(", ")),
+    };
+    shared.stats.role_request_refusals.fetch_add(1, Ordering::Relaxed);
+    log::warn!(
+        "refused Restart Log of partition {} from {}: it proved {has}, and only a server may restart a log here",
+        h.partition_id,
+        conn.peer
+    );
+    Some(fail(
+        h,
+        FailureKind::Refused,
+        format!(
+            "Restart Log on the storage port needs the server role (a server certificate or the server secret); \
+             this connection proved {has} (operators use the admin port's Restart Log)"
+        ),
+    ))
 }
 
 /// The version handshake: the first frame must be a Hello this node speaks, with a role secret
@@ -591,8 +616,7 @@ fn handle(shared: &Arc<Shared>, conn: &mut Conn, req: Request) -> Result<Answer,
 fn greet(shared: &Shared, conn: &mut Conn, req: Request) -> Result<Answer, String> {
     match req {
         Request::Hello { min_version, max_version, credential } if min_version <= VERSION && VERSION <= max_version => {
-            let mut role = PeerRole::default();
-            if let Err(why) = check_credential(shared, "storage", conn.peer, credential.as_ref(), &mut role) {
+            if let Err(why) = check_credential(shared, "storage", conn.peer, credential.as_ref(), &mut conn.role) {
                 conn.refused = Some(format!("refused at Hello: {why}"));
                 return Ok(now(fail(MsgHeader::default(), FailureKind::Refused, why)));
             }

@@ -16,7 +16,7 @@ pub struct PyStorageNode {
 #[pymethods]
 impl PyStorageNode {
     #[staticmethod]
-    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, retention_interval=1.0, tls_ca=None, tls_cert=None, tls_key=None, role_secrets=None))]
+    #[pyo3(signature = (storage, host="127.0.0.1", port=0, *, admin_port=None, max_frame=crate::node::protocol::DEFAULT_MAX_FRAME, max_list_count=10_000, max_list_bytes=16<<20, idle_timeout=300.0, max_in_flight=1024, max_connections=4096, retention_interval=1.0, retention_rate=crate::node::connection::DEFAULT_RETENTION_RATE, tls_ca=None, tls_cert=None, tls_key=None, role_secrets=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         py: Python<'_>,
@@ -31,6 +31,7 @@ impl PyStorageNode {
         max_in_flight: usize,
         max_connections: usize,
         retention_interval: f64,
+        retention_rate: u64,
         tls_ca: Option<std::path::PathBuf>,
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
@@ -63,6 +64,7 @@ impl PyStorageNode {
             tls,
             max_connections,
             retention_interval: std::time::Duration::from_secs_f64(retention_interval),
+            retention_rate: (retention_rate > 0).then_some(retention_rate),
             role_secrets: crate::node::secrets::RoleSecrets::new(
                 role_secrets.iter().flatten().map(|(role, secret)| (role.as_str(), secret.as_bytes())),
             ),
@@ -102,6 +104,7 @@ impl PyStorageNode {
             d.set_item("tls_role_refusals", s.tls_role_refusals.load(Relaxed))?;
             d.set_item("refused_connections", s.refused_connections.load(Relaxed))?;
             d.set_item("secret_refusals", s.secret_refusals.load(Relaxed))?;
+            d.set_item("role_request_refusals", s.role_request_refusals.load(Relaxed))?;
             let by_kind = PyDict::new(py);
             for (code, c) in s.failures_by_kind.iter().enumerate() {
                 let n = c.load(Relaxed);

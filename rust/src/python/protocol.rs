@@ -455,6 +455,7 @@ impl PyResponseReader {
                     d.set_item("oldest_ms", p.oldest_ms)?;
                     d.set_item("reclaimed_bytes", p.reclaimed_bytes)?;
                     d.set_item("retention_limit", p.retention_limit)?;
+                    d.set_item("retention_hold", p.retention_hold)?;
                     list.append(d)?;
                 }
                 ("status", h, list.into_any().unbind())

@@ -340,11 +340,12 @@ impl PyPartition {
         run(py, move || p.truncate(txid))
     }
 
-    /// Retention: deletes whole segments holding only ids below `txid`; returns the new
-    /// first transaction id.
-    fn drop_segments_before(&self, py: Python<'_>, txid: i64) -> PyResult<i64> {
+    /// Retention: deletes whole segments holding only ids below `txid`, freeing at most `rate`
+    /// bytes per second (None: unpaced); returns the new first transaction id.
+    #[pyo3(signature = (txid, rate=None))]
+    fn drop_segments_before(&self, py: Python<'_>, txid: i64, rate: Option<u64>) -> PyResult<i64> {
         let p = self.0.clone();
-        run(py, move || p.drop_segments_before(txid))
+        run(py, move || p.drop_segments_paced(txid, rate, &|| false))
     }
 
     /// What retention reports of the partition: first id, segment bytes on disk, creation of

@@ -34,6 +34,8 @@ messages = st.one_of(
     st.builds(cp.TransactionDataRangeResponse, i64, i32, i64, st.lists(st.binary(max_size=100), max_size=5).map(tuple)),
     st.builds(cp.HighWaterMarkRequest, i64, i32),
     st.builds(cp.HighWaterMarkResponse, i64, i32, i64),
+    st.builds(cp.ClientIdRequest, i64),
+    st.builds(cp.ClientIdResponse, i64, i32),
     st.builds(cp.Failure, i64, i32, st.sampled_from(cp.FailureKind), st.text(max_size=50)),
 )
 
@@ -52,7 +54,17 @@ def test_round_trip_in_any_split(msgs, cut) -> None:
 
 
 def test_every_message_type_is_distinct() -> None:
-    assert len(cp.MESSAGES) == 17 and all(t == m.TYPE for t, m in cp.MESSAGES.items())
+    assert len(cp.MESSAGES) == 19 and all(t == m.TYPE for t, m in cp.MESSAGES.items())
+
+
+def test_client_id_messages_are_laid_out_as_documented() -> None:
+    assert cp.ClientIdRequest.TYPE == 0x37
+    assert cp.ClientIdRequest(7).payload() == struct.pack(">q", 7)
+    assert cp.ClientIdResponse(7, 42).payload() == struct.pack(">qi", 7, 42)
+    assert cp.ClientIdResponse.TYPE == 0xB7
+    assert cp.decode(0xB7, struct.pack(">qi", 7, 42)) == cp.ClientIdResponse(7, 42)
+    with pytest.raises(ProtocolError, match="payload shorter"):
+        cp.decode(0x37, b"\x00" * 7)
 
 
 def payload_of(m: cp.Message) -> bytes:

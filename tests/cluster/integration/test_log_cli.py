@@ -140,8 +140,23 @@ def test_on_tls_a_client_certificate_appends_and_cannot_read_the_storage_nodes(e
     committed = json.loads(run(as_client, "--json", "log", "append", "-p", "0", "--data", "role client"))
     txid = committed["transaction_id"]
     assert run(env, "log", "read", "-p", "0", "--from", str(txid)) == f"{txid}\t0\trole client\n"
-    # Reading is from the storage nodes, whose ports admit the server and admin roles only.
-    # The reader retries (a refusal looks the same as a node at its connection limit) until its
-    # 30 s request timeout, then says why.
-    refused = waltz("log", "read", "-p", "0", env=as_client, ok=False, timeout=120).stderr
-    assert b"refused our certificate" in refused, refused
+    # Reading is from the storage nodes, whose ports admit the server and admin roles only: the
+    # node answers the Hello with why, and the reader says so at once (it used to retry for its
+    # 30 s request timeout, a refusal then looking like a node at its connection limit).
+    started = time.monotonic()
+    refused = waltz("log", "read", "-p", "0", "--from", str(txid), env=as_client, ok=False, timeout=120).stderr
+    assert time.monotonic() - started < 15, refused
+    assert b"the client's certificate has role client; this port admits only server, admin" in refused, refused
+    assert b"give it an admin certificate" in refused, refused
+
+
+@pytest.mark.parametrize("env", ["tls"], indirect=True)
+def test_on_tls_a_reader_refused_by_a_server_says_why_at_once(env: dict[str, str]) -> None:
+    # A server's certificate opens the storage nodes, but not the servers' client ports, where the
+    # reader asks for the high-water mark: the server answers the Hello with why.
+    certs = pathlib.Path(env["WALTZ_TLS_CERT"]).parent
+    as_server = {**env, "WALTZ_TLS_CERT": str(certs / "server.pem"), "WALTZ_TLS_KEY": str(certs / "server-key.pem")}
+    started = time.monotonic()
+    refused = waltz("log", "read", "-p", "0", env=as_server, ok=False, timeout=120).stderr
+    assert time.monotonic() - started < 15, refused
+    assert b"refused our Hello" in refused and b"has role server" in refused, refused

@@ -19,6 +19,7 @@ import pytest
 from support.client_app import MemoryApp, Write
 from support.daemons import PARTITIONS, Cli, Node, start_server, wait_served
 from support.processes import stop
+from waltz import client_protocol as cp
 from waltz import errors
 from waltz.client import ClientConfig, WaltzClient
 from waltz.client.network import Link
@@ -371,16 +372,17 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
         await link.open(5.0)
         link.close()
 
-    def refused(coro: Any) -> None:
-        with pytest.raises(errors.TlsError, match="right after the handshake: it refused our certificate"):
+    def refused(coro: Any, role: str, error: type[Exception] = errors.RefusedError) -> None:
+        # The port answers the Hello with why (a bare close read like a connection limit).
+        with pytest.raises(error, match=f"refused our Hello: the client's certificate has role {role}; this port"):
             asyncio.run(asyncio.wait_for(coro, 20))
 
     # An application's certificate (and another storage node's) gets into neither node port,
     # so no state-changing admin request (Set Availability here) can be sent with it.
     for role in ("client", "storage"):
-        refused(storage(role))
-        refused(storage(role, StorageAdminClient, admin_port))
-    refused(make_unwritable("client"))
+        refused(storage(role), role)
+        refused(storage(role, StorageAdminClient, admin_port), role)
+    refused(make_unwritable("client"), "client")
     availability = {s["partition"]: s for s in node.admin(lambda a: a.status())}
     assert availability[0]["writable"], availability[0]
     # Servers and admins get in, to both.
@@ -391,7 +393,7 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
     for role in ("client", "admin"):
         asyncio.run(server_link(role))
     for role in ("server", "storage"):
-        refused(server_link(role))
+        refused(server_link(role), role, errors.HelloRefusedError)
     wait_for_line(c.server_log, "this port admits only admin, client")
     # The cluster still commits, with an application's certificate.
     app_tls = certs.tls("client")
@@ -403,3 +405,32 @@ def test_each_port_admits_only_its_roles(tls_cluster: Cluster, certs: DevCertifi
     assert "the client's certificate has role client; this port admits only server, admin" in log
     assert "the client's certificate has role storage; this port admits only server, admin" in log
     assert "admin connection from 127.0.0.1:" in log
+
+
+def test_a_client_id_is_bound_to_the_certificate_it_was_allocated_to(
+    tls_cluster: Cluster, certs: DevCertificates
+) -> None:
+    """Issue 34: a client id a server allocated over a connection with one certificate cannot be
+    mounted over a connection with another (here the admin's, which the client port admits too),
+    even once the client is gone; the same certificate mounts it again (a restart)."""
+    c = tls_cluster
+    app_tls = certs.tls("client")
+    config = ClientConfig(metadata=c.url, cluster="e2e", tls_ca=app_tls.ca, tls_cert=app_tls.cert, tls_key=app_tls.key)
+    with WaltzClient(MemoryApp(), config) as client:
+        assert client.submit(Write("bound", partition=0)).result(30)
+        client_id = client.client_id
+
+    async def mount(role: str) -> cp.Message:
+        link = Link(c.endpoint, "rpc", lambda *_: None, lambda *_: None, ssl=certs.tls(role).client_context())
+        await link.open(10.0)
+        try:
+            return await link.request(
+                lambda seq: cp.Mount(seq, 0, client_id, -1, time.time_ns() // 1000, b"t" * 16), 30
+            )
+        finally:
+            link.close()
+
+    with pytest.raises(errors.RequestFailedError, match=f"client id {client_id} was allocated to another certificate"):
+        asyncio.run(mount("admin"))
+    mounted = asyncio.run(mount("client"))
+    assert isinstance(mounted, cp.MountResponse) and mounted.status == cp.MountStatus.READY, mounted

@@ -200,5 +200,5 @@ def test_a_bad_variable_stops_the_daemon_with_one_line(tmp_path: pathlib.Path) -
         "waltz-node storage: WALTZ_STORAGE__NODE__HTTP_PROT: no key http_prot in [node] (known: host, port, "
         "admin_port, "
         "http_port, max_frame, max_list_count, max_list_bytes, idle_timeout, max_in_flight, max_connections, "
-        "retention_interval)"
+        "retention_interval, retention_rate)"
     ]

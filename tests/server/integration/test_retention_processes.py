@@ -5,14 +5,18 @@ are deleted (issue 35)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support import script
+from support.client_app import MemoryApp, Write
 from support.daemons import Cli, Node, nodes_cluster, start_server, wait_served
 from support.processes import get, start, stop, wait_http
 from test_server_daemon import mounted
@@ -60,12 +64,14 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-async def append_many(endpoint: str, first_seq: int, count: int, hwm: int, connection_seq: int) -> int:
-    """Appends `count` transactions to partition 0 in batches of 20; returns the last committed id."""
+async def append_many(
+    endpoint: str, first_seq: int, count: int, hwm: int, connection_seq: int, batch_size: int = 20
+) -> int:
+    """Appends `count` transactions to partition 0 in batches; returns the last committed id."""
     c, resp, _ = await mounted(endpoint, hwm, connection_seq)
     gen, last = resp.generation, resp.high_water_mark
-    for batch in range(0, count, 20):
-        n = min(20, count - batch)
+    for batch in range(0, count, batch_size):
+        n = min(batch_size, count - batch)
         for i in range(n):
             c.send(cp.Append((42, gen, 0, first_seq + batch + i), last, 0, PAYLOAD))
         target = last + n
@@ -228,4 +234,113 @@ def test_a_replica_down_past_the_retained_range_restarts_at_the_first_id_the_oth
         asyncio.run(append_many(endpoint, 500, 20, 499, 3))
         wait_for("the third replica to take new appends", lambda: status(down)["max_transaction_id"] == 519)
     finally:
+        stop_server(server)
+
+
+def test_a_hold_waits_for_every_replica_to_confirm_it_or_names_those_that_did_not(
+    small_segments, tmp_path: pathlib.Path
+) -> None:
+    meta, nodes, url = small_segments
+    cli = Cli(url)
+    e2e = ("--cluster", "e2e")
+    # No server yet: no replica has an order to confirm the hold with (it deletes nothing).
+    unserved = cli(
+        *e2e, "retention", "hold", "early", "--partition", "0", "--id", "0", "--wait", "0.5", ok=False
+    ).output
+    assert unserved.count("no retention order stands") == 3, unserved
+    cli(*e2e, "retention", "release", "early")
+    server = start_server(tmp_path, url, "s1")
+    try:
+        endpoint, _ = wait_served(meta, 0)
+        asyncio.run(append_many(endpoint, 0, 40, -1, 1))
+        held = cli.json(*e2e, "retention", "hold", "spark", "--partition", "0", "--id", "10")
+        assert held["confirmed"] is True and held["txid"] == 10
+        # Confirmed means every replica's standing order carries it now.
+        assert [status(n)["retention_hold"] for n in nodes] == [10, 10, 10]
+        assert (
+            "every replica confirmed" in cli(*e2e, "retention", "hold", "etl", "--partition", "0", "--id", "30").output
+        )
+        assert [status(n)["retention_hold"] for n in nodes] == [10, 10, 10]  # the lowest hold stands
+    finally:
+        stop_server(server)
+    # No server hands out orders now, and the nodes' last ones (holding from 10) stand for their
+    # lease: a hold below 10 cannot be confirmed, and the command says where, within --wait.
+    started = time.monotonic()
+    failed = cli(*e2e, "retention", "hold", "late", "--partition", "0", "--id", "5", "--wait", "1.5", ok=False).output
+    assert time.monotonic() - started < 10
+    assert "hold late is in the metadata, but partition 0 has not confirmed it within 1.5s" in failed, failed
+    for n in nodes:
+        assert f"{n.address}: its retention order still holds only from id 10" in failed, failed
+    assert [h["name"] for h in cli.json(*e2e, "retention", "show", "--no-replicas")["holds"]] == [
+        "etl",
+        "late",
+        "spark",
+    ]
+    # --wait 0 writes the hold without asking the replicas.
+    assert (
+        cli.json(*e2e, "retention", "hold", "quick", "--partition", "0", "--id", "5", "--wait", "0")["confirmed"]
+        is False
+    )
+
+
+@pytest.mark.slow
+def test_a_mounted_client_that_retention_overtakes_is_told_the_range_and_refused(
+    small_segments, tmp_path: pathlib.Path
+) -> None:
+    """A mounted application stopped (SIGSTOP) while retention deletes past where its feed
+    stands: continued, its feed meets the deletion (failure kind 8, naming the range), it mounts
+    again from its mark and is refused with ClientBehindRetentionError naming the range. Slow
+    (about 70 s): 200,000 transactions, to get past what the server's socket buffers hold of
+    the stopped client's feed (tests/support/slow_client.py)."""
+    meta, nodes, url = small_segments
+    cli = Cli(url)
+    server = start_server(tmp_path, url, "s1", sections={"partition": {"checkpoint_interval": 20_000}})
+    client = None
+    try:
+        endpoint, _ = wait_served(meta, 0)
+        asyncio.run(append_many(endpoint, 0, 20, -1, 1))
+        client = subprocess.Popen(
+            [sys.executable, str(script("slow_client.py")), url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stderr is not None
+        assert json.loads(client.stdout.readline()) == {"mounted": 19}
+        client.send_signal(signal.SIGSTOP)
+        cli("--cluster", "e2e", "retention", "set", "--max-bytes", "16KiB")
+        # Through a client of its own: it retries what a store session's handover leaves unknown.
+        writer_app = MemoryApp(fetch_data=False, start={0: 19})
+        with WaltzClient(writer_app, ClientConfig(metadata=url, cluster="e2e", partitions=(0,))) as writer:
+            for chunk in range(0, 200_000, 10_000):
+                for f in [writer.submit(Write(str(i))) for i in range(chunk, chunk + 10_000)]:
+                    assert f.result(timeout=120) is True
+        # Far past what the stopped client's socket buffers can hold of its feed.
+        wait_for(
+            "every replica to delete past 170,000",
+            lambda: all(status(n)["first_transaction_id"] > 170_000 for n in nodes),
+        )
+        first = settled_first(nodes)
+        client.send_signal(signal.SIGCONT)
+        try:
+            out, err = client.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            out, err = client.communicate()
+            raise AssertionError(f"the client was never refused: {out[-1500:]} {err[-1500:]}") from None
+        lines = out.strip().splitlines()
+        report = json.loads(lines[-1])
+        assert report["error"] == "ClientBehindRetentionError", report
+        mark = report["high_water_mark"]
+        assert (report["partition"], report["first_id"]) == (0, first) and 19 <= mark < first - 1, report
+        assert (
+            f"retention deleted transactions {mark + 1}..{first - 1} and the log starts at {first}" in report["message"]
+        )
+        # Before the refusal: the feed's failure named the range, and the client mounted again.
+        assert "were deleted by retention" in err and "mounting again" in err, err[-3000:]
+    finally:
+        if client is not None and client.poll() is None:
+            client.send_signal(signal.SIGCONT)
+            client.kill()
+            client.wait()
         stop_server(server)

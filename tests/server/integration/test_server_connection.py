@@ -661,3 +661,56 @@ def test_flushes_waiting_on_stuck_appends_do_not_hold_up_other_requests(cluster)
             await p.start()  # let the stuck append and the Flushes finish before closing
 
     asyncio.run(go())
+
+
+def test_client_ids_come_from_the_cluster_counter_and_are_bounded_per_connection(cluster) -> None:  # noqa: F811
+    """Client Id Request (issue 34: clients no longer write the metadata): each answer is a new
+    id from the cluster's counter, before any Mount; a connection gets at most
+    MAX_CLIENT_IDS_PER_CONNECTION, then a Failure (client refused) and still works; a port that
+    does not allocate says so."""
+    meta, _ = cluster
+    limit = connection.MAX_CLIENT_IDS_PER_CONNECTION
+
+    async def go() -> None:
+        def connected(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> Awaitable[None]:
+            return ClientConnection(
+                r, w, Partitions(), client_ids=lambda: asyncio.to_thread(meta.next_id, "client")
+            ).run()
+
+        server = await asyncio.start_server(connected, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            c = await RawClient.connect(port)
+            ids = []
+            for seq in range(1, limit + 1):
+                c.send(cp.ClientIdRequest(seq))
+                answer = await c.next()
+                assert isinstance(answer, cp.ClientIdResponse) and answer.seq == seq, answer
+                ids.append(answer.client_id)
+            assert ids == list(range(ids[0], ids[0] + limit))
+            c.send(cp.ClientIdRequest(99))
+            refused = await c.next()
+            assert isinstance(refused, cp.Failure) and refused.kind == cp.FailureKind.CLIENT_REFUSED, refused
+            assert refused.seq == 99 and f"at most {limit} client ids" in refused.message
+            c.send(cp.ClientIdRequest(100))  # the connection goes on
+            assert isinstance(await c.next(), cp.Failure)
+            other = await RawClient.connect(port)
+            other.send(cp.ClientIdRequest(1))
+            answer = await other.next()
+            assert isinstance(answer, cp.ClientIdResponse) and answer.client_id == ids[-1] + 1, answer
+            assert meta.next_id("client") == ids[-1] + 2  # the counter in the metadata moved with them
+            c.close()
+            other.close()
+        finally:
+            server.close()
+
+    asyncio.run(go())
+
+    async def unoffered(port: int, p: ServerPartition) -> None:
+        c = await RawClient.connect(port)
+        c.send(cp.ClientIdRequest(3))
+        told = await c.next()
+        assert isinstance(told, cp.Failure) and "does not allocate client ids" in told.message, told
+        c.close()
+
+    serve(meta, unoffered)

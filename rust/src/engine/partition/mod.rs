@@ -218,6 +218,34 @@ pub struct Partition {
     pub recovery: RecoveryReport,
 }
 
+/// Retention's freeing rate: the file of a deleted segment shrinks `STEP` bytes at a time, and
+/// each step waits until the bytes freed so far fit the rate since the deletion began. A paced
+/// deletion can take minutes: `stop` (the partition closing, the node stopping) ends it early.
+struct Pace<'a> {
+    rate: Option<u64>,
+    began: Instant,
+    freed: u64,
+    stop: &'a dyn Fn() -> bool,
+}
+
+impl Pace<'_> {
+    const STEP: u64 = 4 << 20;
+
+    /// Accounts one step and sleeps until it is due; false once `stop` says so.
+    fn wait(&mut self) -> bool {
+        let Some(rate) = self.rate else { return !(self.stop)() };
+        let due = Duration::from_secs_f64(self.freed as f64 / rate as f64);
+        self.freed += Self::STEP;
+        while let Some(ahead) = due.checked_sub(self.began.elapsed()) {
+            if (self.stop)() {
+                return false;
+            }
+            std::thread::sleep(ahead.min(Duration::from_millis(50)));
+        }
+        !(self.stop)()
+    }
+}
+
 /// A segment as retention sees it: its ids, its size on disk, and when it was created (every
 /// record of a sealed segment was written before the next segment's creation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1304,6 +1332,16 @@ impl Partition {
     /// done. A failed unlink is returned, not poisoning: the segments not yet deleted go back at
     /// the head of the log, which they still continue.
     pub fn drop_segments_before(&self, txid: i64) -> Result<i64> {
+        self.drop_segments_paced(txid, None, &|| false)
+    }
+
+    /// `drop_segments_before`, freeing at most `rate` bytes per second (None: as fast as the
+    /// file system goes). Freeing blocks is journal work, and an append's fdatasync that needs
+    /// the journal waits behind it: at full speed a 5 GiB deletion doubled the appends' p99
+    /// (docs/performance.md, "Retention"); paced, the journal commits stay small and spaced.
+    /// Once `stop` returns true (or the partition closes) the segments not yet taken out of the
+    /// log go back at its head; the one being freed is removed when the partition next opens.
+    pub fn drop_segments_paced(&self, txid: i64, rate: Option<u64>, stop: &dyn Fn() -> bool) -> Result<i64> {
         self.check_writable()?;
         let _one = lock(&self.retention);
         let doomed: Vec<Segment> = {
@@ -1312,9 +1350,16 @@ impl Partition {
             let n = st.segments.iter().skip(1).take_while(|s| s.first_txid() <= txid).count();
             st.segments.drain(..n).collect()
         };
+        let stopped = || stop() || self.closed.load(Ordering::Acquire);
+        let mut pace = Pace { rate: rate.filter(|r| *r > 0), began: Instant::now(), freed: 0, stop: &stopped };
         for (i, seg) in doomed.iter().enumerate() {
+            if stopped() {
+                let mut st = lock(&self.state);
+                st.segments.splice(0..0, doomed[i..].to_vec());
+                break;
+            }
             let bytes = Self::disk_bytes(seg);
-            if let Err(e) = Self::retire_segment(self.fs.as_ref(), &self.dir, seg.first_txid()) {
+            if let Err(e) = Self::retire_segment(self.fs.as_ref(), &self.dir, seg.first_txid(), &mut pace) {
                 let mut st = lock(&self.state);
                 let back: Vec<Segment> = doomed[i..].to_vec();
                 st.segments.splice(0..0, back);
@@ -1331,8 +1376,7 @@ impl Partition {
     /// and every append's fdatasync that needs the journal then waits behind it (a p99 of 18 ms
     /// while 5 GiB went, docs/performance.md). Once renamed the segment is gone whatever follows:
     /// a failure after that is only logged.
-    fn retire_segment(fs: &dyn FileSystem, dir: &Path, first: i64) -> Result<()> {
-        const STEP: u64 = 4 << 20;
+    fn retire_segment(fs: &dyn FileSystem, dir: &Path, first: i64, pace: &mut Pace<'_>) -> Result<()> {
         let d = dir.join(data_name(first));
         let doomed = tmp_path(&d);
         fs.rename(&d, &doomed).at(&d)?;
@@ -1344,10 +1388,14 @@ impl Partition {
             }
             let f = fs.open(&doomed, true).at(&doomed)?;
             let mut len = f.len().at(&doomed)?;
-            while len > STEP {
-                len -= STEP;
+            while len > Pace::STEP {
+                if !pace.wait() {
+                    return Err(std::io::Error::other("stopped")).at(&doomed);
+                }
+                len -= Pace::STEP;
                 f.set_len(len).at(&doomed)?;
             }
+            pace.wait();
             drop(f);
             fs.remove_file(&doomed).at(&doomed)
         })();

@@ -286,6 +286,33 @@ fn retention_drops_whole_segments_and_keeps_the_start_across_reopen() {
 }
 
 #[test]
+fn a_paced_deletion_stops_early_and_puts_back_what_it_did_not_free() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    for i in 0..100 {
+        append_n(&p, i * 5, 5);
+    }
+    let spans = p.segment_spans().unwrap();
+    assert!(spans.len() >= 5, "{}", spans.len());
+    let last = spans.last().unwrap().first_txid;
+    // Each small segment counts as one 4 MiB step: at 4 MiB/s the second is due after a second,
+    // and the stop comes first. The one being freed then goes; the rest are put back.
+    let began = std::time::Instant::now();
+    let stop = || began.elapsed() > std::time::Duration::from_millis(300);
+    let first = p.drop_segments_paced(last, Some(4 << 20), &stop).unwrap();
+    assert!(began.elapsed() < std::time::Duration::from_secs(2), "{:?}", began.elapsed());
+    assert_eq!(first, spans[2].first_txid);
+    assert_eq!(p.segment_spans().unwrap()[0].first_txid, first);
+    check_all(&p, 499);
+    drop(p);
+    let p = open(d.path(), opts(4096, 10));
+    assert_eq!(p.first_txid(), first);
+    check_all(&p, 499);
+    // Unpaced, the rest goes at once.
+    assert_eq!(p.drop_segments_before(last).unwrap(), last);
+}
+
+#[test]
 fn non_dense_append_writes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let p = open(d.path(), opts(1 << 30, 1000));
