@@ -50,6 +50,8 @@ def _seconds(value: str) -> float:
     default="180s",
     show_default=True,
     help="How long the end of the run waits for the cluster and the clients after healing (before failing).",
+)
+@click.option(
     "--workload",
     type=click.Choice(["log", "bank", "list-append", "lock-fallback"]),
     default="log",
