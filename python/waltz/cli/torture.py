@@ -93,12 +93,12 @@ def torture(
     append transactions (some under locks) and consume the whole feed, and a nemesis that kills,
     pauses, partitions, slows and resets members, fails their fsyncs and writes, corrupts a
     replica, moves replicas to another storage node as an operator would (move-replica, onto a
-    fourth node) and stops servers gracefully (stop-server), on a schedule drawn from --seed. Disk faults run the storage nodes on LazyFS, a FUSE
-    layer that keeps unsynced writes in memory: power-loss (one node loses its unsynced writes,
-    the last one maybe torn at a page boundary), power-loss-majority (two nodes at once),
-    power-outage (all of them),
-    disk-full (ENOSPC on two nodes until space returns) and slow-disk (a delay on every write
-    and sync). Then everything heals, the cluster's feed and every
+    fourth node) and stops servers gracefully (stop-server), on a schedule drawn from --seed.
+    Disk faults run the storage nodes on LazyFS, a FUSE layer that keeps unsynced writes in
+    memory: power-loss (one node loses its unsynced writes, the last one maybe torn at a page
+    boundary), power-loss-majority (two nodes at once), power-outage (all of them), disk-full
+    (ENOSPC on two nodes until space returns) and slow-disk (a delay on every write and sync).
+    Then everything heals, the cluster's feed and every
     replica's files are drained, and the checker judges the histories against them. Exit 1 on
     any anomaly or problem; the report is in DIRECTORY/report.json.
 

@@ -67,8 +67,7 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
-from waltz.torture import net_faults
-from waltz.torture import membership
+from waltz.torture import membership, net_faults
 from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
 from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
