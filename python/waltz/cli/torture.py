@@ -46,6 +46,12 @@ def _seconds(value: str) -> float:
     "deletions happen during the faults; the checker then allows the ids deleted everywhere to be missing.",
 )
 @click.option(
+    "--heal-timeout",
+    default="180s",
+    show_default=True,
+    help="How long the end of the run waits for the cluster and the clients after healing (before failing).",
+)
+@click.option(
     "--workload",
     type=click.Choice(["log", "bank", "list-append", "lock-fallback"]),
     default="log",
@@ -76,6 +82,7 @@ def torture(
     faults: str | None,
     zookeeper: bool,
     retention: str | None,
+    heal_timeout: str,
     workload: str,
     segment_size: int | None,
     directory: pathlib.Path | None,
@@ -86,14 +93,19 @@ def torture(
     append transactions (some under locks) and consume the whole feed, and a nemesis that kills,
     pauses, partitions, slows and resets members, fails their fsyncs and writes, corrupts a
     replica, moves replicas to another storage node as an operator would (move-replica, onto a
-    fourth node) and stops servers gracefully (stop-server), on a schedule drawn from --seed. Disk faults run the storage nodes on LazyFS, a FUSE
-    layer that keeps unsynced writes in memory: power-loss (one node loses its unsynced writes,
-    the last one maybe torn at a page boundary), power-loss-majority (two nodes at once),
-    power-outage (all of them),
-    disk-full (ENOSPC on two nodes until space returns) and slow-disk (a delay on every write
-    and sync). Then everything heals, the cluster's feed and every
+    fourth node) and stops servers gracefully (stop-server), on a schedule drawn from --seed.
+    Disk faults run the storage nodes on LazyFS, a FUSE layer that keeps unsynced writes in
+    memory: power-loss (one node loses its unsynced writes, the last one maybe torn at a page
+    boundary), power-loss-majority (two nodes at once), power-outage (all of them), disk-full
+    (ENOSPC on two nodes until space returns) and slow-disk (a delay on every write and sync).
+    Then everything heals, the cluster's feed and every
     replica's files are drained, and the checker judges the histories against them. Exit 1 on
-    any anomaly or problem; the report is in DIRECTORY/report.json."""
+    any anomaly or problem; the report is in DIRECTORY/report.json.
+
+    Partial faults too: partial-partition cuts one server from one storage node only, one-way
+    loses one direction of a link, zombie cuts one server from the metadata store (--zookeeper)
+    while it still reaches storage and clients; dup-client-id, oversized-locks and stalled-reader
+    run a misbehaving client next to the honest ones."""
     from waltz.torture.nemesis import FAULTS
     from waltz.torture.run import TortureOptions, run_torture
 
@@ -114,6 +126,7 @@ def torture(
             faults=kinds,
             zookeeper=zookeeper,
             retention_max_age=None if retention is None else _seconds(retention),
+            heal_timeout=_seconds(heal_timeout),
             workload=workload,
             segment_size=segment_size,
         ),

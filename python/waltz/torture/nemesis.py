@@ -20,6 +20,22 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    replicas, restart it; healed with the documented repair (docs/operations.md:
                    remove the replica's files, add the partition, recover-partition from a
                    healthy replica, make it writable)
+    partial-partition  one server cut from one storage node only (the other server still
+                   reaches it, and the first reaches the other nodes); heal it
+    one-way        the link to a storage node or a server moves bytes one way only (a lost
+                   direction: requests arrive and no answer comes back, or the reverse); heal it
+    zombie         one server cut from the metadata store (ZooKeeper behind its proxy; runs on
+                   ZooKeeper only) past its session timeout, while it still reaches the storage
+                   nodes and its clients: it must stop writing once another server takes its
+                   partitions; heal it
+    dup-client-id  a misbehaving client process (torture/bad_clients.py) mounts every partition
+                   under a live honest client's id with another token: it must be refused
+    oversized-locks  one sends an append with more locks than max_transaction_locks: it must be
+                   rejected, never committed, the connection still answering
+    stalled-reader one mounts every partition and asks for the whole log again and again without
+                   reading: the servers' memory must stay bounded
+                   (The three run alone, for at least 4 s, and the honest clients must commit
+                   meanwhile; healed by stopping the process.)
     move-replica   move one replica of a partition to a storage node without one, with the
                    documented operator sequence (torture/membership.py; the run adds a fourth
                    storage node for it)
@@ -51,7 +67,7 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
-from waltz.torture import membership
+from waltz.torture import membership, net_faults
 from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
 from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
@@ -68,13 +84,21 @@ FAULTS = (
     "fsync-eio",
     "enospc",
     "corrupt",
+    "partial-partition",
+    "one-way",
+    "zombie",
+    "dup-client-id",
+    "oversized-locks",
+    "stalled-reader",
     "move-replica",
     "stop-server",
     *DISK_FAULTS,
 )
+BAD_CLIENT_FAULTS = ("dup-client-id", "oversized-locks", "stalled-reader")
+ALONE_FAULTS = ("kill-majority", *MAJORITY_DISK_FAULTS, *BAD_CLIENT_FAULTS)
+"""Faults no other fault joins: a majority of the storage nodes down or failing, and a bad client
+whose honest neighbours must keep committing."""
 STRACE_FAULTS = ("fsync-eio", "enospc")
-ALONE = ("kill-majority", *MAJORITY_DISK_FAULTS)
-"""Faults of a majority of the storage nodes: nothing else runs with them."""
 
 
 @dataclasses.dataclass
@@ -102,6 +126,8 @@ class Nemesis:
         max_active: int = 2,
         hold: tuple[float, float] = (1.0, 6.0),
         committed: Callable[[], dict[int, int]] = dict,
+        metadata_proxy: FaultProxy | None = None,
+        cover: bool = False,
         disks: dict[str, LazyFs] | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
@@ -109,6 +135,9 @@ class Nemesis:
             raise ValueError(f"unknown faults {sorted(unknown)} (known: {', '.join(FAULTS)})")
         if "kill-zookeeper" in kinds and zookeeper is None:
             kinds = tuple(k for k in kinds if k != "kill-zookeeper")
+        if "zombie" in kinds and metadata_proxy is None:
+            kinds = tuple(k for k in kinds if k != "zombie")
+        self.metadata_proxy, self.cover = metadata_proxy, cover
         self.disks = disks or {}
         if not self.disks:  # the storage nodes run on LazyFS only when the run mounted it
             kinds = tuple(k for k in kinds if k not in DISK_FAULTS)
@@ -133,11 +162,14 @@ class Nemesis:
         # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
         for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
             self.heal(f)
-        if len(self.active) >= self.max_active or any(f.kind in ALONE for f in self.active):
+        if len(self.active) >= self.max_active or any(f.kind in ALONE_FAULTS for f in self.active):
             return
-        if self.rng.random() < 0.5:
+        if self.rng.random() < 0.5 and not self.cover:
             return
         choices = [k for k in self.kinds if self._possible(k)]
+        if self.cover:  # every kind once before any twice (waiting for it): a short run covers them all
+            least = min(self.counts.get(k, 0) for k in self.kinds)
+            choices = [k for k in choices if self.counts.get(k, 0) == least]
         if choices:
             self.start(self.rng.choice(choices))
 
@@ -151,15 +183,19 @@ class Nemesis:
 
     def _possible(self, kind: str) -> bool:
         storage_busy, servers_busy = self._busy("storage"), self._busy("server")
-        if kind in ALONE:
+        if kind in ALONE_FAULTS:
             return not self.active
+        if kind == "partial-partition":
+            return not storage_busy and not servers_busy
+        if kind == "zombie":
+            return not servers_busy
         if kind in ("kill-server", "stop-server"):
             return not servers_busy
         if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
             return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
-        if kind in ("pause", "partition", "slow", "reset"):
+        if kind in ("pause", "partition", "slow", "reset", "one-way"):
             return not storage_busy or not servers_busy
         return not storage_busy
 
@@ -232,10 +268,13 @@ class Nemesis:
             fault.detail = self._corrupt(target)
             partition = fault.detail.get("partition")
             fault.undo = (lambda: self._repair(target, partition)) if partition is not None else (lambda: None)
+        elif kind in ("partial-partition", "one-way", "zombie", *BAD_CLIENT_FAULTS):
+            fault.targets, fault.detail, fault.undo, fault.heal_at = net_faults.start(self, kind, hold)
         elif kind in DISK_FAULTS:
             fault.targets, fault.detail, fault.undo = start_disk_fault(kind, c, self.disks, self.storage, self.rng)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
+        hold = fault.heal_at - time.monotonic()
         self.active.append(fault)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.log({"f": "nemesis", "type": "start", "fault": kind, "targets": list(fault.targets), **fault.detail})

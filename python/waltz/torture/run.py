@@ -72,6 +72,8 @@ class TortureOptions:
     hold: tuple[float, float] = (1.0, 6.0)
     """How long a fault lasts (uniform)."""
     heal_timeout: float = 180.0
+    cover: bool = False
+    """The nemesis picks among the kinds injected least so far (a short run covers every kind)."""
     retention_max_age: float | None = None
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
@@ -199,12 +201,15 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
     disks: dict[str, Any] = {}
     nemesis_log = HistoryWriter(d / "history" / "nemesis.jsonl", "nemesis")
     problems: list[str] = []
+    metadata_proxy: FaultProxy | None = None
     try:
         metadata = None
         if zookeeper is not None:
             say(f"starting ZooKeeper on {zookeeper.hosts}")
             zookeeper.start()
-            metadata = zookeeper.url(f"/torture-{uuid.uuid4().hex[:8]}")
+            # Every process reaches ZooKeeper through a proxy: the zombie fault cuts one server from it.
+            metadata_proxy = FaultProxy(loop, "zookeeper", zookeeper.port)
+            metadata = f"zk://127.0.0.1:{metadata_proxy.port}/torture-{uuid.uuid4().hex[:8]}"
         retention = o.retention_max_age is not None
         workload = WorkloadSettings.named(o.workload)
         partition_keys = {"checkpoint_interval": 200} if retention else {}
@@ -260,6 +265,8 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             zookeeper=zookeeper,
             hold=o.hold,
             committed=lambda: dict(observer.latest) if observer else {},
+            metadata_proxy=metadata_proxy,
+            cover=o.cover,
             disks=disks,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
@@ -271,7 +278,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         say("healing every fault")
         nemesis.heal_all()
         problems += nemesis.problems
-        for p in proxies.values():
+        for p in [*proxies.values(), *([metadata_proxy] if metadata_proxy else [])]:
             p.set_mode("pass")
         cluster.start()  # whatever a failed heal left down
         cluster.wait_served(o.heal_timeout)
@@ -349,6 +356,8 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         unmount_disks(disks)
         for p in proxies.values():
             p.close()
+        if metadata_proxy is not None:
+            metadata_proxy.close()
         loop.close()
         if zookeeper is not None:
             zookeeper.stop()

@@ -158,6 +158,8 @@ def main(directory: pathlib.Path, index: int, spec: dict[str, Any]) -> int:
     submitted = 0
     with WaltzClient(feed, config) as client:
         partitions = client.partitions
+        # The dup-client-id fault mounts under this id with another token.
+        (clients / f"worker-{index}.id").write_text(str(client.client_id))
         # Mounted: the run starts its faults only now (a client that cannot mount at start exits).
         (clients / f"worker-{index}.ready").write_text("")
         pending = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import socketserver
 import threading
@@ -82,3 +83,34 @@ def test_reset_aborts_links_and_refuses_until_healed(proxy):
 def test_unknown_mode_is_refused(proxy):
     with pytest.raises(ValueError, match="proxy mode"):
         proxy.set_mode("drop")  # type: ignore[arg-type]
+
+
+def test_a_one_way_loss_holds_one_direction_only(proxy):
+    with _connect(proxy) as s:
+        proxy.set_mode("blackhole", direction="down")
+        s.sendall(b"ping")
+        s.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            s.recv(100)  # the request went up; the echo is held on the way down
+        proxy.set_mode("pass")
+        s.settimeout(5)
+        assert s.recv(100) == b"ping"
+
+
+def test_a_partial_partition_cuts_only_the_connections_of_one_process(proxy):
+    from waltz.torture.partial import from_process, local_ports
+
+    with _connect(proxy) as mine, _connect(proxy) as other:
+        assert mine.getsockname()[1] in local_ports(os.getpid())
+        cut = mine.getsockname()[1]
+        proxy.set_mode("blackhole", only=lambda port: port == cut)
+        other.sendall(b"free")
+        assert other.recv(100) == b"free"
+        mine.sendall(b"held")
+        mine.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            mine.recv(100)
+        proxy.set_mode("blackhole", only=from_process(os.getpid() + 10_000_000))  # no such process
+        mine.settimeout(5)
+        assert mine.recv(100) == b"held"
+        proxy.set_mode("pass")

@@ -1,0 +1,115 @@
+"""The nemesis's partial partitions and misbehaving clients (issue 37 items 3 and 7): how
+`partial-partition`, `one-way`, `zombie` and the misbehaving clients start, and what heals them. The
+schedule (which fault, when, for how long) stays in `nemesis.py`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from waltz.torture import bad_clients
+from waltz.torture.partial import from_process
+from waltz.torture.proxy import Direction
+
+if TYPE_CHECKING:
+    from waltz.torture.nemesis import Nemesis
+
+Started = tuple[tuple[str, ...], dict[str, Any], Callable[[], None], float]
+
+
+def start(n: Nemesis, kind: str, hold: float) -> Started:
+    """(targets, detail, undo, heal_at) of a new fault of `kind`."""
+    now = time.monotonic()
+    c = n.cluster
+    if kind == "partial-partition":
+        server, node = n.rng.choice(n.servers), n.rng.choice(n.storage)
+        pid = c.pid(server)
+        if pid is None:
+            return (server, node), {"skipped": "server not running"}, lambda: None, now + hold
+        proxy = n.proxies[node]
+        proxy.set_mode("blackhole", only=from_process(pid))
+        return (server, node), {"link": f"{server} to {node}"}, lambda: proxy.set_mode("pass"), now + hold
+    if kind == "one-way":
+        target = n._pick_member()
+        way: Direction = n.rng.choice(("up", "down"))
+        proxy = n.proxies[target]
+        proxy.set_mode("blackhole", direction=way)
+        lost = "requests" if way == "up" else "answers"
+        return (target,), {"link": f"to {target}", "lost": lost}, lambda: proxy.set_mode("pass"), now + hold
+    if kind == "zombie":
+        meta = n.metadata_proxy
+        assert meta is not None
+        server = n.rng.choice(n.servers)
+        # Past the session timeout, so that the metadata store expires the session and another
+        # server takes the partitions while this one still reaches storage and its clients.
+        hold = max(hold, float(c.state.get("server_session_timeout", 3.0)) + 2.0 + n.rng.uniform(0, 2))
+        pid = c.pid(server)
+        if pid is None:
+            return (server,), {"skipped": "server not running"}, lambda: None, now + hold
+        meta.set_mode("blackhole", only=from_process(pid))
+        return (server,), {"link": f"{server} to the metadata store"}, lambda: meta.set_mode("pass"), now + hold
+    if kind in bad_clients.MODES:
+        return _bad_client(n, kind, max(hold, 4.0))
+    raise ValueError(kind)
+
+
+def _bad_client(n: Nemesis, mode: str, hold: float) -> Started:
+    c = n.cluster
+    clients_dir = c.directory.parent / "clients"
+    number = sum(n.counts.get(k, 0) for k in bad_clients.MODES)
+    spec = {
+        "seed": n.rng.randrange(1 << 32),
+        "seconds": hold + 30,  # a backstop: the heal stops it
+        "partitions": c.partitions,
+        "servers": [c.dialed_address(c.member(s)) for s in n.servers],
+        "server_pids": [pid for s in n.servers if (pid := c.pid(s)) is not None],
+        "clients_dir": str(clients_dir),
+    }
+    log_path = clients_dir / f"bad-clients-{number}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "waltz.torture.bad_clients", mode, json.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    before, started = sum(n.committed().values()), time.monotonic()
+
+    def finding(msg: str) -> None:
+        n.problems.append(msg)
+        n.say(f"nemesis: {msg}")
+
+    def undo() -> None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            finding(f"{mode}: did not stop within 60 s ({log_path})")
+            return
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        if proc.returncode == -signal.SIGTERM:  # healed (the run ending) before it installed its handler
+            n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": {"skipped": "stopped while starting"}})
+            return
+        if proc.returncode != 0:
+            finding(lines[-1] if lines else f"{mode}: exit {proc.returncode}")
+        elif lines and lines[-1].startswith("{"):
+            n.log({"f": "nemesis", "type": "observed", "fault": mode, "seen": json.loads(lines[-1])})
+        # Alone that long, the honest clients must have committed. A cluster still recovering from
+        # the fault before (a majority just restarted) may hold them up a while: only a standstill
+        # that outlasts the misbehaving client by 10 s is a finding.
+        after, deadline = sum(n.committed().values()), time.monotonic() + 10
+        while after <= before and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = sum(n.committed().values())
+        if after <= before and time.monotonic() - started >= hold:
+            finding(f"{mode}: the honest clients committed nothing while it ran nor 10 s after (marks {before})")
+
+    return ("clients",), {}, undo, time.monotonic() + hold
