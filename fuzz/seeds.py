@@ -204,6 +204,8 @@ def client_seeds() -> list[bytes]:
         cp.TransactionDataResponse(4, 0, 6, b"data"),
         cp.TransactionDataRangeRequest(4, 0, 6, 10, 1 << 20),
         cp.TransactionDataRangeResponse(4, 0, 6, (b"a", b"", b"ccc")),
+        cp.ClientIdRequest(8),
+        cp.ClientIdResponse(8, 42),
         cp.HighWaterMarkRequest(5, 0),
         cp.HighWaterMarkResponse(5, 0, 7),
         cp.Failure(6, 0, cp.FailureKind.NOT_COMMITTED, "not yet"),

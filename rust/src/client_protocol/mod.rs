@@ -33,12 +33,14 @@ pub mod msg {
     pub const TRANSACTION_DATA_RANGE_RESPONSE: u8 = 0xB6;
     pub const HIGH_WATER_MARK_REQUEST: u8 = 0x35;
     pub const HIGH_WATER_MARK_RESPONSE: u8 = 0xB5;
+    pub const CLIENT_ID_REQUEST: u8 = 0x37;
+    pub const CLIENT_ID_RESPONSE: u8 = 0xB7;
     pub const FAILURE: u8 = 0x81;
 }
 
 /// Every message type this decoder knows, with the name its errors start with (the Python
 /// class's name, so both decoders say the same).
-pub const MESSAGE_TYPES: [(u8, &str); 17] = [
+pub const MESSAGE_TYPES: [(u8, &str); 19] = [
     (msg::HELLO, "Hello"),
     (msg::HELLO_OK, "HelloOk"),
     (msg::MOUNT, "Mount"),
@@ -55,6 +57,8 @@ pub const MESSAGE_TYPES: [(u8, &str); 17] = [
     (msg::TRANSACTION_DATA_RANGE_RESPONSE, "TransactionDataRangeResponse"),
     (msg::HIGH_WATER_MARK_REQUEST, "HighWaterMarkRequest"),
     (msg::HIGH_WATER_MARK_RESPONSE, "HighWaterMarkResponse"),
+    (msg::CLIENT_ID_REQUEST, "ClientIdRequest"),
+    (msg::CLIENT_ID_RESPONSE, "ClientIdResponse"),
     (msg::FAILURE, "Failure"),
 ];
 
@@ -200,6 +204,13 @@ pub enum Message<'a> {
         seq: i64,
         partition: i32,
         high_water_mark: i64,
+    },
+    ClientIdRequest {
+        seq: i64,
+    },
+    ClientIdResponse {
+        seq: i64,
+        client_id: i32,
     },
     /// `kind` as sent: a kind this side does not know is the receiver's to read as internal.
     Failure {
@@ -485,6 +496,14 @@ fn decode_fields<'a>(msg_type: u8, r: &mut Cursor<'a>) -> Decoded<Message<'a>> {
                 high_water_mark: r.i64("high-water mark")?,
             }
         }
+        msg::CLIENT_ID_REQUEST => {
+            r.fixed(8)?;
+            Message::ClientIdRequest { seq: r.i64("seq")? }
+        }
+        msg::CLIENT_ID_RESPONSE => {
+            r.fixed(8 + 4)?;
+            Message::ClientIdResponse { seq: r.i64("seq")?, client_id: r.i32("client_id")? }
+        }
         msg::FAILURE => {
             let (seq, partition, kind) = (r.i64("seq")?, r.i32("partition")?, r.u16("kind")?);
             Message::Failure { seq, partition, kind, message: r.text("message")? }
@@ -533,6 +552,8 @@ impl Message<'_> {
             Message::TransactionDataRangeResponse { .. } => msg::TRANSACTION_DATA_RANGE_RESPONSE,
             Message::HighWaterMarkRequest { .. } => msg::HIGH_WATER_MARK_REQUEST,
             Message::HighWaterMarkResponse { .. } => msg::HIGH_WATER_MARK_RESPONSE,
+            Message::ClientIdRequest { .. } => msg::CLIENT_ID_REQUEST,
+            Message::ClientIdResponse { .. } => msg::CLIENT_ID_RESPONSE,
             Message::Failure { .. } => msg::FAILURE,
         }
     }
@@ -590,6 +611,11 @@ impl Message<'_> {
             Message::Flush { seq, partition } | Message::HighWaterMarkRequest { seq, partition } => {
                 i64s(out, &[*seq]);
                 i32s(out, &[*partition]);
+            }
+            Message::ClientIdRequest { seq } => i64s(out, &[*seq]),
+            Message::ClientIdResponse { seq, client_id } => {
+                i64s(out, &[*seq]);
+                i32s(out, &[*client_id]);
             }
             Message::FlushResponse { seq, partition, high_water_mark: v }
             | Message::HighWaterMarkResponse { seq, partition, high_water_mark: v }

@@ -44,6 +44,8 @@ fn samples<'a>(locks: &'a [u8], entries: &'a [u8]) -> Vec<Message<'a>> {
         Message::TransactionDataRangeResponse { seq: 1, partition: 2, first: 3, data: vec![b"a", b"", b"ccc"] },
         Message::HighWaterMarkRequest { seq: 1, partition: 2 },
         Message::HighWaterMarkResponse { seq: 1, partition: 2, high_water_mark: 3 },
+        Message::ClientIdRequest { seq: 7 },
+        Message::ClientIdResponse { seq: 7, client_id: 42 },
         Message::Failure { seq: 1, partition: 2, kind: 99, message: "why é" },
     ]
 }

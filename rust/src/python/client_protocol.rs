@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
 
 /// Each message class's dataclass fields, in order, by type code.
-const FIELDS: [(u8, &[&str]); 17] = {
+const FIELDS: [(u8, &[&str]); 19] = {
     use crate::client_protocol::msg::*;
     [
         (HELLO, &["min_version", "max_version", "role", "secret"]),
@@ -31,6 +31,8 @@ const FIELDS: [(u8, &[&str]); 17] = {
         (TRANSACTION_DATA_RANGE_RESPONSE, &["seq", "partition", "first", "data"]),
         (HIGH_WATER_MARK_REQUEST, &["seq", "partition"]),
         (HIGH_WATER_MARK_RESPONSE, &["seq", "partition", "high_water_mark"]),
+        (CLIENT_ID_REQUEST, &["seq"]),
+        (CLIENT_ID_RESPONSE, &["seq", "client_id"]),
         (FAILURE, &["seq", "partition", "kind", "message"]),
     ]
 };
@@ -206,6 +208,8 @@ impl PyClientVocabulary {
             Message::Flush { seq, partition } | Message::HighWaterMarkRequest { seq, partition } => {
                 make!(seq, partition)
             }
+            Message::ClientIdRequest { seq } => make!(seq),
+            Message::ClientIdResponse { seq, client_id } => make!(seq, client_id),
             Message::FlushResponse { seq, partition, high_water_mark: v }
             | Message::HighWaterMarkResponse { seq, partition, high_water_mark: v }
             | Message::TransactionDataRequest { seq, partition, txid: v } => make!(seq, partition, v),

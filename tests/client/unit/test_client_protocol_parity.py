@@ -49,6 +49,8 @@ def samples() -> dict[type[cp.Message], list[cp.Message]]:
         ],
         cp.HighWaterMarkRequest: [cp.HighWaterMarkRequest(1, 2)],
         cp.HighWaterMarkResponse: [cp.HighWaterMarkResponse(1, 2, 3)],
+        cp.ClientIdRequest: [cp.ClientIdRequest(7)],
+        cp.ClientIdResponse: [cp.ClientIdResponse(7, 42)],
         cp.Failure: [cp.Failure(-1, -1, k, f"why {k.name} é") for k in cp.FailureKind],
     }
 
