@@ -4,12 +4,12 @@
 //! Python only) is decoded by the Python decoder instead, as is a type only Python knows; the
 //! parity test (tests/client/unit/test_client_protocol_parity.py) fails until Rust has caught up.
 use super::errors::ProtocolError;
-use crate::client_protocol::{ClientReader, DecodeError, FeedEntry, Message};
+use crate::client_protocol::{ClientReader, DecodeError, FeedEntry, Message, MESSAGE_TYPES};
 use crate::engine::record::ReqId;
 use crate::node::protocol::{FrameError, DEFAULT_MAX_FRAME};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::{ffi, intern, IntoPyObjectExt};
 
 /// Each message class's dataclass fields, in order, by type code.
 const FIELDS: [(u8, &[&str]); 19] = {
@@ -68,8 +68,8 @@ impl Class {
 /// The message classes, enums and exceptions of `waltz.client_protocol`, given once.
 #[pyclass(name = "ClientVocabulary", module = "waltz._native", frozen)]
 pub struct PyClientVocabulary {
-    /// The types decoded here, with their classes; the Python decoder decodes the others.
-    classes: Vec<(u8, Class)>,
+    /// By position in MESSAGE_TYPES; None: the Python decoder decodes that type.
+    classes: Vec<Option<Class>>,
     feed_entry: Class,
     mount_status: Py<PyDict>,
     failure_kind: Py<PyDict>,
@@ -78,8 +78,8 @@ pub struct PyClientVocabulary {
     too_many_locks: Py<PyType>,
     python_decode: Py<PyAny>,
     python_types: Vec<u8>,
-    /// `object.__new__`.
-    object_new: Py<PyAny>,
+    /// object's tp_new: instances are made without a Python call.
+    object_new: ffi::newfunc,
 }
 
 #[pymethods]
@@ -101,11 +101,10 @@ impl PyClientVocabulary {
         let py = messages.py();
         let mut classes = Vec::new();
         for (t, fields) in FIELDS {
-            if let Some(cls) = messages.get_item(t)? {
-                if let Some(class) = Class::of(cls.cast()?, fields)? {
-                    classes.push((t, class));
-                }
-            }
+            classes.push(match messages.get_item(t)? {
+                Some(cls) => Class::of(cls.cast()?, fields)?,
+                None => None,
+            });
         }
         let python_types = messages.keys().iter().map(|k| k.extract()).collect::<PyResult<_>>()?;
         let values = |e: &Bound<'_, PyAny>| -> PyResult<Py<PyDict>> {
@@ -123,14 +122,21 @@ impl PyClientVocabulary {
             too_many_locks: too_many_locks.clone().unbind(),
             python_decode: python_decode.clone().unbind(),
             python_types,
-            object_new: py.get_type::<pyo3::types::PyAny>().getattr(intern!(py, "__new__"))?.unbind(),
+            // SAFETY: PyType_GetSlot on a static type is allowed since Python 3.10; object
+            // always has a tp_new.
+            object_new: unsafe {
+                std::mem::transmute::<*mut std::ffi::c_void, ffi::newfunc>(ffi::PyType_GetSlot(
+                    std::ptr::addr_of_mut!(ffi::PyBaseObject_Type),
+                    ffi::Py_tp_new,
+                ))
+            },
         })
     }
 
     /// The message types decoded natively (the others, if any, by the Python decoder).
     #[getter]
     fn native_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, self.classes.iter().map(|(t, _)| *t))
+        PyList::new(py, MESSAGE_TYPES.iter().zip(&self.classes).filter(|(_, c)| c.is_some()).map(|((t, _), _)| *t))
     }
 }
 
@@ -139,15 +145,22 @@ fn req_id<'py>(py: Python<'py>, r: &ReqId) -> PyResult<Bound<'py, PyAny>> {
 }
 
 impl PyClientVocabulary {
-    /// `object.__new__(cls)`, then its `__dict__` filled: what a frozen dataclass's `__init__`
-    /// ends with, without running it.
+    /// `object.__new__(cls)`, then each field set as `object.__setattr__` sets it (what a frozen
+    /// dataclass's `__init__` does), without the Python calls.
     fn make<'py>(&self, py: Python<'py>, class: &Class, values: &[Bound<'py, PyAny>]) -> PyResult<Bound<'py, PyAny>> {
-        let obj = self.object_new.bind(py).call1((class.cls.bind(py),))?;
-        let dict = obj.getattr(intern!(py, "__dict__"))?.cast_into::<PyDict>()?;
-        for (name, v) in class.fields.iter().zip(values) {
-            dict.set_item(name.bind(py), v)?;
+        let args = PyTuple::empty(py);
+        // SAFETY: object_new is object's tp_new, called as `object.__new__(cls)` would call it,
+        // with a class that derives from object; every pointer passed is alive for the call.
+        unsafe {
+            let obj = (self.object_new)(class.cls.as_ptr().cast(), args.as_ptr(), std::ptr::null_mut());
+            let obj = Bound::from_owned_ptr_or_err(py, obj)?;
+            for (name, v) in class.fields.iter().zip(values) {
+                if ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), v.as_ptr()) < 0 {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+            Ok(obj)
         }
-        Ok(obj)
     }
 
     fn entry<'py>(&self, py: Python<'py>, e: FeedEntry) -> PyResult<Bound<'py, PyAny>> {
@@ -239,7 +252,7 @@ impl PyClientVocabulary {
         decoded: Result<Message<'_>, DecodeError>,
         max_locks: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let class = self.classes.iter().find(|(t, _)| *t == msg_type).map(|(_, c)| c);
+        let class = MESSAGE_TYPES.iter().position(|(t, _)| *t == msg_type).and_then(|i| self.classes[i].as_ref());
         match (class, decoded) {
             (None, _) if self.python_types.contains(&msg_type) => {
                 self.python_decode.bind(py).call1((msg_type, PyBytes::new(py, payload), max_locks))
