@@ -59,7 +59,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -374,29 +373,14 @@ class Nemesis:
         # earlier and not yet caught up by a new store session): recover-partition refuses such a
         # source ("pick a source from the current session"), so each retry tries the next one.
         sources = [c.dialed_address(c.member(s)) for s in self.storage if s != target and c.pid(s) is not None]
-        steps = [
-            ["remove-partition", "--storage", address, "-p", str(partition), "--delete-files", "--force"],
-            ["add-partition", "--storage", address, "-p", str(partition)],
-            ["recover-partition", "--source", "{source}", "--destination", address, "-p", str(partition)],
-            ["availability", "--storage", address, "-p", str(partition), "--writable"],
-        ]
-        env = {**os.environ, **c.environment()}
+        if not sources:
+            raise RuntimeError(f"no other storage node runs to recover {target}'s partition {partition} from")
+        part = ["-p", str(partition)]
         deadline = time.monotonic() + 120  # other faults may hold the source or the metadata a while
-        attempt = 0
-        for step in steps:
-            while True:
-                args = [a.format(source=sources[attempt % len(sources)]) for a in step]
-                r = subprocess.run(
-                    [sys.executable, "-m", "waltz.cli.main", "storage", *args],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                if r.returncode == 0:
-                    break
-                if time.monotonic() > deadline:
-                    last = r.stderr.strip().splitlines()[-1:] or ["(no output)"]
-                    raise RuntimeError(f"`waltz storage {' '.join(args)}` failed: {last[0]}")
-                attempt += 1
-                time.sleep(0.5)
+        membership.waltz_storage(
+            c, ["remove-partition", "--storage", address, *part, "--delete-files", "--force"], deadline
+        )
+        membership.waltz_storage(c, ["add-partition", "--storage", address, *part], deadline)
+        copies = [["recover-partition", "--source", src, "--destination", address, *part] for src in sources]
+        membership.waltz_storage(c, copies[0], deadline, retry_with=copies[1:])
+        membership.waltz_storage(c, ["availability", "--storage", address, *part, "--writable"], deadline)

@@ -13,7 +13,7 @@ pub mod reader;
 pub use reader::{ClientReader, ReadError};
 
 use crate::engine::record::{crc32, ReqId};
-use crate::node::protocol::{encode_frame, MAGIC_CLIENT};
+use crate::node::protocol::{encode_frame, put_bytes, put_req_id, MAGIC_CLIENT};
 
 /// Message type codes (docs/protocol.md, "Client protocol").
 pub mod msg {
@@ -510,17 +510,6 @@ fn decode_fields<'a>(msg_type: u8, r: &mut Cursor<'a>) -> Decoded<Message<'a>> {
         }
         other => return Err(DecodeError::UnknownType(other)),
     })
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as i32).to_be_bytes());
-    out.extend_from_slice(b);
-}
-
-fn put_req_id(out: &mut Vec<u8>, r: &ReqId) {
-    let mut b = [0u8; 16];
-    r.encode_into(&mut b);
-    out.extend_from_slice(&b);
 }
 
 fn put_locks(out: &mut Vec<u8>, l: &Locks<'_>) {

@@ -236,12 +236,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+/// A length-prefixed (i32) byte string, as both protocols write them.
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as i32).to_be_bytes());
     out.extend_from_slice(b);
 }
 
-fn put_req_id(out: &mut Vec<u8>, r: &ReqId) {
+pub(crate) fn put_req_id(out: &mut Vec<u8>, r: &ReqId) {
     let mut b = [0u8; 16];
     r.encode_into(&mut b);
     out.extend_from_slice(&b);
