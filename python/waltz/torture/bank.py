@@ -28,9 +28,9 @@ from waltz.client.sql import SqlCallbacks
 from waltz.client.transaction import Transaction
 from waltz.torture.drain import Record, record_from_bytes
 from waltz.torture.feed import FeedRecorder
+from waltz.torture.op import Op
 from waltz.torture.report import Anomaly
-from waltz.torture.worker import Op
-from waltz.torture.workloads import Workload
+from waltz.torture.workload import Workload
 
 STREAM = "bank"
 ACCOUNT_LOCK = "acct"

@@ -35,9 +35,9 @@ from typing import Any
 
 from waltz.torture.drain import Record
 from waltz.torture.feed import FeedRecorder
+from waltz.torture.op import Op
 from waltz.torture.report import Anomaly
-from waltz.torture.worker import Op
-from waltz.torture.workloads import Workload
+from waltz.torture.workload import Workload
 
 KEY_LOCK = "la"
 EMPTY = ""

@@ -5,19 +5,38 @@ schedule (which fault, when, for how long) stays in `nemesis.py`."""
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from waltz.local import LocalCluster
 from waltz.torture import bad_clients
 from waltz.torture.partial import from_process
-from waltz.torture.proxy import Direction
+from waltz.torture.proxy import Direction, FaultProxy
 
-if TYPE_CHECKING:
-    from waltz.torture.nemesis import Nemesis
+
+class Nemesis(Protocol):
+    """What these faults use of `waltz.torture.nemesis.Nemesis` (a protocol, so that this module
+    does not import the nemesis that imports it)."""
+
+    cluster: LocalCluster
+    proxies: dict[str, FaultProxy]
+    metadata_proxy: FaultProxy | None
+    rng: random.Random
+    servers: list[str]
+    storage: list[str]
+    counts: dict[str, int]
+    problems: list[str]
+    committed: Callable[[], dict[int, int]]
+    log: Callable[[dict[str, Any]], None]
+    say: Callable[[str], None]
+
+    def _pick_member(self) -> str: ...
+
 
 Started = tuple[tuple[str, ...], dict[str, Any], Callable[[], None], float]
 

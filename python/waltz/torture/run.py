@@ -49,7 +49,8 @@ from waltz.torture.history import HistoryWriter, read_history
 from waltz.torture.nemesis import FAULTS, Nemesis
 from waltz.torture.proxy import FaultProxy, ProxyLoop
 from waltz.torture.report import Report
-from waltz.torture.workloads import WorkloadSettings, check_workload, prepare
+from waltz.torture.workload import WorkloadSettings
+from waltz.torture.workloads import check_workload, prepare
 
 
 @dataclasses.dataclass
@@ -78,7 +79,7 @@ class TortureOptions:
     """Seconds: a retention policy with this max age, 64 KiB segments and a checkpoint every 200
     transactions, so that replicas delete during the faults (None: keep everything)."""
     workload: str = "log"
-    """What the clients run (`waltz.torture.workloads.WORKLOADS`)."""
+    """What the clients run (`waltz.torture.workload.WORKLOADS`)."""
     segment_size: int | None = None
     """Bytes per segment; None: 64 KiB with retention or disk faults (segments roll during the
     faults), the node's default otherwise."""

@@ -180,7 +180,7 @@ def test_money_created_lost_or_applied_outside_the_log_is_reported():
 
 def test_the_command_offers_every_workload():
     from waltz.cli.torture import torture
-    from waltz.torture.workloads import WORKLOADS
+    from waltz.torture.workload import WORKLOADS
 
     option = next(p for p in torture.params if p.name == "workload")
     assert tuple(option.type.choices) == WORKLOADS
