@@ -233,7 +233,7 @@ class StorageNode:
         max_in_flight: int = 1024,
         max_connections: int = 4096,
         retention_interval: float = 1.0,
-        retention_rate: int = 256 << 20,
+        retention_rate: int = 64 << 20,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,

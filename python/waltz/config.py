@@ -49,7 +49,7 @@ class NodeSection:
     max_in_flight: int = 1024
     max_connections: int = 4096
     retention_interval: float = 1.0
-    retention_rate: int = 256 << 20
+    retention_rate: int = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)

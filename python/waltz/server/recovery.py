@@ -5,8 +5,9 @@ Process") in three steps, each a function the store session calls between its I/
 
 1. `prepare`: what one reachable replica does before it votes. The metadata's replica state and
    the storage's last session info disagree: truncate to the storage's low-water mark. They agree
-   and the closing high-water mark of that session is already set: truncate to it. Otherwise the
-   replica proposes its max transaction id as the closing high-water mark.
+   and the closing high-water mark of that session is already set: truncate to it (or to the
+   low-water mark if that is higher: never below a low-water mark). Otherwise the replica
+   proposes its max transaction id as the closing high-water mark.
 2. `vote`: the closing high-water mark of the last session. A replica holding up to X votes for
    every proposal <= X; the mark is the highest proposal with a majority of the electorate;
    undecidable (None) while votes + unreachable electors could still make a higher one a
@@ -105,8 +106,14 @@ def prepare(state: ReplicaState | None, report: ReplicaReport, last: int | None)
             why += f"; it lost what it held in session {state.session_id}, so it votes for every mark"
         return Preparation(lwm if top > lwm else None, None, min(top, lwm), lwm, why, forgot)
     if state.closing_high_water_mark != UNRESOLVED:
-        c = state.closing_high_water_mark
-        why = f"session {state.session_id} closed at {c}: truncated to it"
+        # Never below its own low-water mark, which is committed: `waltz storage
+        # recover-partition` raises it past the session's closing mark while keeping the session
+        # id (a replica moved away, its files kept, and moved back). Found by `waltz torture
+        # --seed 62`: the node refused the truncation and the replica stayed out of every session.
+        c = max(state.closing_high_water_mark, lwm)
+        why = f"session {state.session_id} closed at {state.closing_high_water_mark}" + (
+            ": truncated to it" if c == state.closing_high_water_mark else f", refilled up to {lwm}: truncated to that"
+        )
         return Preparation(c if top > c else None, None, min(top, c), lwm, why)
     if top > lwm:
         return Preparation(None, top, top, lwm, f"clean in session {state.session_id}: proposes {top}")

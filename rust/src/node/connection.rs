@@ -39,7 +39,7 @@ pub struct NodeOptions {
 
 /// Retention's default freeing rate: well above what a node ingests on one disk, low enough
 /// that a large deletion leaves the appends' p99 alone (docs/performance.md, "Retention").
-pub const DEFAULT_RETENTION_RATE: u64 = 256 << 20;
+pub const DEFAULT_RETENTION_RATE: u64 = 64 << 20;
 
 impl Default for NodeOptions {
     fn default() -> Self {

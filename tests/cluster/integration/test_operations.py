@@ -104,3 +104,45 @@ def test_moving_a_replica_to_a_new_storage_node(tmp_path: pathlib.Path) -> None:
         assert cluster.admin("storage-3", read) == [d["id"] for _, d in app.applied[0]]
     finally:
         cluster.stop()
+
+
+def move(cluster: LocalCluster, partition: int, old: str, new: str, source: str) -> None:
+    """docs/operations.md's sequence; `remove-partition` without --delete-files keeps old's files."""
+    p = str(partition)
+    waltz(cluster, "storage", "assign", "--storage", new, "-p", p)
+    waltz(cluster, "storage", "add-partition", "--storage", new, "-p", p)
+    waltz(cluster, "storage", "recover-partition", "--source", source, "--destination", new, "-p", p)
+    waltz(cluster, "storage", "unassign", "--storage", old, "-p", p)
+    waltz(cluster, "storage", "remove-partition", "--storage", old, "-p", p)
+
+
+def test_a_replica_moved_away_and_back_rejoins_with_its_old_files(tmp_path: pathlib.Path) -> None:
+    """`waltz torture --seed 62`: storage-2 keeps its files of partition 0 when its replica moves
+    to storage-3; moved back, recover-partition refills it past the closing mark of the session
+    it was last clean in, under that session's id. The recovery then truncated it to that
+    closing mark, below its own low-water mark; the node refused ("would remove committed
+    records") and the replica stayed out of every session."""
+    cluster = LocalCluster.create(tmp_path / "c", partitions=1, storage_nodes=4, servers=1)
+    app = MemoryApp()
+    try:
+        cluster.start()
+        a, b, c, spare = (cluster.member(f"storage-{i}").address for i in range(4))
+        with WaltzClient(app, cluster.client_config()) as client:
+            commit(client, "before", 50)
+            move(cluster, 0, c, spare, a)
+            cluster.wait_replicas()
+            # Past the closing mark of storage-2's last session, in a later session.
+            commit(client, "away", 50)
+            move(cluster, 0, spare, c, b)
+            cluster.wait_served()
+            cluster.wait_replicas(timeout=60)
+            commit(client, "back", 50)
+            client.flush()
+            waltz(cluster, "cluster", "verify")
+            assert client.high_water_mark(0) == 149
+        assert replica_holders(cluster, 0) == {a, b, c}
+        assert [d["id"] for _, d in app.applied[0]] == [
+            f"{w}-{i}" for w in ("before", "away", "back") for i in range(50)
+        ]
+    finally:
+        cluster.stop()

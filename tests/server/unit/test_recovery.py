@@ -205,6 +205,17 @@ def test_a_set_closing_mark_truncates_the_dirty_tail() -> None:
     assert (p.truncate_to, p.high_water_mark) == (None, 110)
 
 
+def test_a_closed_session_never_truncates_below_the_low_water_mark() -> None:
+    """`waltz torture --seed 62`: a replica moved away (its files kept, its state closed at 12534
+    in session 6) and moved back, refilled by recover-partition up to 44014 under its own session
+    id. Truncating it to 12534 would remove committed records (the node refuses), so it stayed
+    out of every session."""
+    p = prepare(ReplicaState(6, 12534), ReplicaReport(6, 44014, 44014), L)
+    assert (p.truncate_to, p.proposal, p.high_water_mark) == (None, None, 44014)
+    p = prepare(ReplicaState(6, 12534), ReplicaReport(6, 44014, 44100), L)
+    assert (p.truncate_to, p.proposal, p.high_water_mark) == (44014, None, 44014) and "refilled" in p.why
+
+
 def test_recovery_after_a_failed_recovery() -> None:
     # Session 6 decided 120 and set it as b's low-water mark, then died before its metadata update.
     states = {"a": ReplicaState(L), "b": ReplicaState(L), "c": ReplicaState(L)}
