@@ -40,6 +40,8 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    documented operator sequence (torture/membership.py; the run adds a fourth
                    storage node for it)
     stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
+    remove-node    retire a storage node: its replicas moved away, `waltz storage remove-node`,
+                   the process stopped; heal it by starting it and adding it back, empty
     power-loss, power-loss-majority, power-outage, disk-full, slow-disk
                    disk faults on LazyFS, a FUSE layer under the storage nodes that loses
                    unsynced writes (waltz/torture/disk.py says what each does)
@@ -91,6 +93,7 @@ FAULTS = (
     "stalled-reader",
     "move-replica",
     "stop-server",
+    "remove-node",
     *DISK_FAULTS,
 )
 BAD_CLIENT_FAULTS = ("dup-client-id", "oversized-locks", "stalled-reader")
@@ -190,7 +193,7 @@ class Nemesis:
             return not servers_busy
         if kind in ("kill-server", "stop-server"):
             return not servers_busy
-        if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
+        if kind in membership.MEMBERSHIP_FAULTS:  # the operator's rule: a majority of the replicas reachable
             return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
@@ -237,6 +240,10 @@ class Nemesis:
             # stay busy for the hold so no storage fault lands on them right after.
             fault.detail = membership.move_replica(c, self.rng, self.say)
             fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
+        elif kind == "remove-node":
+            fault.detail, fault.undo = membership.remove_node(c, self.rng, self.say)
+            moved = fault.detail.get("moved", {})
+            fault.targets = tuple(dict.fromkeys(t for t in (fault.detail.get("node"), *moved.values()) if t))
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None

@@ -222,7 +222,8 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
-            storage_nodes=REPLICAS + (membership.SPARE_NODES if "move-replica" in o.faults else 0),
+            storage_nodes=REPLICAS
+            + (membership.SPARE_NODES if set(membership.MEMBERSHIP_FAULTS) & set(o.faults) else 0),
             storage_keys={"segment_size": segment_size} if segment_size else None,
             partition_keys=partition_keys or None,
         )
