@@ -142,10 +142,10 @@ def pick_removal(cluster: LocalCluster, rng: random.Random) -> tuple[str, dict[i
         else:
             plans[node] = plan
     # A node holding replicas when there is one: retiring the empty spare moves nothing.
-    holding = sorted(n for n, plan in plans.items() if plan) or sorted(plans)
-    if not holding:
+    retirable = sorted(n for n, plan in plans.items() if plan) or sorted(plans)
+    if not retirable:
         return None
-    node = rng.choice(holding)
+    node = rng.choice(retirable)
     return node, plans[node]
 
 

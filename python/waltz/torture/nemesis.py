@@ -235,15 +235,21 @@ class Nemesis:
             else:
                 c.kill(fault.targets[0], signal.SIGTERM)
                 fault.undo = lambda: membership.start_when_stopped(c, fault.targets[0])
-        elif kind == "move-replica":
+        elif kind in membership.MEMBERSHIP_FAULTS:
             # Done here, start to end (the metadata and the nodes see it at once); its targets
-            # stay busy for the hold so no storage fault lands on them right after.
-            fault.detail = membership.move_replica(c, self.rng, self.say)
-            fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
-        elif kind == "remove-node":
-            fault.detail, fault.undo = membership.remove_node(c, self.rng, self.say)
+            # stay busy for the hold so no storage fault lands on them right after. An operator's
+            # step that keeps failing is a finding, and the run goes on to its checks.
+            try:
+                if kind == "move-replica":
+                    fault.detail = membership.move_replica(c, self.rng, self.say)
+                else:
+                    fault.detail, fault.undo = membership.remove_node(c, self.rng, self.say)
+            except RuntimeError as e:
+                self.problems.append(f"{kind} failed: {e}")
+                fault.detail = {"failed": str(e)}
             moved = fault.detail.get("moved", {})
-            fault.targets = tuple(dict.fromkeys(t for t in (fault.detail.get("node"), *moved.values()) if t))
+            named = (fault.detail.get("from"), fault.detail.get("to"), fault.detail.get("node"), *moved.values())
+            fault.targets = tuple(dict.fromkeys(t for t in named if t))
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None
