@@ -84,9 +84,11 @@ CREATE TABLE IF NOT EXISTS events (
 INSERT OR IGNORE INTO nodes VALUES ('/', NULL, x'', 0, 0, 0, 0, 0, 0);
 """
 
-# Events older than this are pruned; a process that has not polled for that long was
-# suspended anyway, and on a gap it fires every watch it holds (receivers re-read).
-_EVENT_RETENTION = 120.0
+# Only the newest this many events are kept; a process that fell further behind fires every
+# watch it holds on the gap (receivers re-read). Counted, not timed: pruning by age against the
+# pruner's wall clock let a process whose clock stepped minutes ahead delete events the others
+# had not polled yet, and when nothing newer followed, nobody noticed the gap.
+_EVENTS_KEPT = 10_000
 
 _COLUMNS = "data, version, cversion, owner, ctime_ms, mtime_ms, (SELECT count(*) FROM nodes c WHERE c.parent = n.path)"
 
@@ -299,7 +301,7 @@ class EmbeddedStore(MetadataStore):
                         "UPDATE sessions SET expires = ?, beat = beat + 1 WHERE id = ?",
                         (clock.time() + self.session_timeout, self._session),
                     )
-                db.execute("DELETE FROM events WHERE at < ?", (clock.time() - _EVENT_RETENTION,))
+                db.execute("DELETE FROM events WHERE zxid <= (SELECT max(zxid) FROM events) - ?", (_EVENTS_KEPT,))
         except sqlite3.DatabaseError as e:
             log.warning("%s: cannot renew metadata session %d: %s", self.path, self._session, e)
             return

@@ -289,6 +289,34 @@ def test_embedded_sessions_do_not_depend_on_any_process_wall_clock(tmp_path) -> 
         store.close()
 
 
+def test_embedded_events_outlive_a_process_whose_clock_is_ahead(tmp_path) -> None:
+    """Issue 37 item 2: events were pruned by age on the pruning process's wall clock, so one an
+    hour ahead deleted every event at its next renewal, before the others had polled it."""
+    path = tmp_path / "m.db"
+    store = open_store(f"embedded:{path}", session_timeout=TIMEOUT)
+    store.start()
+    try:
+        store.create("/before", b"")
+        (tmp_path / "ahead").write_text(clock.render(3_600_000))
+        code = (
+            "import time\n"
+            "from waltz.cluster import open_store\n"
+            f"s = open_store({f'embedded:{path}'!r}, session_timeout=0.4)\n"
+            "s.start()\n"
+            "time.sleep(1.0)\n"  # several renewals, each of which pruned
+            "s.close()\n"
+        )
+        env = {**os.environ, clock.CLOCK_FILE_ENV: str(tmp_path / "ahead")}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            assert db.execute("SELECT count(*) FROM events WHERE path = '/before'").fetchone()[0] == 1
+        finally:
+            db.close()
+    finally:
+        store.close()
+
+
 def test_lost_session_is_replaced_and_registrations_recreated(store: MetadataStore, metadata_url: str) -> None:
     states: list[SessionState] = []
     store.add_listener(states.append)
