@@ -327,7 +327,8 @@ class Nemesis:
             self.problems.append(msg)
             self.say(f"nemesis: {msg}")
         if fault.sessions is not None and (lost := fault.sessions.lost()):
-            msg = f"{fault.kind} on {', '.join(fault.targets)} ended {', '.join(lost)} (its process still runs)"
+            during = f"while {fault.kind} on {', '.join(fault.targets)} ran"
+            msg = f"{during}, these ended: {', '.join(lost)} (their processes still run)"
             self.problems.append(msg)
             self.say(f"nemesis: {msg}")
         if fault.kind not in CLOCK_FAULTS:
