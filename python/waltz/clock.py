@@ -43,21 +43,28 @@ def render(offset_ms: float, rate: float = 1.0, since_ms: float = 0.0) -> str:
 class FileClock:
     """The system clock adjusted as the file at `path` says (see the module's docstring)."""
 
-    def __init__(self, path: str, system: Callable[[], float] = _time.time) -> None:
-        self.path, self._system = path, system
+    def __init__(
+        self,
+        path: str,
+        system: Callable[[], float] = _time.time,
+        monotonic: Callable[[], float] = _time.monotonic,
+    ) -> None:
+        self.path, self._system, self._monotonic = path, system, monotonic
         self._lock = threading.Lock()
-        self._checked = -CHECK_EVERY - 1.0
+        self._checked: float | None = None
         self._mtime: int | None = None
-        self._offset, self._rate, self._since = 0.0, 1.0, 0.0
+        # (offset s, rate, since s), replaced whole: a reader on another thread never mixes two.
+        self._adjustment = (0.0, 1.0, 0.0)
 
     def time(self) -> float:
         now = self._system()
-        mono = _time.monotonic()
-        if mono - self._checked >= CHECK_EVERY:
+        mono = self._monotonic()
+        if self._checked is None or mono - self._checked >= CHECK_EVERY:
             with self._lock:
                 self._checked = mono
                 self._reload()
-        return now + self._offset + (self._rate - 1.0) * (now - self._since)
+        offset, rate, since = self._adjustment
+        return now + offset + (rate - 1.0) * (now - since)
 
     def _reload(self) -> None:
         try:
@@ -75,7 +82,7 @@ class FileClock:
             except OSError:
                 pass
         offset_ms, rate, since_ms = adjustment or (0.0, 1.0, 0.0)
-        self._offset, self._rate, self._since = offset_ms / 1000, rate, since_ms / 1000
+        self._adjustment = (offset_ms / 1000, rate, since_ms / 1000)
 
 
 def _from_environment() -> Callable[[], float]:

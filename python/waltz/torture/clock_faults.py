@@ -17,6 +17,7 @@ import os
 import pathlib
 import random
 import sqlite3
+import time
 from typing import Any
 
 from waltz import clock
@@ -52,7 +53,7 @@ def start(directory: pathlib.Path, kind: str, target: str, rng: random.Random) -
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(".tmp")
     # Since the system clock's now: a skew starts where the clock is, with no step of its own.
-    tmp.write_text(clock.render(offset_ms, rate, clock.time() * 1000 if rate != 1.0 else 0.0))
+    tmp.write_text(clock.render(offset_ms, rate, time.time() * 1000 if rate != 1.0 else 0.0))
     os.replace(tmp, path)  # a reader never sees half a file
     return detail
 

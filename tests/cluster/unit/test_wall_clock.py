@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from waltz import clock
 
 
 class Fake:
-    """A system clock the test moves."""
+    """A clock the test moves."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -22,10 +21,10 @@ class Fake:
         return self.now
 
 
-def look_again(c: clock.FileClock) -> None:
+def look_again(c: clock.FileClock, mono: Fake) -> None:
     """Lets the next read look at the file, and gives it an mtime of its own (two writes may land
     in one tick of the file system's clock)."""
-    c._checked = time.monotonic() - clock.CHECK_EVERY - 1
+    mono.now += clock.CHECK_EVERY
     if os.path.exists(c.path):
         st = os.stat(c.path)
         os.utime(c.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
@@ -33,34 +32,36 @@ def look_again(c: clock.FileClock) -> None:
 
 def test_steps_skews_and_heals_as_the_file_says(tmp_path) -> None:
     path = tmp_path / "clock"
-    system = Fake(1_000.0)
-    c = clock.FileClock(str(path), system)
+    system, mono = Fake(1_000.0), Fake(0.0)
+    c = clock.FileClock(str(path), system, mono)
     assert c.time() == 1_000.0, "no file: the system clock"
 
     path.write_text(clock.render(-90_000))
-    look_again(c)
+    look_again(c, mono)
     assert c.time() == pytest.approx(910.0)
     system.now = 1_010.0
     assert c.time() == pytest.approx(920.0), "a step keeps the clock's rate"
 
     path.write_text(clock.render(0, 2.0, 1_010_000))
-    look_again(c)
+    look_again(c, mono)
     assert c.time() == pytest.approx(1_010.0), "a skew starts where the system clock is"
     system.now = 1_020.0
     assert c.time() == pytest.approx(1_030.0), "and runs twice as fast"
 
     path.unlink()
-    look_again(c)
+    look_again(c, mono)
     assert c.time() == 1_020.0, "healed: no file, no step"
 
 
 def test_the_file_is_looked_at_only_every_check_interval(tmp_path) -> None:
     path = tmp_path / "clock"
-    c = clock.FileClock(str(path), Fake(500.0))
+    mono = Fake(0.0)
+    c = clock.FileClock(str(path), Fake(500.0), mono)
     assert c.time() == 500.0
     path.write_text(clock.render(60_000))
+    mono.now += clock.CHECK_EVERY * 0.9
     assert c.time() == 500.0, "read within CHECK_EVERY of the last look: not seen yet"
-    time.sleep(clock.CHECK_EVERY * 1.5)
+    mono.now += clock.CHECK_EVERY * 0.2
     assert c.time() == pytest.approx(560.0)
 
 
