@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-WAIT_TO_BE_KILLED = 120.0
+WAIT_TO_BE_KILLED = 180.0
 
 
 def main() -> None:
@@ -52,9 +52,11 @@ def main() -> None:
             name = f"batch-{batch}-task-{task.partitionId()}-attempt-{task.attemptNumber()}"
             if batch == int(pause) and task.partitionId() == 0 and task.attemptNumber() == 0:
                 iterator = paused(iterator, pathlib.Path(markers, f"{name}.pid"))
+            began = time.monotonic()
             message = super().write(iterator)
+            seconds = round(time.monotonic() - began, 2)
             pathlib.Path(markers, f"{name}.json").write_text(
-                json.dumps({"written": message.written, "found": message.found})
+                json.dumps({"written": message.written, "found": message.found, "seconds": seconds})
             )
             return message
 
@@ -87,7 +89,7 @@ def main() -> None:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(240)
+    query.awaitTermination(300)
     failure = query.exception()
     print(json.dumps({"exception": str(failure) if failure else None}), flush=True)
     spark.stop()

@@ -44,7 +44,7 @@ class Driver:
                 start_new_session=True,
             )
 
-    def wait_for_file(self, path: pathlib.Path, timeout: float = 120) -> str:
+    def wait_for_file(self, path: pathlib.Path, timeout: float = 300) -> str:
         deadline = time.monotonic() + timeout
         while not path.exists():
             assert self.process.poll() is None, f"the driver exited before {path.name}:\n{self.stderr()}"
@@ -52,7 +52,7 @@ class Driver:
             time.sleep(0.05)
         return path.read_text()
 
-    def finish(self, timeout: float = 240) -> dict[str, Any]:
+    def finish(self, timeout: float = 300) -> dict[str, Any]:
         """The session's outcome once it exits by itself (it must)."""
         self.process.wait(timeout=timeout)
         assert self.process.returncode == 0, self.stderr()
@@ -186,4 +186,5 @@ def test_a_driver_killed_mid_batch_is_restarted_and_each_row_is_written_once(
     replay = json.loads((markers / "batch-1-task-0-attempt-0.json").read_text())  # the second driver's
     assert replay["written"] + replay["found"] == 40
     assert replay["found"] >= len(before), replay
-    assert json.loads((markers / "batch-2-task-0-attempt-0.json").read_text()) == {"written": 20, "found": 0}
+    after = json.loads((markers / "batch-2-task-0-attempt-0.json").read_text())
+    assert (after["written"], after["found"]) == (20, 0)
