@@ -2,7 +2,9 @@
 tests/spark/integration/test_stream_sink_kills.py, which SIGKILLs one of its Python workers or
 the whole driver in the middle of a micro-batch.
 
-`python stream_sink_session.py METADATA CLUSTER SOURCE CHECKPOINT MARKERS MASTER PAUSE`
+`python stream_sink_session.py METADATA CLUSTER SOURCE CHECKPOINT MARKERS MASTER PAUSE FILES`
+
+Each micro-batch reads FILES files of SOURCE (one task each, as they are small).
 
 - Every task attempt that returns writes `MARKERS/batch-B-task-T-attempt-A.json` with its rows
   written and found (already committed by an earlier attempt).
@@ -33,7 +35,7 @@ def main() -> None:
     from waltz.spark.datasource import WaltzDataSource
     from waltz.spark.stream_sink import WaltzStreamWriter
 
-    metadata, cluster, source, checkpoint, markers, master, pause = sys.argv[1:]
+    metadata, cluster, source, checkpoint, markers, master, pause, files = sys.argv[1:]
 
     def paused(batches: Iterator[Any], pid_file: pathlib.Path) -> Iterator[Any]:
         for i, b in enumerate(batches):
@@ -80,7 +82,7 @@ def main() -> None:
     spark.dataSource.register(Killable)
     query = (
         spark.readStream.schema("data binary, partition int, header int")
-        .option("maxFilesPerTrigger", "1")
+        .option("maxFilesPerTrigger", files)
         .parquet(source)
         .writeStream.format("killablewaltz")
         .option("metadata", metadata)

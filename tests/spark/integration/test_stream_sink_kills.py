@@ -31,12 +31,21 @@ class Driver:
     in it too), its output in files: a pipe nobody reads while the test waits could fill up and
     stall it."""
 
-    def __init__(self, live: Live, tmp_path: pathlib.Path, name: str, master: str, pause: int) -> None:
+    def __init__(
+        self, live: Live, tmp_path: pathlib.Path, name: str, master: str, pause: int, files_per_batch: int = 1
+    ) -> None:
         self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         args = [live.url, live.cluster.cluster, *(str(tmp_path / d) for d in ("in", "checkpoint", "markers"))]
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, str(script("stream_sink_session.py")), *args, master, str(pause)],
+                [
+                    sys.executable,
+                    str(script("stream_sink_session.py")),
+                    *args,
+                    master,
+                    str(pause),
+                    str(files_per_batch),
+                ],
                 stdout=out,
                 stderr=err,
                 env={**os.environ, "PYSPARK_PYTHON": sys.executable},
@@ -97,17 +106,17 @@ def _committed(live: Live, tag: str, rows: range) -> list[int]:
     return [d["row"] for ps in live.written().values() for _, d in ps if d.get("tag") == tag and d["row"] in rows]
 
 
-def _wait_until_some_committed(live: Live, tag: str, rows: range, timeout: float = 60) -> list[int]:
-    """The rows of `rows` in the log, once there is at least one."""
+def _wait_until_some_committed(live: Live, tag: str, rows: range, more_than: int = 0, timeout: float = 60) -> list[int]:
+    """The rows of `rows` in the log, once there are more than `more_than`."""
     deadline = time.monotonic() + timeout
-    while not (found := _committed(live, tag, rows)):
+    while len(found := _committed(live, tag, rows)) <= more_than:
         assert time.monotonic() < deadline, f"none of rows {rows} committed within {timeout} s"
         time.sleep(0.02)
     return found
 
 
 def _inputs(tmp_path: pathlib.Path, tag: str, *files: range) -> None:
-    """One parquet file per micro-batch (maxFilesPerTrigger 1), taken in this order."""
+    """One parquet file per range, taken by the stream in this order."""
     source = tmp_path / "in"
     source.mkdir()
     (tmp_path / "markers").mkdir()
@@ -159,32 +168,40 @@ def test_an_executor_killed_mid_task_is_retried_and_each_row_is_written_once(
 def test_a_driver_killed_mid_batch_is_restarted_and_each_row_is_written_once(
     live: Live, tmp_path: pathlib.Path, drivers: list[Driver]
 ) -> None:
-    """The whole driver (Python, its JVM, the Python workers) is SIGKILLed while batch 1's task
-    is writing: some of its rows committed, the batch not in the commit log. A new driver on the
-    same checkpoint replays batch 1, finds those rows, and goes on with batch 2."""
+    """The whole driver (Python, its JVM, the Python workers) is SIGKILLed in batch 1, two files
+    and so two tasks: task 1 has finished, task 0 has committed some of its rows, the batch is not
+    in the commit log. A new driver on the same checkpoint replays batch 1: task 1 finds all its
+    rows, task 0 those committed, and each writes only the others; then batch 2."""
     tag = uuid.uuid4().hex
-    _inputs(tmp_path, tag, range(0, 30), range(30, 70), range(70, 90))
+    batches = [(range(0, 30), range(30, 50)), (range(50, 90), range(90, 110)), (range(110, 130), range(130, 150))]
+    _inputs(tmp_path, tag, *(rows for batch in batches for rows in batch))
     markers, checkpoint = tmp_path / "markers", tmp_path / "checkpoint"
-    first = Driver(live, tmp_path, "first", "local[2]", pause=1)
+    first = Driver(live, tmp_path, "first", "local[2]", pause=1, files_per_batch=2)
     drivers.append(first)
 
     first.wait_for_file(markers / "batch-1-task-0-attempt-0.pid")
-    before = _wait_until_some_committed(live, tag, range(30, 70))
-    assert len(before) < 40, "killed mid-batch: some of its rows are not written yet"
-    assert sorted(_committed(live, tag, range(0, 30))) == list(range(30))
+    done = json.loads(first.wait_for_file(markers / "batch-1-task-1-attempt-0.json", timeout=60))
+    assert done["found"] == 0 and done["written"] in (20, 40), done  # one file each
+    batch_1 = range(50, 110)
+    before = _wait_until_some_committed(live, tag, batch_1, more_than=done["written"])
+    assert len(before) < len(batch_1), "killed mid-batch: some of task 0's rows are not written yet"
+    assert sorted(_committed(live, tag, range(0, 50))) == list(range(50))
     assert (checkpoint / "commits" / "0").exists() and (checkpoint / "offsets" / "1").exists()
     assert not (checkpoint / "commits" / "1").exists()
     first.kill_all()
     assert first.process.returncode == -signal.SIGKILL
     assert not (checkpoint / "commits" / "1").exists(), "batch 1 is replayed by the next driver"
 
-    second = Driver(live, tmp_path, "second", "local[2]", pause=-1)
+    second = Driver(live, tmp_path, "second", "local[2]", pause=-1, files_per_batch=2)
     drivers.append(second)
     assert second.finish() == {"exception": None}
-    rows = _rows_of(live, tag, 90)
-    assert sorted(r for _, r in rows) == list(range(90))  # each row once, none lost
-    replay = json.loads((markers / "batch-1-task-0-attempt-0.json").read_text())  # the second driver's
-    assert replay["written"] + replay["found"] == 40
-    assert replay["found"] >= len(before), replay
-    after = json.loads((markers / "batch-2-task-0-attempt-0.json").read_text())
-    assert (after["written"], after["found"]) == (20, 0)
+    rows = _rows_of(live, tag, 150)
+    assert sorted(r for _, r in rows) == list(range(150))  # each row once, none lost
+    # the second driver's attempts (the first's task 0 never returned, its task 1 json is replaced)
+    finished = json.loads((markers / "batch-1-task-1-attempt-0.json").read_text())
+    assert (finished["written"], finished["found"]) == (0, done["written"])
+    replay = json.loads((markers / "batch-1-task-0-attempt-0.json").read_text())
+    assert replay["written"] + replay["found"] == len(batch_1) - done["written"]
+    assert replay["found"] >= len(before) - done["written"], replay
+    after = [json.loads((markers / f"batch-2-task-{t}-attempt-0.json").read_text()) for t in (0, 1)]
+    assert sorted((a["written"], a["found"]) for a in after) == [(20, 0), (20, 0)]
