@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Live
+from conftest import LEAKED_TASK, Live
 from support import script
 from test_stream_sink import _rows_of, _write_input
 
@@ -65,6 +65,8 @@ class Driver:
         """The session's outcome once it exits by itself (it must)."""
         self.process.wait(timeout=timeout)
         assert self.process.returncode == 0, self.stderr()
+        # a worker's stderr reaches the driver's: no RPC link task left pending (issue 36, item 7)
+        assert LEAKED_TASK not in self.err.read_text(errors="replace"), f"asyncio tasks leaked: see {self.err}"
         return json.loads(self.out.read_text().strip().splitlines()[-1])
 
     def kill_all(self) -> None:
