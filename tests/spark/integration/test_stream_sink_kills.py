@@ -112,7 +112,7 @@ def _wait_until_some_committed(live: Live, tag: str, rows: range, more_than: int
     """The rows of `rows` in the log, once there are more than `more_than`."""
     deadline = time.monotonic() + timeout
     while len(found := _committed(live, tag, rows)) <= more_than:
-        assert time.monotonic() < deadline, f"none of rows {rows} committed within {timeout} s"
+        assert time.monotonic() < deadline, f"no more than {more_than} of rows {rows} committed within {timeout} s"
         time.sleep(0.02)
     return found
 
