@@ -82,6 +82,21 @@ pub struct RecoverOptions {
     pub max_record_size: usize,
     pub read_only: bool,
     pub mode: RecoveryMode,
+    /// The partition's low-water mark from the control file (-1: none): the records up to it are
+    /// committed, so damage at or below it is never judged a torn write with survivors.
+    pub low_water_mark: i64,
+}
+
+/// The writer never has more than `unsynced_bound` bytes of records past the end its last
+/// completed fdatasync covered (a round that would pass it is written in pieces of whole
+/// records, each fdatasynced: `Partition::write_queue`). A power loss may keep any subset of the
+/// pages written since that sync, so after a torn write every surviving record lies in that span.
+pub const UNSYNCED_SPAN: u64 = 16 << 20;
+
+/// The bound for records of at most `max_record_size` bytes: `UNSYNCED_SPAN`, or one record if
+/// that is larger (a record is never split between two syncs).
+pub fn unsynced_bound(max_record_size: usize) -> u64 {
+    UNSYNCED_SPAN.max((RECORD_OVERHEAD + max_record_size) as u64)
 }
 
 /// The open files of one segment: its data file and its index (the `.idx` file plus the
@@ -143,11 +158,13 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tail {
     Clean,
-    /// Bytes after the last valid record that no valid record follows: an unfinished write.
+    /// Bytes after the last valid record that are an unfinished write: no valid record follows,
+    /// or (`survivor`: the first one's offset) only records within the writer's unsynced bound.
     Torn {
         offset: u64,
         bytes: u64,
         reason: String,
+        survivor: Option<u64>,
     },
     /// A bad record with valid records after it, cut away because repair was asked for.
     CorruptionCut {
@@ -421,6 +438,10 @@ fn judge_stop(
         let expected = ctx.first_txid + count as i64;
         let later = find_valid_record_after(data, data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
+        let torn_write = match later {
+            Some(_) if is_last => torn_write_with_survivors(ctx, data, data_path, bad_at, expected, data_len)?,
+            _ => Err(String::new()),
+        };
         match later {
             None if is_last => {
                 log::warn!(
@@ -430,7 +451,27 @@ fn judge_stop(
                     bad_at,
                     why
                 );
-                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string() };
+                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string(), survivor: None };
+            }
+            Some(valid_at) if torn_write.is_ok() => {
+                log::warn!(
+                    "{}: torn write at offset {} ({}, transaction {}) with valid records after it from offset {}, \
+                     all within the {} bytes written since the last sync and nothing but zeros past them: \
+                     records that were never synced; truncating {} bytes",
+                    data_path.display(),
+                    bad_at,
+                    why,
+                    expected,
+                    valid_at,
+                    unsynced_bound(opts.max_record_size),
+                    data_len - bad_at
+                );
+                tail = Tail::Torn {
+                    offset: bad_at,
+                    bytes: data_len - bad_at,
+                    reason: why.to_string(),
+                    survivor: Some(valid_at),
+                };
             }
             _ if opts.mode == RecoveryMode::TruncateAtCorruption => {
                 log::warn!(
@@ -442,11 +483,12 @@ fn judge_stop(
                 tail = Tail::CorruptionCut { offset: bad_at, reason: why.to_string() };
             }
             Some(valid_at) => {
+                let not_torn = torn_write.err().unwrap_or_default();
                 return Err(Error::corruption(
                     data_path,
                     bad_at,
                     format!(
-                        "{why} (transaction {expected}), with a valid record after it at offset {valid_at}; \
+                        "{why} (transaction {expected}), with a valid record after it at offset {valid_at}{not_torn}; \
                          open with recovery mode 'truncate' to cut the partition here"
                     ),
                 ));
@@ -462,6 +504,36 @@ fn judge_stop(
         end = bad_at;
     }
     Ok((tail, end))
+}
+
+/// Whether a bad record at `bad_at` (transaction `expected`) of the last segment, with valid
+/// records after it, is a write a power loss tore. The writer acknowledges nothing before an
+/// fdatasync covers it, so a hole where a torn write left it holds records never synced, but a
+/// disk may persist any subset of the pages written since the last completed fdatasync: valid
+/// records may survive after the hole. The writer bounds that span (`unsynced_bound`) and starts
+/// it at a record boundary, so the hole, the first bad record, is no earlier than its start,
+/// and everything written since lies before `bad_at + bound`: any non-zero byte from there on
+/// is data that was synced, and the bad record is latent corruption, not a tear. Records at or
+/// below the low-water mark are committed: damage there is corruption whatever follows.
+/// Err says why not (a clause for the corruption error).
+fn torn_write_with_survivors(
+    ctx: &SegmentContext<'_>,
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    bad_at: u64,
+    expected: i64,
+    data_len: u64,
+) -> Result<std::result::Result<(), String>> {
+    let low_water_mark = ctx.opts.low_water_mark;
+    if expected <= low_water_mark {
+        return Ok(Err(format!(" (at or below the low-water mark {low_water_mark}: committed)")));
+    }
+    let bound = unsynced_bound(ctx.opts.max_record_size);
+    let past = bad_at.saturating_add(bound);
+    if past < data_len && !is_zero_range(data, path, past, data_len)? {
+        return Ok(Err(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
+    }
+    Ok(Ok(()))
 }
 
 /// A sealed segment must end where the next one starts.
@@ -823,7 +895,13 @@ mod tests {
     }
 
     fn opts(read_only: bool) -> RecoverOptions {
-        RecoverOptions { checkpoint_interval: 4, max_record_size: 1 << 20, read_only, mode: RecoveryMode::Strict }
+        RecoverOptions {
+            checkpoint_interval: 4,
+            max_record_size: 1 << 20,
+            read_only,
+            mode: RecoveryMode::Strict,
+            low_water_mark: -1,
+        }
     }
 
     /// A segment of `n` records written directly (no index entries beyond `indexed`).
@@ -956,7 +1034,9 @@ mod tests {
         let offs = write_segment(d.path(), 0, 6, 0);
         let f = std::fs::OpenOptions::new().write(true).open(d.path().join(data_name(0))).unwrap();
         f.write_all_at(&[0xAB; 7], offs[2]).unwrap();
-        let o = opts(false);
+        // Committed records: a torn write cannot explain the garbage (`torn_write_with_survivors`).
+        let mut o = opts(false);
+        o.low_water_mark = 5;
         match recover_segment(&ctx(d.path(), 0, None, &o)) {
             Err(Error::Corruption { offset, reason, .. }) => {
                 assert_eq!(offset, offs[2]);
