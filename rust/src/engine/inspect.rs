@@ -9,7 +9,8 @@ use crate::engine::format::{FORMAT_VERSION, HEADER_LEN};
 use crate::engine::fs::{FileHandle, FileSystem};
 use crate::engine::record::{be_i64, ReqId};
 use crate::engine::segment::{
-    find_valid_record_after, ids_fit, index_name, is_zero_range, parse_segment_name, scan_records, SegmentHeader,
+    find_valid_record_after, ids_fit, index_name, is_zero_range, only_zeros_past_unsynced_bound, parse_segment_name,
+    scan_records, SegmentHeader,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,9 +94,13 @@ pub struct RecordProblem {
     /// The id the record there should have carried.
     pub txid: i64,
     pub reason: String,
-    /// A valid record found further on: the damage is corruption, not an unfinished write.
-    /// None means a torn tail (nothing valid follows).
+    /// A valid record found further on: the damage is corruption, not an unfinished write,
+    /// unless `within_unsynced_bound`. None means a torn tail (nothing valid follows).
     pub next_valid: Option<u64>,
+    /// Nothing but zeros lies the writer's unsynced bound or more past the bad record: valid
+    /// records after it may be a torn write's survivors (in the last segment, above the
+    /// low-water mark, recovery cuts them: `segment::torn_write_with_survivors`).
+    pub within_unsynced_bound: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -287,6 +292,7 @@ pub fn inspect_segment(
                 txid,
                 reason: why.to_string(),
                 next_valid: find_valid_record_after(&data, path, offset + 1, file_len, txid, max_record_size)?,
+                within_unsynced_bound: only_zeros_past_unsynced_bound(&data, path, offset, file_len, max_record_size)?,
             })
         }
     };

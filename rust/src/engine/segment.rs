@@ -456,8 +456,8 @@ fn judge_stop(
             Some(valid_at) if torn_write.is_ok() => {
                 log::warn!(
                     "{}: torn write at offset {} ({}, transaction {}) with valid records after it from offset {}, \
-                     all within the {} bytes written since the last sync and nothing but zeros past them: \
-                     records that were never synced; truncating {} bytes",
+                     nothing but zeros {} bytes past it (the most the writer leaves unsynced) and above the \
+                     low-water mark: records that were never synced; truncating {} bytes",
                     data_path.display(),
                     bad_at,
                     why,
@@ -528,12 +528,25 @@ fn torn_write_with_survivors(
     if expected <= low_water_mark {
         return Ok(Err(format!(" (at or below the low-water mark {low_water_mark}: committed)")));
     }
-    let bound = unsynced_bound(ctx.opts.max_record_size);
-    let past = bad_at.saturating_add(bound);
-    if past < data_len && !is_zero_range(data, path, past, data_len)? {
+    if !only_zeros_past_unsynced_bound(data, path, bad_at, data_len, ctx.opts.max_record_size)? {
+        let bound = unsynced_bound(ctx.opts.max_record_size);
         return Ok(Err(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
     }
     Ok(Ok(()))
+}
+
+/// Whether the bytes from `unsynced_bound` past `bad_at` to the end of the file are all zero (or
+/// none): then whatever valid records follow a bad record at `bad_at` may be a torn write's
+/// survivors (`torn_write_with_survivors`).
+pub(crate) fn only_zeros_past_unsynced_bound(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    bad_at: u64,
+    data_len: u64,
+    max_record_size: usize,
+) -> Result<bool> {
+    let past = bad_at.saturating_add(unsynced_bound(max_record_size));
+    Ok(past >= data_len || is_zero_range(data, path, past, data_len)?)
 }
 
 /// A sealed segment must end where the next one starts.
