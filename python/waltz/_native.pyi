@@ -464,7 +464,7 @@ class _RecordProblem(TypedDict):
     reason: str
     torn_tail: bool
     next_valid_offset: int | None
-    within_unsynced_bound: bool
+    may_be_torn_write: bool
 
 class _RecordSummary(TypedDict):
     offset: int

@@ -104,9 +104,10 @@ def dump_control(out: Output, path: pathlib.Path, as_json: bool) -> None:
 
 def _torn_write(p: _RecordProblem, low_water_mark: int | None) -> bool:
     """A bad record of the last segment with valid records after it that recovery cuts as a torn
-    write: only zeros past the writer's unsynced bound, above the low-water mark (committed
-    records are never cut so; docs/internals.md, "Torn writes with survivors")."""
-    return p["within_unsynced_bound"] and p["txid"] > (-1 if low_water_mark is None else low_water_mark)
+    write: unwritten space in the hole, nothing past the writer's unsynced bound, above the
+    low-water mark (committed records are never cut so; docs/internals.md, "Torn writes with
+    survivors")."""
+    return p["may_be_torn_write"] and p["txid"] > (-1 if low_water_mark is None else low_water_mark)
 
 
 def _record_problem(p: _RecordProblem, torn_write: bool = False) -> str:
@@ -115,7 +116,7 @@ def _record_problem(p: _RecordProblem, torn_write: bool = False) -> str:
     if torn_write:
         return (
             f"torn write at offset {p['offset']} (transaction {p['txid']}): {p['reason']}; valid records follow "
-            f"from offset {p['next_valid_offset']}, but nothing past what the writer leaves unsynced: "
+            f"from offset {p['next_valid_offset']}, after unwritten space and within what the writer leaves unsynced: "
             "never synced, cut by the next writable open"
         )
     return (

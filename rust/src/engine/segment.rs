@@ -439,7 +439,9 @@ fn judge_stop(
         let later = find_valid_record_after(data, data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
         let torn_write = match later {
-            Some(_) if is_last => torn_write_with_survivors(ctx, data, data_path, bad_at, expected, data_len)?,
+            Some(valid_at) if is_last => {
+                torn_write_with_survivors(ctx, data, data_path, bad_at, valid_at, expected, data_len)?
+            }
             _ => Err(String::new()),
         };
         match later {
@@ -507,20 +509,26 @@ fn judge_stop(
 }
 
 /// Whether a bad record at `bad_at` (transaction `expected`) of the last segment, with valid
-/// records after it, is a write a power loss tore. The writer acknowledges nothing before an
-/// fdatasync covers it, so a hole where a torn write left it holds records never synced, but a
-/// disk may persist any subset of the pages written since the last completed fdatasync: valid
-/// records may survive after the hole. The writer bounds that span (`unsynced_bound`) and starts
-/// it at a record boundary, so the hole, the first bad record, is no earlier than its start,
-/// and everything written since lies before `bad_at + bound`: any non-zero byte from there on
-/// is data that was synced, and the bad record is latent corruption, not a tear. Records at or
-/// below the low-water mark are committed: damage there is corruption whatever follows.
-/// Err says why not (a clause for the corruption error).
+/// records after it from `valid_at`, is a write a power loss tore. The writer acknowledges
+/// nothing before an fdatasync covers it, so a hole a torn write left holds records never synced,
+/// but a disk may persist any subset of the blocks written since the last completed fdatasync:
+/// valid records may survive after the hole. Latent corruption of synced data is the other
+/// explanation; two pieces of evidence the writer guarantees tell them apart:
+/// - Where: the writer bounds that span (`unsynced_bound`) and starts it at a record boundary,
+///   so the hole, the first bad record, is no earlier than its start, and everything written
+///   since lies before `bad_at + bound`: a non-zero byte from there on is synced data.
+/// - What: a block the disk did not write keeps what it held, and past the synced end the
+///   writer only ever leaves zeros (preallocated, or beyond the end of the file), so a tear
+///   leaves zeros that end at a block boundary or where the survivors begin. A flipped bit or
+///   garbage in a record is damage, not a tear (`unwritten_space`).
+/// Records at or below the low-water mark are committed: damage there is corruption whatever
+/// follows. Err says why not (a clause for the corruption error).
 fn torn_write_with_survivors(
     ctx: &SegmentContext<'_>,
     data: &Arc<dyn FileHandle>,
     path: &Path,
     bad_at: u64,
+    valid_at: u64,
     expected: i64,
     data_len: u64,
 ) -> Result<std::result::Result<(), String>> {
@@ -528,25 +536,59 @@ fn torn_write_with_survivors(
     if expected <= low_water_mark {
         return Ok(Err(format!(" (at or below the low-water mark {low_water_mark}: committed)")));
     }
-    if !only_zeros_past_unsynced_bound(data, path, bad_at, data_len, ctx.opts.max_record_size)? {
-        let bound = unsynced_bound(ctx.opts.max_record_size);
-        return Ok(Err(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
-    }
-    Ok(Ok(()))
+    Ok(not_a_torn_write(data, path, bad_at, valid_at, data_len, ctx.opts.max_record_size)?.map_or(Ok(()), Err))
 }
 
-/// Whether the bytes from `unsynced_bound` past `bad_at` to the end of the file are all zero (or
-/// none): then whatever valid records follow a bad record at `bad_at` may be a torn write's
-/// survivors (`torn_write_with_survivors`).
-pub(crate) fn only_zeros_past_unsynced_bound(
+/// Why a bad record at `bad_at`, the first valid record after it at `valid_at`, cannot be a
+/// write a power loss tore (None: it can, the low-water mark aside): data further past it than
+/// the writer leaves unsynced, or no unwritten space in the hole (`torn_write_with_survivors`).
+pub(crate) fn not_a_torn_write(
     data: &Arc<dyn FileHandle>,
     path: &Path,
     bad_at: u64,
+    valid_at: u64,
     data_len: u64,
     max_record_size: usize,
-) -> Result<bool> {
-    let past = bad_at.saturating_add(unsynced_bound(max_record_size));
-    Ok(past >= data_len || is_zero_range(data, path, past, data_len)?)
+) -> Result<Option<String>> {
+    let bound = unsynced_bound(max_record_size);
+    let past = bad_at.saturating_add(bound);
+    if past < data_len && !is_zero_range(data, path, past, data_len)? {
+        return Ok(Some(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
+    }
+    if valid_at > past || !unwritten_space(data, path, bad_at, valid_at)? {
+        return Ok(Some(" (and no unwritten space before it: damage, not a torn write)".into()));
+    }
+    Ok(None)
+}
+
+/// The finest unit a disk writes whole (a sector): a power loss keeps or loses whole ones.
+const SECTOR: u64 = 512;
+
+/// Whether `[from, to)` holds what a block the disk never wrote leaves there: at least a record's
+/// overhead of zeros that begin at `from` or at a sector boundary and end at `to` or at one.
+/// (Zeros that short a valid record's bytes may hold, a txid's high bytes say; that many, never
+/// its prefix nor its checksum.)
+fn unwritten_space(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64) -> Result<bool> {
+    let mut buf = vec![0u8; (to - from) as usize];
+    let got = data.read_full_at(&mut buf, from).at(path)?;
+    buf.truncate(got);
+    let to = from + got as u64;
+    let mut i = 0usize;
+    while i < buf.len() {
+        if buf[i] != 0 {
+            i += 1;
+            continue;
+        }
+        let run = buf[i..].iter().take_while(|b| **b == 0).count();
+        let (s, e) = (from + i as u64, from + (i + run) as u64);
+        let s = if s == from { s } else { s.next_multiple_of(SECTOR) };
+        let e = if e == to { e } else { e / SECTOR * SECTOR };
+        if e >= s + RECORD_OVERHEAD as u64 {
+            return Ok(true);
+        }
+        i += run;
+    }
+    Ok(false)
 }
 
 /// A sealed segment must end where the next one starts.

@@ -131,14 +131,16 @@ def test_a_torn_write_with_valid_records_after_it_is_a_warning(written):
     offs = record_offsets(written / "0", last)
     first = int(last.stem)
     assert first > 150
-    flip_byte(last, offs[1] + 36)
+    with open(last, "r+b") as f:  # a block the disk never wrote: the zeros it held
+        f.seek(offs[1])
+        f.write(bytes(offs[2] - offs[1]))
 
     r, doc = run_json("disk", "verify", written)
     assert r.exit_code == 0, r.output
     [p] = doc["partitions"]
     assert p["result"] == "warn" and p["problems"] == [], p
     assert any(
-        w.startswith(f"0/{last.name}: torn write at offset {offs[1]} (transaction {first + 1}): data checksum mismatch")
+        w.startswith(f"0/{last.name}: torn write at offset {offs[1]} (transaction {first + 1}): ")
         and f"valid records follow from offset {offs[2]}" in w
         for w in p["warnings"]
     ), p["warnings"]

@@ -29,16 +29,16 @@ def batch(tag: str, n: int) -> RecordBatch:
 
 
 def tear(node: Node, record: int) -> int:
-    """Zeros the start of `record` in partition 0's last segment of a stopped node, as a torn
-    write leaves it (the records after it stay valid); returns the record's offset."""
+    """Zeros `record` in partition 0's last segment of a stopped node, as a torn write leaves it
+    (the records after it stay valid); returns the record's offset."""
     part = node.config.parent / "data" / "0"
     seg = sorted(part.glob("*.seg"))[-1]
     first = int(seg.stem)
     idx = seg.with_suffix(".idx").read_bytes()[128:]  # a clean close wrote every entry
-    (offset,) = struct.unpack_from(">q", idx, 8 * (record - first))
-    with open(seg, "r+b") as f:
+    offset, after = struct.unpack_from(">qq", idx, 8 * (record - first))
+    with open(seg, "r+b") as f:  # the blocks the disk never wrote: the zeros they held
         f.seek(offset)
-        f.write(bytes(50))
+        f.write(bytes(after - offset))
     seg.with_suffix(".idx").write_bytes(seg.with_suffix(".idx").read_bytes()[:128])  # as lost as the data
     return offset
 

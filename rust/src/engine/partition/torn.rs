@@ -7,7 +7,7 @@ use super::tests::{open_with, opts, KEY};
 use super::*;
 use crate::engine::format::HEADER_LEN;
 use crate::engine::fs::{FileHandle, ForwardingFile, StdFs, WrapFs};
-use crate::engine::record::ReqId;
+use crate::engine::record::{ReqId, RECORD_OVERHEAD};
 use crate::engine::segment::UNSYNCED_SPAN;
 use crate::engine::storage::Storage;
 use std::collections::HashMap;
@@ -70,18 +70,27 @@ fn corruption_at(r: Result<Partition>) -> (u64, String) {
     }
 }
 
+/// Zeros over `[from, to)`: blocks a power loss kept from the disk (they held zeros before).
+fn zero(path: &Path, from: u64, to: u64) {
+    write_at(path, &vec![0; (to - from) as usize], from);
+}
+
 #[test]
 fn a_hole_with_valid_records_after_it_within_the_bound_is_a_torn_tail() {
-    // Seed 61's file: zeros where a record began, valid records after; then the same with
-    // garbage, as a torn sector may leave.
-    for hole in [[0u8; 50], [0xAB; 50]] {
+    // Seed 61's file: zeros where a record began, valid records after. The zeros cover one
+    // record, or run from a record to a sector boundary inside a later one.
+    let sector_after = |off: u64| (off + RECORD_OVERHEAD as u64).next_multiple_of(512);
+    for shape in ["record", "to a sector"] {
         let d = tempfile::tempdir().unwrap();
-        let (offs, end) = log_of(d.path(), 20);
+        let (offs, end) = log_of(d.path(), 60);
         let seg = d.path().join(data_name(0));
-        write_at(&seg, &hole, offs[15]);
+        let hole_end = if shape == "record" { offs[15] + 1 } else { sector_after(offs[15]) };
+        let survivor = *offs.iter().find(|o| **o >= hole_end).unwrap();
+        assert!(survivor < end);
+        zero(&seg, offs[15], if shape == "record" { offs[16] } else { hole_end });
         let p = reopen(d.path(), opts(1 << 30, 4)).unwrap();
         check(&p, 14);
-        assert_eq!(p.recovery.torn_survivors, Some((seg.clone(), offs[15], offs[16])));
+        assert_eq!(p.recovery.torn_survivors, Some((seg.clone(), offs[15], survivor)), "{shape}");
         assert_eq!(p.recovery.torn_bytes, end - offs[15]);
         assert_eq!(std::fs::metadata(&seg).unwrap().len(), offs[15], "the survivors are cut with the hole");
         append(&p, 15, 3);
@@ -90,6 +99,28 @@ fn a_hole_with_valid_records_after_it_within_the_bound_is_a_torn_tail() {
         check(&p, 17);
         assert_eq!((p.recovery.torn_bytes, p.recovery.torn_survivors.clone()), (0, None));
     }
+}
+
+#[test]
+fn garbage_or_a_flipped_bit_with_valid_records_after_it_is_corruption() {
+    // No unwritten space in the hole: a disk that did not write a block leaves what it held,
+    // zeros past the synced end, never other bytes. So this is damage, even near the end.
+    let d = tempfile::tempdir().unwrap();
+    let (offs, _) = log_of(d.path(), 20);
+    let seg = d.path().join(data_name(0));
+    let pristine = std::fs::read(&seg).unwrap();
+    for (bytes, at) in [(vec![0xAB; 50], offs[15]), (vec![pristine[offs[15] as usize + 45] ^ 4], offs[15] + 45)] {
+        std::fs::write(&seg, &pristine).unwrap();
+        write_at(&seg, &bytes, at);
+        let (offset, reason) = corruption_at(reopen(d.path(), opts(1 << 30, 4)));
+        assert_eq!(offset, offs[15]);
+        assert!(reason.contains("no unwritten space"), "{reason}");
+    }
+    // Zeros that do not reach a sector boundary nor the next record are no block's either.
+    std::fs::write(&seg, &pristine).unwrap();
+    write_at(&seg, &[0; 50], offs[15]);
+    assert!((offs[15] + 50) % 512 != 0 && offs[15] + 50 < offs[16]);
+    corruption_at(reopen(d.path(), opts(1 << 30, 4)));
 }
 
 #[test]
@@ -107,7 +138,7 @@ fn data_past_the_bound_after_a_hole_is_corruption() {
     let pristine = std::fs::read(&seg).unwrap();
     for (beyond, at) in [(next.clone(), past), (vec![1u8], past), (next.clone(), past - 1)] {
         std::fs::write(&seg, &pristine).unwrap();
-        write_at(&seg, &[0; 30], offs[4]);
+        zero(&seg, offs[4], offs[5]);
         write_at(&seg, &beyond, at);
         let (offset, reason) = corruption_at(reopen(d.path(), opts(1 << 30, 4)));
         assert_eq!(offset, offs[4]);
@@ -115,7 +146,7 @@ fn data_past_the_bound_after_a_hole_is_corruption() {
     }
     // Zeros up to the end of the file past the bound are what preallocation leaves: torn.
     std::fs::write(&seg, &pristine).unwrap();
-    write_at(&seg, &[0; 30], offs[4]);
+    zero(&seg, offs[4], offs[5]);
     std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(past + 4096).unwrap();
     let p = reopen(d.path(), opts(1 << 30, 4)).unwrap();
     check(&p, 3);
@@ -123,7 +154,7 @@ fn data_past_the_bound_after_a_hole_is_corruption() {
     drop(p);
     // Repair still cuts a corrupt one at the hole.
     std::fs::write(&seg, &pristine).unwrap();
-    write_at(&seg, &[0; 30], offs[4]);
+    zero(&seg, offs[4], offs[5]);
     write_at(&seg, &next, past);
     let mut repair = opts(1 << 30, 4);
     repair.recover.mode = RecoveryMode::TruncateAtCorruption;
@@ -137,7 +168,7 @@ fn a_hole_at_or_below_the_low_water_mark_is_corruption() {
     let d = tempfile::tempdir().unwrap();
     let (offs, _) = log_of(d.path(), 20);
     let seg = d.path().join(data_name(0));
-    write_at(&seg, &[0; 50], offs[15]);
+    zero(&seg, offs[15], offs[16]);
     for committed in [15, 19] {
         let mut o = opts(1 << 30, 4);
         o.recover.low_water_mark = committed;
@@ -159,13 +190,14 @@ fn storage_opens_a_partition_with_the_control_files_low_water_mark() {
         s.add_partition(0).unwrap();
         append(&s.partition(0).unwrap(), 0, 20);
         let seg = s.partition(0).unwrap().snapshot(0).unwrap().0.pop().unwrap();
-        let (hole, path) = (seg.files.index.offset_of(15).unwrap(), seg.files.data_path.clone());
+        let (hole, next) = (seg.files.index.offset_of(15).unwrap(), seg.files.index.offset_of(16).unwrap());
+        let path = seg.files.data_path.clone();
         drop(seg);
         s.set_low_water_mark(0, 3, mark).unwrap();
         s.close();
         drop(s);
         lose_index(path.parent().unwrap(), 0);
-        write_at(&path, &[0; 50], hole);
+        zero(&path, hole, next);
         let s = Storage::open(d.path(), Some(KEY), Some(1), opts(1 << 30, 4)).unwrap();
         match s.partition(0) {
             Ok(p) => {
