@@ -521,6 +521,7 @@ fn judge_stop(
 ///   writer only ever leaves zeros (preallocated, or beyond the end of the file), so a tear
 ///   leaves zeros that end at a block boundary or where the survivors begin. A flipped bit or
 ///   garbage in a record is damage, not a tear (`unwritten_space`).
+///
 /// Records at or below the low-water mark are committed: damage there is corruption whatever
 /// follows. Err says why not (a clause for the corruption error).
 fn torn_write_with_survivors(
