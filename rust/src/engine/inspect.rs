@@ -289,7 +289,7 @@ pub fn inspect_segment(
             let txid = header.first_txid + count as i64;
             let next_valid = find_valid_record_after(&data, path, offset + 1, file_len, txid, max_record_size)?;
             let may_be_torn_write = match next_valid {
-                Some(v) => not_a_torn_write(&data, path, offset, v, file_len, max_record_size)?.is_none(),
+                Some(v) => not_a_torn_write(&data, path, offset, v, txid, file_len, max_record_size)?.is_none(),
                 None => false,
             };
             Some(RecordProblem { offset, txid, reason: why.to_string(), next_valid, may_be_torn_write })

@@ -537,7 +537,8 @@ fn torn_write_with_survivors(
     if expected <= low_water_mark {
         return Ok(Err(format!(" (at or below the low-water mark {low_water_mark}: committed)")));
     }
-    Ok(not_a_torn_write(data, path, bad_at, valid_at, data_len, ctx.opts.max_record_size)?.map_or(Ok(()), Err))
+    Ok(not_a_torn_write(data, path, bad_at, valid_at, expected, data_len, ctx.opts.max_record_size)?
+        .map_or(Ok(()), Err))
 }
 
 /// Why a bad record at `bad_at`, the first valid record after it at `valid_at`, cannot be a
@@ -548,6 +549,7 @@ pub(crate) fn not_a_torn_write(
     path: &Path,
     bad_at: u64,
     valid_at: u64,
+    expected: i64,
     data_len: u64,
     max_record_size: usize,
 ) -> Result<Option<String>> {
@@ -556,7 +558,7 @@ pub(crate) fn not_a_torn_write(
     if past < data_len && !is_zero_range(data, path, past, data_len)? {
         return Ok(Some(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
     }
-    if valid_at > past || !unwritten_space(data, path, bad_at, valid_at)? {
+    if valid_at > past || !unwritten_space(data, path, bad_at, valid_at, expected)? {
         return Ok(Some(" (and no unwritten space before it: damage, not a torn write)".into()));
     }
     Ok(None)
@@ -565,11 +567,14 @@ pub(crate) fn not_a_torn_write(
 /// The finest unit a disk writes whole (a sector): a power loss keeps or loses whole ones.
 const SECTOR: u64 = 512;
 
-/// Whether `[from, to)` holds what a block the disk never wrote leaves there: at least a record's
-/// overhead of zeros that begin at `from` or at a sector boundary and end at `to` or at one.
-/// (Zeros that short a valid record's bytes may hold, a txid's high bytes say; that many, never
-/// its prefix nor its checksum.)
-fn unwritten_space(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64) -> Result<bool> {
+/// Whether `[from, to)` (a bad record for transaction `expected` at `from`, the first valid
+/// record after it at `to`) holds what a block the disk never wrote leaves there: zeros that
+/// begin at `from` or at a sector boundary, end at `to` or at one, and are more than a valid
+/// record's bytes can be. From `from`, 8 of them: the record's id, never all zero but for
+/// transaction 0 (then 40: a record's overhead, never all zero). Up to `to`, 4: the checksum
+/// that ends the record before it, zero once in 2^32. From a sector boundary to another: a
+/// whole sector.
+fn unwritten_space(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64, expected: i64) -> Result<bool> {
     let mut buf = vec![0u8; (to - from) as usize];
     let got = data.read_full_at(&mut buf, from).at(path)?;
     buf.truncate(got);
@@ -584,7 +589,13 @@ fn unwritten_space(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64) 
         let (s, e) = (from + i as u64, from + (i + run) as u64);
         let s = if s == from { s } else { s.next_multiple_of(SECTOR) };
         let e = if e == to { e } else { e / SECTOR * SECTOR };
-        if e >= s + RECORD_OVERHEAD as u64 {
+        let least = match (s == from, e == to) {
+            (_, true) => 4,
+            (true, false) if expected != 0 => 8,
+            (true, false) => RECORD_OVERHEAD as u64,
+            (false, false) => 1,
+        };
+        if e >= s + least {
             return Ok(true);
         }
         i += run;

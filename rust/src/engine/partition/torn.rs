@@ -7,7 +7,7 @@ use super::tests::{open_with, opts, KEY};
 use super::*;
 use crate::engine::format::HEADER_LEN;
 use crate::engine::fs::{FileHandle, ForwardingFile, StdFs, WrapFs};
-use crate::engine::record::{ReqId, RECORD_OVERHEAD};
+use crate::engine::record::ReqId;
 use crate::engine::segment::UNSYNCED_SPAN;
 use crate::engine::storage::Storage;
 use std::collections::HashMap;
@@ -77,26 +77,38 @@ fn zero(path: &Path, from: u64, to: u64) {
 
 #[test]
 fn a_hole_with_valid_records_after_it_within_the_bound_is_a_torn_tail() {
-    // Seed 61's file: zeros where a record began, valid records after. The zeros cover one
-    // record, or run from a record to a sector boundary inside a later one.
-    let sector_after = |off: u64| (off + RECORD_OVERHEAD as u64).next_multiple_of(512);
-    for shape in ["record", "to a sector"] {
+    // Seed 61's file: zeros where a record began, valid records after. Unwritten space of each
+    // shape a disk leaves: a whole record; from a record to a sector boundary; from a record's
+    // id to a sector boundary inside it; from a sector boundary inside a record to the next one.
+    let up = |o: u64| o.next_multiple_of(512);
+    for shape in ["record", "to a sector", "id to a sector", "sector to the next record"] {
         let d = tempfile::tempdir().unwrap();
-        let (offs, end) = log_of(d.path(), 60);
+        let (offs, end) = log_of(d.path(), 200);
         let seg = d.path().join(data_name(0));
-        let hole_end = if shape == "record" { offs[15] + 1 } else { sector_after(offs[15]) };
-        let survivor = *offs.iter().find(|o| **o >= hole_end).unwrap();
-        assert!(survivor < end);
-        zero(&seg, offs[15], if shape == "record" { offs[16] } else { hole_end });
+        let k = |ok: &dyn Fn(usize) -> bool| (100..190).find(|k| ok(*k)).expect("the log has a record so placed");
+        let (bad, from, to) = match shape {
+            "record" => (100, offs[100], offs[101]),
+            "to a sector" => (100, offs[100], up(offs[100] + 40)),
+            "id to a sector" => {
+                let k = k(&|k| (8..40).contains(&(up(offs[k]) - offs[k])) && up(offs[k]) < offs[k + 1]);
+                (k, offs[k], up(offs[k]))
+            }
+            _ => {
+                let k = k(&|k| up(offs[k] + 1) + 4 <= offs[k + 1]);
+                (k, up(offs[k] + 1), offs[k + 1])
+            }
+        };
+        zero(&seg, from, to);
+        let survivor = *offs.iter().find(|o| **o >= to && **o > offs[bad]).unwrap();
         let p = reopen(d.path(), opts(1 << 30, 4)).unwrap();
-        check(&p, 14);
-        assert_eq!(p.recovery.torn_survivors, Some((seg.clone(), offs[15], survivor)), "{shape}");
-        assert_eq!(p.recovery.torn_bytes, end - offs[15]);
-        assert_eq!(std::fs::metadata(&seg).unwrap().len(), offs[15], "the survivors are cut with the hole");
-        append(&p, 15, 3);
+        check(&p, bad as i64 - 1);
+        assert_eq!(p.recovery.torn_survivors, Some((seg.clone(), offs[bad], survivor)), "{shape}");
+        assert_eq!(p.recovery.torn_bytes, end - offs[bad]);
+        assert_eq!(std::fs::metadata(&seg).unwrap().len(), offs[bad], "the survivors are cut with the hole");
+        append(&p, bad as i64, 3);
         drop(p);
         let p = reopen(d.path(), opts(1 << 30, 4)).unwrap();
-        check(&p, 17);
+        check(&p, bad as i64 + 2);
         assert_eq!((p.recovery.torn_bytes, p.recovery.torn_survivors.clone()), (0, None));
     }
 }
