@@ -290,7 +290,11 @@ class LazyOperations:
         with self._mutex:
             if not self.last_writes:
                 return {"torn": None}
-            _, path, offset, data = max(self.last_writes.values())
+            ino, (_, path, offset, data) = max(self.last_writes.items(), key=lambda kv: kv[1])
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino != ino:
+                    # Renamed since, and another file took the name: the pages are not that file's.
+                    return {"torn": None}
             boundaries = list(range((offset // PAGE + 1) * PAGE, offset + len(data), PAGE))
             if not boundaries:
                 return {"torn": None, "write": len(data)}

@@ -64,6 +64,16 @@ def test_the_last_unsynced_write_is_torn_at_a_page_boundary(disk):
     assert older.read_bytes() == b""  # every other unsynced write is simply lost
 
 
+def test_a_tear_never_writes_into_another_file_that_took_the_name(disk):
+    moved, f = disk.mountpoint / "moved", disk.mountpoint / "seg"
+    _write(f, b"t" * (4 * PAGE))  # unsynced, then the file is renamed and its name reused
+    os.rename(f, moved)
+    _write(f, b"n" * 100, sync=True)
+    lost = disk.power_loss(tear=0.5)
+    assert lost["torn"] is None, lost
+    assert f.read_bytes() == b"n" * 100
+
+
 def test_truncates_are_lost_unless_synced_and_renames_keep_the_pages(disk):
     f, g, h = disk.mountpoint / "a", disk.mountpoint / "b", disk.mountpoint / "grown"
     _write(f, b"k" * 9000, sync=True)

@@ -39,6 +39,9 @@ pub struct WriteQueue {
     bytes: Vec<u8>,
     pieces: Vec<Piece>,
     len: u64,
+    /// Where each queued record ends (bytes from the queue's start): the points a write that
+    /// must stop short of the whole queue may stop at (`Partition`'s unsynced bound).
+    ends: Vec<u64>,
 }
 
 /// Where `data` starts inside `owner`, if it lies wholly in it.
@@ -69,6 +72,14 @@ impl WriteQueue {
             *len = (*len).min(bytes - *start);
         }
         self.len = len;
+        self.ends.truncate(self.ends.partition_point(|e| *e <= len));
+    }
+
+    /// The furthest record end after `from` and at most `room` bytes past it, if any.
+    pub fn record_end_within(&self, from: u64, room: u64) -> Option<u64> {
+        let limit = from.saturating_add(room);
+        let i = self.ends.partition_point(|e| *e <= limit);
+        i.checked_sub(1).map(|i| self.ends[i]).filter(|e| *e > from)
     }
 
     fn copy(&mut self, b: &[u8]) {
@@ -94,6 +105,7 @@ impl WriteQueue {
         self.copy(&crc);
         let n = (RECORD_OVERHEAD + rec.data.len()) as u64;
         self.len += n;
+        self.ends.push(self.len);
         n
     }
 
@@ -113,10 +125,28 @@ impl WriteQueue {
         file.write_all_vectored_at(&slices, at)
     }
 
+    /// Writes the queue's bytes `from..to` (offsets in the queue) at `at + from`.
+    pub fn write_range(&self, file: &dyn FileHandle, at: u64, from: u64, to: u64) -> io::Result<()> {
+        let (mut pos, mut slices) = (0u64, Vec::new());
+        for p in &self.pieces {
+            let bytes = match p {
+                Piece::Copied { start, len } => &self.bytes[*start..*start + *len],
+                Piece::Shared { data, start, len } => &data[*start..*start + *len],
+            };
+            let (lo, hi) = (pos.max(from), (pos + bytes.len() as u64).min(to));
+            if lo < hi {
+                slices.push(IoSlice::new(&bytes[(lo - pos) as usize..(hi - pos) as usize]));
+            }
+            pos += bytes.len() as u64;
+        }
+        file.write_all_vectored_at(&slices, at + from)
+    }
+
     /// Empties the queue, dropping its references to shared buffers.
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.pieces.clear();
+        self.ends.clear();
         self.len = 0;
         if self.bytes.capacity() > SCRATCH_KEEP {
             self.bytes = Vec::new();
@@ -188,6 +218,34 @@ mod tests {
         let f = Mem::default();
         q.write_to(&f, 128).unwrap();
         assert_eq!(&f.0.lock().unwrap()[128..], &expect[..]);
+    }
+
+    #[test]
+    fn a_queue_written_in_ranges_ending_at_records_writes_the_same_bytes() {
+        let owner: SharedData = Arc::new((0..20_000u32).map(|i| (i * 13) as u8).collect());
+        let (mut q, mut expect) = (WriteQueue::default(), Vec::new());
+        for (k, r) in
+            [rec(&owner[..100], true), rec(&owner[100..9000], true), rec(&owner[9000..9010], false)].iter().enumerate()
+        {
+            q.push_record(k as i64, r, Some(&owner));
+            encode_record(&mut expect, k as i64, r);
+        }
+        let ends = [140, 140 + 8940, expect.len() as u64];
+        assert_eq!(q.record_end_within(0, 139), None, "no record ends that soon");
+        assert_eq!(q.record_end_within(0, 9000), Some(ends[0]));
+        assert_eq!(q.record_end_within(ends[0], 8950), Some(ends[1]));
+        assert_eq!(q.record_end_within(ends[0], u64::MAX), Some(ends[2]));
+        let f = Mem::default();
+        let mut from = 0;
+        for to in ends {
+            q.write_range(&f, 128, from, to).unwrap();
+            from = to;
+        }
+        assert_eq!(&f.0.lock().unwrap()[128..], &expect[..]);
+        let m = q.mark();
+        q.push_record(3, &rec(&owner[..5], true), None);
+        q.rollback(m);
+        assert_eq!(q.record_end_within(0, u64::MAX), Some(ends[2]), "rollback forgets the record's end");
     }
 
     #[test]
