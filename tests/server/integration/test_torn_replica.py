@@ -9,7 +9,6 @@ import asyncio
 import pathlib
 import struct
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from support.daemons import Node, nodes_cluster
@@ -43,16 +42,6 @@ def tear(node: Node, record: int) -> int:
     return offset
 
 
-def read_all(node: Node) -> list[Any]:
-    async def go(c: Any) -> list[Any]:
-        out: list[Any] = []
-        while got := await c.records(0, len(out), 1000):
-            out.extend(got)
-        return out
-
-    return node.admin(go)  # type: ignore[no-any-return]
-
-
 def test_a_replica_with_a_torn_write_is_taken_back(cluster) -> None:
     meta, nodes, _ = cluster
     torn = nodes[2]
@@ -75,7 +64,7 @@ def test_a_replica_with_a_torn_write_is_taken_back(cluster) -> None:
             await asyncio.sleep(0.05)
         last = (await s2.append(batch("c", 2)))[1]
         await s2.close()
-        copies = [await asyncio.to_thread(read_all, n) for n in nodes]
+        copies = [await asyncio.to_thread(n.admin_records) for n in nodes]
         assert len(copies[2]) == last + 1 and copies[0] == copies[1] == copies[2]
         assert bytes(copies[2][190].data) == b"a38-0"
 
