@@ -140,6 +140,8 @@ def torture(
         + (", ".join(f"{k} {n}" for k, n in result.faults.items()) or "none")
         + f"; {result.seconds:.0f} s"
     )
+    if result.stats:
+        print("; ".join(f"{k.replace('_', ' ')}: {v:g}" for k, v in result.stats.items()))
     for p in result.problems:
         print(f"PROBLEM {p}")
     print("PASSED" if result.passed else "FAILED", f"(report: {d / 'report.json'})")

@@ -97,6 +97,9 @@ def plan(partitions: int, servers: Mapping[int, ServerInfo], current: Assignment
 
 Deliver = Callable[[dict[int, int]], None]
 
+LIVE_MOVE = "moving partition"
+"""How the leader's log line of a partition taken from a live server begins."""
+
 
 class ServerMembership:
     """A server's membership: registration, leader election, and its partitions.
@@ -324,7 +327,12 @@ class ServerMembership:
             self.metadata.set_assignment(nxt, version)
             moved = {p: (current.get(p), a) for p, a in nxt.items() if current.get(p) != a}
             log.info("cluster manager %d: assignment changed: %s", self.server_id, moved)
+            for p, (was, _) in moved.items():
+                if was is not None and was.server in servers and servers[was.server].session == was.session:
+                    # Step 1 of a move between live servers (balance or a preference): counted by
+                    # `waltz torture` from this line (LIVE_MOVE), so keep its wording.
+                    log.info("%s %d from server %d (generation %d)", LIVE_MOVE, p, was.server, was.generation)
         return nxt
 
 
-__all__ = ["ServerMembership", "plan"]
+__all__ = ["LIVE_MOVE", "ServerMembership", "plan"]

@@ -78,6 +78,7 @@ from waltz.torture import clock_faults, membership, net_faults
 from waltz.torture.clock_faults import CLOCK_FAULTS
 from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
 from waltz.torture.lazyfs import LazyFs
+from waltz.torture.progress import MINORITY_FAULTS, NODE_LINK_FAULTS, ProgressWatch
 from waltz.torture.proxy import FaultProxy
 
 FAULTS = (
@@ -120,6 +121,9 @@ class Fault:
     undo: Callable[[], None] = lambda: None
     sessions: clock_faults.SessionWatch | None = None
     """A clock fault's watch on the metadata sessions; dropped when another kind of fault joins."""
+    explains_standstill: bool = False
+    """Set on a minority fault that began while a partition wrote to fewer than all its replicas
+    (one still catching up): silencing another may leave no majority in the write path."""
 
 
 class Nemesis:
@@ -142,6 +146,7 @@ class Nemesis:
         cover: bool = False,
         disks: dict[str, LazyFs] | None = None,
         clients: tuple[str, ...] = (),
+        standstill: bool = True,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
@@ -168,6 +173,9 @@ class Nemesis:
         self.clients = list(clients)  # the client workers, by the names of their clock files
         self.problems: list[str] = []
         self._other_healed_at = float("-inf")
+        self.progress = ProgressWatch(self.storage) if standstill else None
+        """The standstill check (`torture/progress.py`): None when the run switches store sessions
+        too often for it (retention's checkpoint every 200 transactions)."""
 
     # ---- schedule ----------------------------------------------------------------------------
 
@@ -177,6 +185,10 @@ class Nemesis:
         # ZooKeeper first: other heals (the corrupt replica's repair) go through the metadata.
         for f in sorted((f for f in self.active if f.heal_at <= now), key=lambda f: f.kind != "kill-zookeeper"):
             self.heal(f)
+        if self.progress is not None:
+            for finding in self.progress.observe(self.committed(), self.active, time.monotonic()):
+                self.problems.append(finding)
+                self.say(f"nemesis: {finding}")
         if len(self.active) >= self.max_active or any(f.kind in ALONE_FAULTS for f in self.active):
             return
         if self.rng.random() < 0.5 and not self.cover:
@@ -235,6 +247,8 @@ class Nemesis:
         hold = self.rng.uniform(*self.hold)
         fault = Fault(kind, (), time.monotonic() + hold)
         c = self.cluster
+        # Measured before the fault strikes: its own replica leaves the write path soon after.
+        in_path = c.server_metric("waltz_server_replicas_in_write_path") if self._may_be_judged(kind) else {}
         if kind == "kill-storage":
             fault.targets = (self.rng.choice(self.storage),)
             c.kill(fault.targets[0])
@@ -318,6 +332,10 @@ class Nemesis:
             fault.undo = lambda: clock_faults.heal(c.directory, target)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
+        short = {p: int(in_path.get(p, 0)) for p in range(c.partitions) if in_path.get(p, 0) < REPLICAS}
+        if self.progress is not None and not self.progress.explains(fault) and short:
+            fault.explains_standstill = True
+            fault.detail["short_write_paths"] = short
         hold = fault.heal_at - time.monotonic()
         if kind not in CLOCK_FAULTS:
             for f in self.active:
@@ -327,6 +345,10 @@ class Nemesis:
         self.log({"f": "nemesis", "type": "start", "fault": kind, "targets": list(fault.targets), **fault.detail})
         extra = "".join(f" {k}={v}" for k, v in fault.detail.items())
         self.say(f"nemesis: {kind} {', '.join(fault.targets)}{extra} for {hold:.1f} s")
+
+    def _may_be_judged(self, kind: str) -> bool:
+        """Whether a fault of `kind` may be one the standstill check judges (a minority fault)."""
+        return self.progress is not None and kind in (*MINORITY_FAULTS, *NODE_LINK_FAULTS)
 
     def heal(self, fault: Fault) -> None:
         if fault.kind == "corrupt":  # the repair goes through the metadata: ZooKeeper comes back first

@@ -35,6 +35,7 @@ from waltz import errors
 from waltz.client import WaltzClient
 from waltz.client.log_reader import LogReader
 from waltz.cluster import retention as retention_policy
+from waltz.cluster.manager import LIVE_MOVE
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
@@ -95,6 +96,10 @@ class TortureResult:
     seconds: float
     locks: dict[str, int] = dataclasses.field(default_factory=dict)
     """The servers' lock failures at the end (counters restart with a partition's server)."""
+    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    """What the run did besides its faults: `live_server_moves` (partitions the cluster manager
+    took from a live server, to balance a server that came back), `standstill_judged_seconds`
+    (how long the standstill check judged the partitions' progress)."""
 
     @property
     def passed(self) -> bool:
@@ -108,6 +113,7 @@ class TortureResult:
             "faults": self.faults,
             "problems": self.problems,
             "locks": self.locks,
+            "stats": self.stats,
             "report": json.loads(self.report.to_json()),
         }
 
@@ -285,6 +291,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             cover=o.cover,
             disks=disks,
             clients=clients if clocks else (),
+            standstill=not retention,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration
@@ -345,8 +352,18 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         report = check(history, drains, reference="cluster", lagging=lagging, first_id=None if starts else 0)
         report.anomalies += check_workload(workload, d, drains["cluster"])
         transactions = sum(t + 1 for t in targets.values())
+        stats = {"live_server_moves": _live_server_moves(cluster)}
+        if nemesis.progress is not None:
+            stats["standstill_judged_seconds"] = round(nemesis.progress.judged_seconds, 1)
+        say(f"partition moves between live servers: {stats['live_server_moves']}")
         result = TortureResult(
-            report, dict(sorted(nemesis.counts.items())), problems, transactions, time.monotonic() - started, locks
+            report,
+            dict(sorted(nemesis.counts.items())),
+            problems,
+            transactions,
+            time.monotonic() - started,
+            locks,
+            stats,
         )
         (d / "report.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
         return result
@@ -404,6 +421,17 @@ def _wait(
         if time.monotonic() > deadline:
             raise errors.WaltzError(f"{what} within {timeout:.0f} s")
         time.sleep(0.2)
+
+
+def _live_server_moves(cluster: LocalCluster) -> int:
+    """Partitions the cluster manager took from a live server (its leaders' log lines, every
+    incarnation of every server: the logs are appended to across restarts)."""
+    moves = 0
+    for m in cluster.members:
+        if m.role == "server":
+            with contextlib.suppress(OSError):
+                moves += cluster.log_path(m.name).read_text(errors="replace").count(f"{LIVE_MOVE} ")
+    return moves
 
 
 def _marks(cluster: LocalCluster) -> dict[int, int]:
