@@ -24,6 +24,9 @@ second; a correct session does not wait for a silent minority at all)."""
 QUIET_AFTER = 20.0
 """Seconds after a fault that explains a standstill before partitions are judged again (a killed
 server's partitions move back, recoveries run, a majority catches up)."""
+LINK_QUIET_AFTER = 3.0
+"""The same after a link to a server held its bytes or slowed them (`one-way`, `partition`, `slow`
+on a server): the held bytes flow at the heal and nothing has to recover."""
 START_GRACE = 5.0
 """Seconds after the first observation before judging: the clients have just mounted."""
 MINORITY_FAULTS = ("partial-partition",)
@@ -45,6 +48,8 @@ class _Partition:
     mark: int
     rose_at: float
     reported: bool = False
+    faults: dict[str, None] = dataclasses.field(default_factory=dict)
+    """The faults active while it stood still (in the order they were seen)."""
 
 
 class ProgressWatch:
@@ -56,10 +61,12 @@ class ProgressWatch:
         *,
         standstill: float = STANDSTILL,
         quiet_after: float = QUIET_AFTER,
+        link_quiet_after: float = LINK_QUIET_AFTER,
         start_grace: float = START_GRACE,
     ) -> None:
         self.storage = set(storage)
         self.standstill, self.quiet_after, self.start_grace = standstill, quiet_after, start_grace
+        self.link_quiet_after = link_quiet_after
         self._partitions: dict[int, _Partition] = {}
         self._explained_until: float | None = None
         self.judged_seconds = 0.0
@@ -76,12 +83,22 @@ class ProgressWatch:
             return not all(t in self.storage for t in fault.targets)
         return True
 
+    def _held_server_link(self, fault: ActiveFault) -> bool:
+        return (
+            fault.kind in NODE_LINK_FAULTS
+            and fault.kind != "pause"
+            and not getattr(fault, "explains_standstill", False)
+            and not any(t in self.storage for t in fault.targets)
+        )
+
     def observe(self, marks: dict[int, int], active: Iterable[ActiveFault], now: float) -> list[str]:
         active = list(active)
         if self._explained_until is None:
             self._explained_until = now + self.start_grace
-        if any(self.explains(f) for f in active):
-            self._explained_until = max(self._explained_until, now + self.quiet_after)
+        for f in active:
+            if self.explains(f):
+                quiet = self.link_quiet_after if self._held_server_link(f) else self.quiet_after
+                self._explained_until = max(self._explained_until, now + quiet)
         findings: list[str] = []
         judged = now >= self._explained_until
         if judged and self._last is not None:
@@ -92,12 +109,14 @@ class ProgressWatch:
             if seen is None or mark > seen.mark:
                 self._partitions[p] = _Partition(mark, now)
                 continue
+            if judged:
+                seen.faults.update((f"{f.kind} on {', '.join(f.targets)}", None) for f in active)
             since = max(seen.rose_at, self._explained_until)
             if judged and not seen.reported and now - since >= self.standstill:
                 seen.reported = True
-                faults = ", ".join(f"{f.kind} on {', '.join(f.targets)}" for f in active) or "no fault"
+                faults = ", ".join(seen.faults) or "no fault"
                 findings.append(
                     f"standstill: partition {p} committed nothing for {now - since:.0f} s (high-water mark {mark}) "
-                    f"while only a minority of its replicas was faulted ({faults} active)"
+                    f"while only a minority of its replicas was faulted ({faults} meanwhile)"
                 )
         return findings

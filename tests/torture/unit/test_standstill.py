@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from waltz.torture.progress import QUIET_AFTER, STANDSTILL, START_GRACE, ProgressWatch
+from waltz.torture.progress import LINK_QUIET_AFTER, QUIET_AFTER, STANDSTILL, START_GRACE, ProgressWatch
 
 STORAGE = ("storage-0", "storage-1", "storage-2")
 
@@ -68,7 +68,7 @@ def test_no_finding_while_or_shortly_after_a_fault_that_explains_a_halt() -> Non
     # Once quiet that long, the same halt is judged from the end of the explanation on.
     later = 20 + QUIET_AFTER
     found = run(watch, [(later + i, {0: 5}, []) for i in range(int(STANDSTILL) + 1)])
-    assert len(found) == 1 and "no fault active" in found[0]
+    assert len(found) == 1 and "no fault meanwhile" in found[0]
     assert watch.judged_seconds >= STANDSTILL
 
 
@@ -76,3 +76,11 @@ def test_the_clients_mounting_are_given_a_grace() -> None:
     watch = ProgressWatch(STORAGE)
     assert run(watch, [(float(t), {0: -1}, []) for t in range(int(START_GRACE))]) == []
     assert run(watch, [(START_GRACE + STANDSTILL, {0: -1}, [])]) != []
+
+
+def test_a_held_link_to_a_server_explains_a_halt_for_less_long() -> None:
+    watch = ProgressWatch(STORAGE)
+    cut = [F("one-way", ("server-0",))]
+    steps = [(float(t), {0: 5}, cut if t < 20 else []) for t in range(int(20 + LINK_QUIET_AFTER + STANDSTILL) + 1)]
+    found = run(watch, steps)
+    assert len(found) == 1 and "no fault meanwhile" in found[0]
