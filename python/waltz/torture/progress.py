@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-STANDSTILL = 4.0
+STANDSTILL = 3.0
 """Seconds without a commit that are a finding (the faults hold 1 to 6 s; the observer asks once a
 second; a correct session does not wait for a silent minority at all)."""
 QUIET_AFTER = 20.0

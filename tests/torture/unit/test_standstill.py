@@ -37,7 +37,9 @@ def test_a_partition_halted_under_a_minority_fault_is_a_finding_once() -> None:
     steps += [(t0 + i, {0: 100, 1: 200 + i}, cut) for i in range(int(STANDSTILL) + 5)]
     found = run(watch, steps)
     assert len(found) == 1, found
-    assert found[0].startswith("standstill: partition 0 committed nothing for 4 s (high-water mark 100)")
+    assert found[0].startswith(
+        f"standstill: partition 0 committed nothing for {STANDSTILL:.0f} s (high-water mark 100)"
+    )
     assert "partial-partition on server-0, storage-1" in found[0]
     # It rises, then halts again: a second finding.
     t1 = t0 + STANDSTILL + 6
