@@ -5,6 +5,7 @@ two servers ever serve one partition at the same time."""
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from support import script
 from waltz.cluster import open_store
-from waltz.cluster.manager import ServerMembership
+from waltz.cluster.manager import LIVE_MOVE, ServerMembership
 from waltz.cluster.metadata import Assignment, ClusterMetadata
 from waltz.cluster.store import MetadataStore
 
@@ -278,6 +279,33 @@ def test_partition_handed_on_while_the_old_owner_is_still_starting_it(stores) ->
         members.append(m_b)
         wait(lambda: moved in m_b.serving)
         time.sleep(6)  # A's deliver returns
+        assert not rec.overlaps, rec.overlaps
+    finally:
+        for m in reversed(members):
+            m.close()
+
+
+def test_the_leader_logs_each_partition_it_takes_from_a_live_server(stores, caplog) -> None:  # type: ignore[no-untyped-def]
+    """`waltz torture` counts partition moves between live servers by these lines (LIVE_MOVE): a
+    server that joins gets its share from the live one that held everything."""
+    caplog.set_level(logging.INFO, logger="waltz.cluster.manager")
+    meta = ClusterMetadata(stores(), "/waltz/r")
+    meta.create("r", 2, 1)
+    rec = Recorder()
+    members: list[ServerMembership] = []
+    try:
+        boxes: list[list[int]] = [[0], [0]]
+        for i, box in enumerate(boxes):
+            m = ServerMembership(ClusterMetadata(stores(), "/waltz/r"), "127.0.0.1", 7001 + i, rec.deliver_for(box))
+            box[0] = m.server_id
+            m.start()
+            members.append(m)
+            wait(lambda m=m: len(m.serving) == 2 // len(members))
+        first, joined = members
+        wait(lambda: len(first.serving) == 1)
+        moved = next(iter(joined.serving))
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(LIVE_MOVE)]
+        assert lines == [f"{LIVE_MOVE} {moved} from server {first.server_id} (generation 1)"]
         assert not rec.overlaps, rec.overlaps
     finally:
         for m in reversed(members):
