@@ -12,6 +12,7 @@ cannot see the bug), 2 when the mutant could not be built. The run's directory i
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
@@ -34,12 +35,19 @@ def main(argv: list[str]) -> int:
         subprocess.run(["git", "-C", str(tree), "apply", str(patch)], check=True)
         env = {**os.environ, "CARGO_TARGET_DIR": str(root / "target"), "PYO3_PYTHON": sys.executable}
         print(f"mutant {patch.name}: building in {tree}", flush=True)
-        built = subprocess.run(
-            ["cargo", "build", "--release", "--lib", "--features", "python", "--quiet"], cwd=tree, env=env
-        )
-        if built.returncode != 0:
-            return 2
-        shutil.copy(root / "target" / "release" / "libwaltz_native.so", tree / "python" / "waltz" / "_native.abi3.so")
+        # The target directory is shared: a second runner's build must not replace the library
+        # between this one's build and its copy (cargo's own lock is released in between).
+        (root / "target").mkdir(exist_ok=True)
+        with open(root / "target" / ".mutant-build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            built = subprocess.run(
+                ["cargo", "build", "--release", "--lib", "--features", "python", "--quiet"], cwd=tree, env=env
+            )
+            if built.returncode != 0:
+                return 2
+            shutil.copy(
+                root / "target" / "release" / "libwaltz_native.so", tree / "python" / "waltz" / "_native.abi3.so"
+            )
         cmd = [sys.executable, "-m", "waltz.cli.main", "torture", *torture_args, "--directory", str(run)]
         print(f"mutant {patch.name}: {' '.join(cmd[1:])}", flush=True)
         done = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree / "python")})
