@@ -46,6 +46,13 @@ def _seconds(value: str) -> float:
     "deletions happen during the faults; the checker then allows the ids deleted everywhere to be missing.",
 )
 @click.option(
+    "--standstill",
+    metavar="DURATION",
+    help="Fail the run when a partition commits nothing for this long (e.g. 3s) while the only faults active "
+    "silence a minority of its replicas (partial-partition; one-way, partition, slow, pause on a storage node). "
+    "Off by default: a loaded machine stalls a correct cluster for seconds now and then. Not with --retention.",
+)
+@click.option(
     "--heal-timeout",
     default="180s",
     show_default=True,
@@ -82,6 +89,7 @@ def torture(
     faults: str | None,
     zookeeper: bool,
     retention: str | None,
+    standstill: str | None,
     heal_timeout: str,
     workload: str,
     segment_size: int | None,
@@ -128,6 +136,7 @@ def torture(
             faults=kinds,
             zookeeper=zookeeper,
             retention_max_age=None if retention is None else _seconds(retention),
+            standstill=None if standstill is None else _seconds(standstill),
             heal_timeout=_seconds(heal_timeout),
             workload=workload,
             segment_size=segment_size,

@@ -52,9 +52,9 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    (With the embedded metadata store, a clock fault that ran with no other kind
                    of fault must not have ended any process's metadata session.)
 
-While the only faults active silence a minority of the replicas (partial-partition; one-way,
-partition, slow or pause on a storage node), every partition must go on committing: one that
-stands still for 3 s is a problem of the run (waltz/torture/progress.py).
+With `--standstill`, while the only faults active silence a minority of the replicas
+(partial-partition; one-way, partition, slow or pause on a storage node), every partition must go
+on committing: one that stands still that long is a problem of the run (waltz/torture/progress.py).
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
 kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
@@ -150,7 +150,7 @@ class Nemesis:
         cover: bool = False,
         disks: dict[str, LazyFs] | None = None,
         clients: tuple[str, ...] = (),
-        standstill: bool = True,
+        standstill: float | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
@@ -177,9 +177,9 @@ class Nemesis:
         self.clients = list(clients)  # the client workers, by the names of their clock files
         self.problems: list[str] = []
         self._other_healed_at = float("-inf")
-        self.progress = ProgressWatch(self.storage) if standstill else None
-        """The standstill check (`torture/progress.py`): None when the run switches store sessions
-        too often for it (retention's checkpoint every 200 transactions)."""
+        self.progress = None if standstill is None else ProgressWatch(self.storage, standstill=standstill)
+        """The standstill check (`torture/progress.py`), when the run asks for it (`--standstill`;
+        never with retention, whose checkpoint every 200 transactions opens a new session)."""
 
     # ---- schedule ----------------------------------------------------------------------------
 
