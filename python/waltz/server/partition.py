@@ -583,6 +583,7 @@ class ServerPartition:
     def _wake_readers(self) -> None:
         self._signal_due = False
         followers, self._followers = self._followers, []
+        lists: dict[tuple[int, int], list[FeedEntry]] = {}
         for f in followers:
             if f.woken.done():
                 continue  # its reader went away
@@ -591,20 +592,26 @@ class ServerPartition:
                 push is not None
                 and f.next <= self.high_water_mark
                 and self.session.failed is None
-                and self._push(f, push)
+                and self._push(f, push, lists)
             ):
                 self._followers.append(f)  # handed over: it stays parked
             else:
                 f.woken.set_result(None)
 
-    def _push(self, f: _Follower, push: FeedPush) -> bool:
+    def _push(self, f: _Follower, push: FeedPush, lists: dict[tuple[int, int], list[FeedEntry]]) -> bool:
         """Hands every commit from `f.next` on to `push`, in lists of at most `f.max_entries`;
         False (the reader is woken and goes on from `f.next`) when it declines or fails one, or
-        the commits are no longer all cached."""
+        the commits are no longer all cached. `lists`: the lists made in this wake-up, by (next,
+        max entries), shared by the readers that are at the same place (most are: one list a
+        commit, where there was one a reader, and each connection's frame is then found in the
+        shared frame cache by the same list)."""
         while f.next <= self.high_water_mark:
             if f.next < self._cached_from():
                 return False
-            entries = self._cached(f.next, f.max_entries)
+            key = (f.next, f.max_entries)
+            entries = lists.get(key)
+            if entries is None:
+                entries = lists[key] = self._cached(f.next, f.max_entries)
             try:
                 taken = push(entries)
             except Exception:  # the reader's own path then meets the problem; this commit goes on
