@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import hashlib
 import hmac
 import logging
@@ -31,7 +32,14 @@ from waltz import client_protocol as cp
 from waltz import clock, errors, role_secrets, tls
 from waltz._native import ReqId, encode_frame
 from waltz.limits import Refusals
-from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
+from waltz.server.partition import (
+    AppendListener,
+    AppendRequest,
+    AppendResult,
+    FeedEntry,
+    LockFailed,
+    ServerPartition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +222,12 @@ class ClientConnection:
                     self._messages.feed(data)
                     continue
                 last_request = time.monotonic()
-                await self._dispatch(msg)
+                if type(msg) is cp.Append:  # the hot path: no coroutine unless it has to wait
+                    waiting = self._append(msg)
+                    if waiting is not None:
+                        await waiting
+                else:
+                    await self._dispatch(msg)
                 if self.mounted and self._messages.max_frame < self.limits.max_frame:
                     self._messages.max_frame = self.limits.max_frame  # mounted: appends of any allowed size
         except cp.LimitExceeded as e:
@@ -303,7 +316,9 @@ class ClientConnection:
 
     async def _dispatch(self, msg: cp.Message) -> None:
         if isinstance(msg, cp.Append):
-            await self._append(msg)
+            waiting = self._append(msg)
+            if waiting is not None:
+                await waiting
         elif isinstance(msg, cp.Mount):
             await self._mount(msg)
         elif isinstance(msg, cp.Flush):
@@ -357,12 +372,14 @@ class ClientConnection:
         )
 
     # -- appends ---------------------------------------------------------------------------
-    async def _append(self, msg: cp.Append) -> None:
+    def _append(self, msg: cp.Append) -> Awaitable[None] | None:
+        """Queues the append in its partition, or answers why not. Returns what is left to wait
+        for (an answer to write, room in a full queue), or None: most appends need no coroutine."""
         partition = msg.req_id[2]
         mount = self._mounts.get(partition)
         if mount is None or mount[0] != msg.req_id[0]:
             # Only under the client id this connection mounted (and so proved the token of).
-            await self._send(
+            return self._send(
                 cp.Failure(
                     msg.req_id[3],
                     partition,
@@ -371,13 +388,11 @@ class ClientConnection:
                     f"as client {msg.req_id[0]}",
                 ).frame()
             )
-            return
         if self._stale(partition):
-            return  # a newer connection of this client owns the partition now
+            return None  # a newer connection of this client owns the partition now
         p = self.partitions.by_id.get(partition)
         if p is None:
-            await self._not_here(-1, partition)
-            return
+            return self._not_here(-1, partition)
         request = AppendRequest(
             ReqId(*msg.req_id),
             msg.client_high_water_mark,
@@ -387,28 +402,48 @@ class ClientConnection:
             msg.read_locks,
             msg.append_locks,
         )
+        listener = functools.partial(self._answered, msg)
         try:
-            outcome = await p.enqueue(request)  # waits while the partition's queue is full
-        except errors.StoreSessionError as e:
-            await self._send(cp.Failure(-1, partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+            outcome = p.enqueue_nowait(request, listener)
+        except errors.WaltzError as e:
+            return self._refused(msg, e)
+        if outcome is None:
+            return self._append_when_room(p, msg, request, listener)  # the partition's queue is full
+        self._appends[partition].append(outcome)
+        return None
+
+    async def _append_when_room(
+        self, p: ServerPartition, msg: cp.Append, request: AppendRequest, listener: AppendListener
+    ) -> None:
+        """Waits for room in the partition's queue (the connection reads nothing meanwhile)."""
+        try:
+            outcome = await p.enqueue(request, listener)
+        except errors.WaltzError as e:
+            waiting = self._refused(msg, e)
+            if waiting is not None:
+                await waiting
             return
-        except errors.InvalidArgumentError as e:
-            await self._send(
+        if not outcome.done():
+            self._appends[msg.req_id[2]].append(outcome)
+
+    def _refused(self, msg: cp.Append, e: errors.WaltzError) -> Awaitable[None] | None:
+        partition = msg.req_id[2]
+        if isinstance(e, errors.StoreSessionError):
+            return self._send(cp.Failure(-1, partition, cp.FailureKind.STORE_UNAVAILABLE, str(e)).frame())
+        if isinstance(e, errors.InvalidArgumentError):
+            return self._send(
                 cp.Failure(
                     msg.req_id[3], partition, cp.FailureKind.APPEND_REJECTED, f"append {msg.req_id}: {e}"
                 ).frame()
             )
-            return
-        pending = self._appends[partition]
-        pending.append(outcome)
-        outcome.add_done_callback(lambda f: self._answered(msg, f))
+        raise e
 
     def _answered(self, msg: cp.Append, outcome: asyncio.Future[AppendResult]) -> None:
-        """Runs when the append is resolved; a callback, not a task, as most appends need no answer
-        (a commit is announced by the feed). Whole frames are written at once, so they never
-        interleave with the frames of the feed."""
-        pending = self._appends[msg.req_id[2]]
-        if outcome in pending:
+        """Runs when the partition settles the append, in that turn; a listener, not a task, as
+        most appends need no answer (a commit is announced by the feed). Whole frames are written
+        at once, so they never interleave with the frames of the feed."""
+        pending = self._appends.get(msg.req_id[2])
+        if pending is not None and outcome in pending:
             pending.remove(outcome)
         if outcome.cancelled() or self.writer.is_closing():
             return

@@ -592,6 +592,55 @@ def test_close_answers_appenders_waiting_for_queue_room(cluster) -> None:  # noq
     asyncio.run(go())
 
 
+def test_an_appender_that_gives_up_waiting_for_queue_room_does_not_hold_up_settled(cluster) -> None:  # noqa: F811
+    """A connection that goes away while its append waits for room (the queue full): that append
+    was never queued, and a Mount of the same client, which waits for `settled`, must not wait
+    for it for ever (its future stayed unresolved until issue 33's `_settle`)."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        p = await held_partition(meta, queue_limit=1)
+        queued = await p.enqueue(req(1, 1, -1))
+        gave_up = asyncio.ensure_future(p.enqueue(req(1, 2, -1)))
+        await asyncio.sleep(0.1)
+        assert p._queue.full() and not gave_up.done()
+        gave_up.cancel()
+        await asyncio.gather(gave_up, return_exceptions=True)
+        await p.start()  # the loop goes on: the queued one commits, and the client is settled
+        assert isinstance(await asyncio.wait_for(queued, HANG), Committed)
+        await asyncio.wait_for(p.settled(1), HANG)
+        await p.close()
+
+    asyncio.run(go())
+
+
+def test_listeners_hear_each_outcome_exactly_once(cluster) -> None:  # noqa: F811
+    """The connection's listener (it writes Lock Failures) is told of every outcome exactly once,
+    its future already resolved, whatever the outcome: committed, lock failed, ignored."""
+    meta, _ = cluster
+
+    async def go() -> None:
+        p = await held_partition(meta)
+        heard: list[tuple[int, Any]] = []
+
+        def listener(seq: int) -> Any:
+            return lambda f: heard.append((seq, f.result()))
+
+        futures = [
+            await p.enqueue(req(1, 1, -1, write_locks=[ACCOUNT[0]]), listener(1)),
+            await p.enqueue(req(2, 1, -1, write_locks=[ACCOUNT[0]]), listener(2)),
+            await p.enqueue(req(3, 1, -1, gen=GEN + 1), listener(3)),
+        ]
+        await p.start()
+        await asyncio.wait_for(asyncio.gather(*futures), HANG)
+        outcomes = dict(heard)
+        assert len(heard) == 3 and isinstance(outcomes[1], Committed) and isinstance(outcomes[3], Ignored)
+        assert outcomes[2] == LockFailed(outcomes[1].transaction_id)
+        await p.close()
+
+    asyncio.run(go())
+
+
 def test_close_answers_the_batch_waiting_for_an_in_flight_slot(cluster) -> None:  # noqa: F811
     meta, nodes = cluster
 
