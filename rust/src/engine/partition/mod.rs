@@ -6,7 +6,7 @@
 //! sync that covers them. Any write or sync error poisons the partition: it acknowledges nothing
 //! more until reopened, because after a failed fsync the page cache no longer tells the truth.
 use crate::engine::error::{Error, IoContext, Result};
-use crate::engine::format::{now_ms, FORMAT_VERSION};
+use crate::engine::format::{now_ms, FORMAT_VERSION, HEADER_LEN};
 use crate::engine::fs::{tmp_path, write_file_atomically, FileSystem};
 use crate::engine::index::{self, Checkpointer, Durable};
 use crate::engine::record::{
@@ -23,9 +23,11 @@ use std::time::{Duration, Instant};
 
 mod phases;
 mod queue;
+mod spare;
 use phases::{Phase, Phases};
 pub use queue::SharedData;
 use queue::WriteQueue;
+use spare::SpareSlot;
 
 /// Written before a tail truncation deletes anything, removed after; replayed on open.
 pub const TRUNCATE_INTENT: &str = "truncate.intent";
@@ -60,7 +62,7 @@ impl Drop for ReadBuf {
 }
 pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
-static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+pub(crate) static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
 /// Flushes at least this large grow the file instead of zero-filling ahead. Zeros save a flush
 /// the inode write (about 35 µs here) but cost their own bytes once: worth it for small flushes,
@@ -175,6 +177,8 @@ struct State {
     queued_appends: u64,
     leader_waiting: bool,
     index_scratch: Vec<u64>,
+    /// Whether the next segment's spare was asked for since the last roll.
+    spare_requested: bool,
 }
 
 struct SyncState {
@@ -215,6 +219,8 @@ pub struct Partition {
     /// lock and unlinked outside it, and put back if an unlink fails.
     retention: Mutex<()>,
     phases: Phases,
+    /// The next segment, prepared once the tail is half full (`spare.rs`).
+    spare: SpareSlot,
     pub recovery: RecoveryReport,
 }
 
@@ -600,6 +606,7 @@ impl Partition {
                 queued_appends: 0,
                 leader_waiting: false,
                 index_scratch: Vec::new(),
+                spare_requested: false,
             }),
             sync: Mutex::new(SyncState { synced_seq: 0, leader: false, cut: Default::default() }),
             synced: Condvar::new(),
@@ -619,6 +626,7 @@ impl Partition {
             reclaimed: AtomicU64::new(0),
             retention: Mutex::new(()),
             phases: Phases::default(),
+            spare: SpareSlot::default(),
             recovery: report,
         }
     }
@@ -756,6 +764,7 @@ impl Partition {
         } else if let Err(e) = self.write_index_tail() {
             log::warn!("partition {}: index not flushed on close ({e}); the next open rebuilds it", self.id);
         }
+        self.spare.discard(self.fs.as_ref(), &self.dir);
         self.release_leadership();
     }
 
@@ -1009,7 +1018,13 @@ impl Partition {
         let tail = st.segments.last_mut().unwrap();
         tail.end += written;
         tail.count += n;
+        let half_full = tail.end >= self.opts.segment_size / 2;
         st.next_txid += n as i64;
+        if half_full && !st.spare_requested {
+            st.spare_requested = true;
+            let zeros = self.opts.preallocate.min(self.opts.segment_size.saturating_sub(HEADER_LEN));
+            self.spare.request(self.fs.clone(), &self.dir, zeros);
+        }
         self.appends.fetch_add(1, Ordering::Relaxed);
         self.batch_records.observe(&BATCH_RECORDS_BOUNDS, n);
         self.records.fetch_add(n, Ordering::Relaxed);
@@ -1055,10 +1070,24 @@ impl Partition {
         tail.index.write_pending(1, true, durable)?;
         tail.index.sync()?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        let seg = create_segment(self.fs.as_ref(), &self.dir, &Self::header(self.cluster_key, self.id, st.next_txid))?;
-        st.tail_allocated = seg.end;
+        let header = Self::header(self.cluster_key, self.id, st.next_txid);
+        let (seg, allocated) = match self.spare.take() {
+            Some(s) => {
+                let (seg, allocated) = spare::install(s, self.fs.as_ref(), &self.dir, &header)?;
+                // Its index header reaches the disk with the background index sync.
+                self.request_index_sync(seg.files.clone());
+                (seg, allocated)
+            }
+            None => {
+                let seg = create_segment(self.fs.as_ref(), &self.dir, &header)?;
+                let end = seg.end;
+                (seg, end)
+            }
+        };
+        st.tail_allocated = allocated;
         st.prealloc_retry_at = 0;
         st.index_retry_at = 0;
+        st.spare_requested = false;
         st.segments.push(seg);
         Ok(())
     }

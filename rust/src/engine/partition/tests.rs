@@ -497,3 +497,61 @@ fn a_failed_sync_releases_shared_appenders_and_keeps_nothing_of_their_batch() {
     let p = open(d.path(), opts(1 << 30, 64));
     assert_eq!(p.max_txid(), 1, "only the acknowledged batch is there");
 }
+
+fn spare_files(dir: &Path) -> Vec<bool> {
+    [spare::SPARE_DATA, spare::SPARE_INDEX].iter().map(|n| dir.join(n).exists()).collect()
+}
+
+/// Waits (at most 10 s) for the spare's thread to have created both files.
+fn wait_for_spare(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while spare_files(dir) != [true, true] {
+        assert!(Instant::now() < deadline, "no spare prepared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn the_next_segment_is_prepared_ahead_and_a_spare_is_never_log_data() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    // Past half of the first segment: the spare is prepared; the roll then takes it.
+    append_n(&p, 0, 30);
+    assert_eq!(p.segment_count(), 1);
+    wait_for_spare(d.path());
+    let before = now_ms();
+    let mut next = 30;
+    while p.segment_count() < 2 {
+        append_n(&p, next, 1);
+        next += 1;
+    }
+    let after = now_ms();
+    assert_eq!(spare_files(d.path()), [false, false], "the roll renamed the spare into place");
+    let segs = data_files(d.path());
+    assert_eq!(segs.len(), 2);
+    for path in [&segs[1], &segs[1].with_extension("idx")] {
+        let mut b = [0u8; HEADER_LEN as usize];
+        std::fs::File::open(path).unwrap().read_exact_at(&mut b, 0).unwrap();
+        let h = SegmentHeader::decode(&b);
+        assert_eq!((h.first_txid, h.partition_id, h.cluster_key), (next - 1, 0, KEY), "{}", path.display());
+        assert!(before <= h.creation_ms && h.creation_ms <= after, "created at the roll, not when prepared");
+    }
+    // A crash while a spare lies in the folder: the open removes it and the log is intact.
+    append_n(&p, next, 30);
+    next += 30;
+    wait_for_spare(d.path());
+    let copy = tempfile::tempdir().unwrap();
+    crash_copy(d.path(), copy.path());
+    let q = open(copy.path(), opts(4096, 10));
+    check_all(&q, next - 1);
+    assert_eq!(q.recovery.removed_files.len(), 2, "{:?}", q.recovery.removed_files);
+    assert_eq!(spare_files(copy.path()), [false, false]);
+    append_n(&q, next, 40);
+    check_all(&q, next + 39);
+    // A closed log's folder holds its segments only.
+    drop(p);
+    assert_eq!(spare_files(d.path()), [false, false]);
+    let p = open(d.path(), opts(4096, 10));
+    check_all(&p, next - 1);
+    assert!(p.recovery.removed_files.is_empty() && p.recovery.torn_bytes == 0);
+}
