@@ -176,7 +176,6 @@ struct State {
     /// Appends in the queue, and whether a sync leader is waiting for more of them.
     queued_appends: u64,
     leader_waiting: bool,
-    index_scratch: Vec<u64>,
     /// Whether the next segment's spare was asked for since the last roll.
     spare_requested: bool,
 }
@@ -221,6 +220,11 @@ pub struct Partition {
     phases: Phases,
     /// The next segment, prepared once the tail is half full (`spare.rs`).
     spare: SpareSlot,
+    /// `next_txid` as last set under the state lock: the id `append_next` encodes at before it
+    /// takes the lock.
+    next_hint: AtomicI64,
+    /// Buffers batches were encoded into, kept for the next ones.
+    encode_buffers: Mutex<Vec<Vec<u8>>>,
     pub recovery: RecoveryReport,
 }
 
@@ -605,7 +609,6 @@ impl Partition {
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
                 leader_waiting: false,
-                index_scratch: Vec::new(),
                 spare_requested: false,
             }),
             sync: Mutex::new(SyncState { synced_seq: 0, leader: false, cut: Default::default() }),
@@ -627,6 +630,8 @@ impl Partition {
             retention: Mutex::new(()),
             phases: Phases::default(),
             spare: SpareSlot::default(),
+            next_hint: AtomicI64::new(next_txid),
+            encode_buffers: Mutex::new(Vec::new()),
             recovery: report,
         }
     }
@@ -937,6 +942,15 @@ impl Partition {
                 return Err(Error::RecordTooLarge { size: r.data.len(), max });
             }
         }
+        // Encoded before taking the lock (prefix CRCs, the copy: 90-130 µs for 1,000 records of
+        // 1 KiB), at the ids given or, for `append_next`, at the partition's next id as last seen;
+        // encoded again under the lock only if another append took those ids meanwhile.
+        let guess = first.unwrap_or_else(|| self.next_hint.load(Ordering::Acquire));
+        let t = self.phases.start();
+        let mut batch = WriteQueue::with_buffer(lock(&self.encode_buffers).pop().unwrap_or_default());
+        let mut offsets = Vec::with_capacity(records.len());
+        batch.push_batch(guess, records, owner, &mut offsets);
+        self.phases.end(Phase::Encode, t);
         let seq = {
             let t = self.phases.start();
             let mut st = lock(&self.state);
@@ -961,8 +975,12 @@ impl Partition {
                 self.phases.end(Phase::Roll, t);
             }
             let t = self.phases.start();
-            self.write_batch(&mut st, first_txid, records, owner).map_err(|e| self.poison(e))?;
-            self.phases.end(Phase::Encode, t);
+            if first_txid != guess {
+                (batch, offsets) = (WriteQueue::default(), Vec::with_capacity(records.len()));
+                batch.push_batch(first_txid, records, owner, &mut offsets);
+            }
+            self.write_batch(&mut st, records.len() as u64, batch, offsets).map_err(|e| self.poison(e))?;
+            self.phases.end(Phase::Enqueue, t);
             st.write_seq += 1;
             let (seq, last) = (st.write_seq, first_txid + records.len() as i64 - 1);
             st.inflight.push_back((seq, last));
@@ -972,32 +990,21 @@ impl Partition {
         Ok(AppendTicket { seq, first: first_txid, last: first_txid + records.len() as i64 - 1 })
     }
 
-    /// Encodes the batch onto the tail's write queue (large records in `owner` by reference).
-    /// Nothing touches the file here: the sync leader writes the whole queue in one write right
-    /// before its fdatasync, so no append dirties the file while a sync runs (Linux's fdatasync
-    /// would write those pages too).
-    fn write_batch(
-        &self,
-        st: &mut State,
-        first_txid: i64,
-        records: &[NewRecord<'_>],
-        owner: Option<&SharedData>,
-    ) -> Result<()> {
-        let mut offsets = std::mem::take(&mut st.index_scratch);
-        offsets.clear();
+    /// Puts an encoded batch of `n` records (`offsets` counted from its start) on the tail's write
+    /// queue and its index entries on the in-memory index tail. Nothing touches the file here: the
+    /// sync leader writes the whole queue in one write right before its fdatasync, so no append
+    /// dirties the file while a sync runs (Linux's fdatasync would write those pages too).
+    fn write_batch(&self, st: &mut State, n: u64, batch: WriteQueue, mut offsets: Vec<u64>) -> Result<()> {
         let tail = st.segments.last().unwrap();
         let (logical_end, old_count, files) = (tail.end, tail.count, tail.files.clone());
-        let mark = st.queue.mark();
-        let mut written = 0u64;
-        for (k, r) in records.iter().enumerate() {
-            offsets.push(logical_end + written);
-            written += st.queue.push_record(first_txid + k as i64, r, owner);
+        let written = batch.len();
+        for o in offsets.iter_mut() {
+            *o += logical_end;
         }
         {
             let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
             // Kept on in production: a misplaced index tail would point reads at wrong records.
             if p.base + p.offsets.len() as u64 != old_count {
-                st.queue.rollback(mark);
                 return Err(Error::Invariant {
                     partition: self.id,
                     what: format!(
@@ -1009,17 +1016,19 @@ impl Partition {
             }
             p.offsets.extend_from_slice(&offsets);
         }
-        st.index_scratch = offsets;
+        if let Some(buffer) = st.queue.absorb(batch) {
+            self.keep_buffers(std::iter::once(buffer));
+        }
         st.queued_appends += 1;
         if st.leader_waiting {
             self.enqueued.notify_one();
         }
-        let n = records.len() as u64;
         let tail = st.segments.last_mut().unwrap();
         tail.end += written;
         tail.count += n;
         let half_full = tail.end >= self.opts.segment_size / 2;
         st.next_txid += n as i64;
+        self.next_hint.store(st.next_txid, Ordering::Release);
         if half_full && !st.spare_requested {
             st.spare_requested = true;
             let zeros = self.opts.preallocate.min(self.opts.segment_size.saturating_sub(HEADER_LEN));
@@ -1051,9 +1060,21 @@ impl Partition {
         self.phases.end(Phase::Write, t);
         let flushed = st.queue.len();
         let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
-        st.queue.clear();
+        let mut reuse = Vec::new();
+        st.queue.clear_into(&mut reuse);
+        self.keep_buffers(reuse);
         // The queued bytes are gone whatever happened: nothing queued may be acknowledged now.
         result.map_err(|e| self.poison(e))
+    }
+
+    /// Keeps encoding buffers for the next appends (`enqueue_with`).
+    fn keep_buffers(&self, buffers: impl IntoIterator<Item = Vec<u8>>) {
+        let mut pool = lock(&self.encode_buffers);
+        for b in buffers {
+            if pool.len() < 4 {
+                pool.push(b);
+            }
+        }
     }
 
     /// Seals the tail (its data and index synced whole) and starts the next segment.
@@ -1311,6 +1332,7 @@ impl Partition {
         st.prealloc_retry_at = 0;
         st.index_retry_at = 0;
         st.next_txid = tail.next_txid();
+        self.next_hint.store(st.next_txid, Ordering::Release);
         self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
         Ok(())
     }
@@ -1333,6 +1355,7 @@ impl Partition {
             }
         }
         st.next_txid = tail.next_txid();
+        self.next_hint.store(st.next_txid, Ordering::Release);
         self.durable.fetch_min(st.next_txid - 1, Ordering::AcqRel);
         Ok(())
     }

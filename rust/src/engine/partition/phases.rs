@@ -11,8 +11,11 @@ use std::time::Instant;
 pub enum Phase {
     /// Waiting for the state lock in `enqueue`.
     LockWait = 0,
-    /// Encoding the batch onto the write queue (the copy of the records' bytes).
+    /// Encoding the batch (prefix CRCs, the copy of the records' bytes), before the state lock.
     Encode,
+    /// Putting the encoded batch on the write queue and its entries on the index tail, under the
+    /// state lock (and encoding it again there if `append_next` guessed its ids wrong).
+    Enqueue,
     /// The sync leader's commit delay, waiting for more appenders to join its round.
     Gather,
     /// The leader's write of the queued records to the data file.
@@ -30,8 +33,8 @@ pub enum Phase {
 }
 
 pub const PHASE_NAMES: [&str; N] =
-    ["lock_wait", "encode", "gather", "write", "prealloc", "sync", "sync_zeros", "checkpoint", "roll"];
-const N: usize = 9;
+    ["lock_wait", "encode", "enqueue", "gather", "write", "prealloc", "sync", "sync_zeros", "checkpoint", "roll"];
+const N: usize = 10;
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();

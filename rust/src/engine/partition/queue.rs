@@ -20,6 +20,12 @@ pub type SharedData = Arc<Vec<u8>>;
 const BY_REFERENCE_MIN: usize = 4096;
 /// A copy buffer grown past this by a huge batch is not kept for the next one.
 const SCRATCH_KEEP: usize = 16 << 20;
+/// A batch encoded outside the lock up to this size is copied into the queue's buffer; a larger
+/// one joins the queue by reference (`absorb`).
+const ABSORB_COPY_MAX: usize = 64 << 10;
+/// Encoding buffers kept for reuse: a fresh 1 MiB buffer per batch would be page-faulted in again
+/// every time.
+const REUSE_KEEP: usize = 4;
 
 enum Piece {
     /// `bytes[start..start + len]`.
@@ -39,6 +45,8 @@ pub struct WriteQueue {
     bytes: Vec<u8>,
     pieces: Vec<Piece>,
     len: u64,
+    /// The buffers of batches absorbed by reference (`absorb`), to reuse once written.
+    owned: Vec<SharedData>,
 }
 
 /// Where `data` starts inside `owner`, if it lies wholly in it.
@@ -55,20 +63,6 @@ impl WriteQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// A point `rollback` returns to.
-    pub fn mark(&self) -> (usize, usize, u64) {
-        (self.bytes.len(), self.pieces.len(), self.len)
-    }
-
-    pub fn rollback(&mut self, (bytes, pieces, len): (usize, usize, u64)) {
-        self.bytes.truncate(bytes);
-        self.pieces.truncate(pieces);
-        if let Some(Piece::Copied { start, len }) = self.pieces.last_mut() {
-            *len = (*len).min(bytes - *start);
-        }
-        self.len = len;
     }
 
     fn copy(&mut self, b: &[u8]) {
@@ -97,10 +91,53 @@ impl WriteQueue {
         n
     }
 
-    /// Writes the queue at `at`: one pwrite when everything was copied, else one pwritev.
+    /// Encodes `records` as transactions `first_txid`, ... onto the queue (as `push_record`) and
+    /// appends each record's offset, counted from where the batch starts, to `offsets`. Returns the
+    /// batch's encoded length.
+    pub fn push_batch(
+        &mut self,
+        first_txid: i64,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+        offsets: &mut Vec<u64>,
+    ) -> u64 {
+        let mut written = 0u64;
+        for (k, r) in records.iter().enumerate() {
+            offsets.push(written);
+            written += self.push_record(first_txid + k as i64, r, owner);
+        }
+        written
+    }
+
+    /// Moves everything `batch` holds to the end of this queue. A small batch of copied bytes is
+    /// copied again (one more memcpy keeps the queue one buffer, so the leader's write stays one
+    /// pwrite); a larger one is held by reference, its buffer becoming a shared piece: no copy
+    /// under the partition's lock. Returns `batch`'s buffer when it was copied, for reuse.
+    pub fn absorb(&mut self, mut batch: WriteQueue) -> Option<Vec<u8>> {
+        self.len += batch.len;
+        let all_copied = batch.pieces.iter().all(|p| matches!(p, Piece::Copied { .. }));
+        if all_copied && batch.bytes.len() <= ABSORB_COPY_MAX {
+            self.copy(&batch.bytes);
+            batch.bytes.clear();
+            return Some(batch.bytes);
+        }
+        let bytes: SharedData = Arc::new(std::mem::take(&mut batch.bytes));
+        self.owned.push(bytes.clone());
+        for p in batch.pieces {
+            self.pieces.push(match p {
+                Piece::Copied { start, len } => Piece::Shared { data: bytes.clone(), start, len },
+                shared => shared,
+            });
+        }
+        None
+    }
+
+    /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
     pub fn write_to(&self, file: &dyn FileHandle, at: u64) -> io::Result<()> {
-        if let [Piece::Copied { start, len }] = self.pieces.as_slice() {
-            return file.write_all_at(&self.bytes[*start..*start + *len], at);
+        match self.pieces.as_slice() {
+            [Piece::Copied { start, len }] => return file.write_all_at(&self.bytes[*start..*start + *len], at),
+            [Piece::Shared { data, start, len }] => return file.write_all_at(&data[*start..*start + *len], at),
+            _ => {}
         }
         let slices: Vec<IoSlice<'_>> = self
             .pieces
@@ -113,14 +150,35 @@ impl WriteQueue {
         file.write_all_vectored_at(&slices, at)
     }
 
+    /// Empties the queue, dropping its references to shared buffers; the buffers of absorbed
+    /// batches that nobody else holds go to `reuse`.
+    pub fn clear_into(&mut self, reuse: &mut Vec<Vec<u8>>) {
+        self.pieces.clear();
+        for b in self.owned.drain(..) {
+            if let Ok(mut v) = Arc::try_unwrap(b) {
+                if v.capacity() <= SCRATCH_KEEP && reuse.len() < REUSE_KEEP {
+                    v.clear();
+                    reuse.push(v);
+                }
+            }
+        }
+        self.clear();
+    }
+
     /// Empties the queue, dropping its references to shared buffers.
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.pieces.clear();
+        self.owned.clear();
         self.len = 0;
         if self.bytes.capacity() > SCRATCH_KEEP {
             self.bytes = Vec::new();
         }
+    }
+
+    /// An empty queue that encodes into `bytes` (a buffer kept from an earlier batch).
+    pub fn with_buffer(bytes: Vec<u8>) -> WriteQueue {
+        WriteQueue { bytes, ..WriteQueue::default() }
     }
 }
 
@@ -191,23 +249,36 @@ mod tests {
     }
 
     #[test]
-    fn rollback_forgets_what_was_queued_after_the_mark() {
-        let owner: SharedData = Arc::new(vec![1u8; 8000]);
-        let mut q = WriteQueue::default();
-        q.push_record(0, &rec(&owner[..100], true), Some(&owner));
-        let (m, before) = (q.mark(), q.len());
-        q.push_record(1, &rec(&owner[..6000], true), Some(&owner));
-        q.push_record(2, &rec(&owner[..10], true), Some(&owner));
-        q.rollback(m);
-        assert_eq!(q.len(), before);
-        q.push_record(1, &rec(&owner[..20], true), Some(&owner));
-        let mut expect = Vec::new();
-        encode_record(&mut expect, 0, &rec(&owner[..100], true));
-        encode_record(&mut expect, 1, &rec(&owner[..20], true));
+    fn absorbed_batches_write_what_they_encoded_small_ones_copied_large_ones_by_reference() {
+        let owner: SharedData = Arc::new(vec![7u8; 8000]);
+        let (mut q, mut expect, mut reuse) = (WriteQueue::default(), Vec::new(), Vec::new());
+        let mut txid = 0i64;
+        // Small and copied (copied into the queue), large and copied (by reference), one with a
+        // record by reference in `owner`.
+        for (n, size) in [(3usize, 100usize), (100, 1024), (2, 6000)] {
+            let data: Vec<u8> = (0..size).map(|i| (i * 13) as u8).collect();
+            let recs: Vec<NewRecord<'_>> =
+                (0..n).map(|_| rec(if size == 6000 { &owner[..size] } else { &data }, true)).collect();
+            let mut batch = WriteQueue::with_buffer(Vec::with_capacity(16));
+            let mut offsets = Vec::new();
+            let len = batch.push_batch(txid, &recs, Some(&owner), &mut offsets);
+            let mut at = 0u64;
+            for (k, r) in recs.iter().enumerate() {
+                assert_eq!(offsets[k], at);
+                at += (RECORD_OVERHEAD + r.data.len()) as u64;
+                encode_record(&mut expect, txid + k as i64, r);
+            }
+            assert_eq!(len, at);
+            let returned = q.absorb(batch);
+            assert_eq!(returned.is_some(), size == 100, "only the small copied batch is copied again");
+            txid += n as i64;
+        }
+        assert_eq!(q.len(), expect.len() as u64);
         let f = Mem::default();
         q.write_to(&f, 0).unwrap();
         assert_eq!(*f.0.lock().unwrap(), expect);
-        q.clear();
+        q.clear_into(&mut reuse);
         assert!(q.is_empty() && Arc::strong_count(&owner) == 1, "a cleared queue holds no buffer");
+        assert_eq!(reuse.len(), 2, "the buffers of batches held by reference come back for reuse");
     }
 }
