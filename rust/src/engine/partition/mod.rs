@@ -64,6 +64,9 @@ pub const DEFAULT_PREALLOCATE: u64 = 1 << 20;
 /// Zero pages of the binary's bss: one write per preallocation step of the default size.
 pub(crate) static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
+/// Bytes of encoding buffers a partition keeps for reuse: a fresh 1 MiB buffer per batch is faulted
+/// in again each time, and a few appends in flight at once each need one.
+const ENCODE_BUFFERS_KEEP: usize = 8 << 20;
 /// Flushes at least this large grow the file instead of zero-filling ahead. Zeros save a flush
 /// the inode write (about 35 µs here) but cost their own bytes once: worth it for small flushes,
 /// a loss from about this size up, where a fill ran on nearly every flush (at 1 MiB a flush, the
@@ -1067,11 +1070,14 @@ impl Partition {
         result.map_err(|e| self.poison(e))
     }
 
-    /// Keeps encoding buffers for the next appends (`enqueue_with`).
+    /// Keeps encoding buffers for the next appends (`enqueue_with`), at most ENCODE_BUFFERS_KEEP
+    /// bytes of them.
     fn keep_buffers(&self, buffers: impl IntoIterator<Item = Vec<u8>>) {
         let mut pool = lock(&self.encode_buffers);
+        let mut kept: usize = pool.iter().map(Vec::capacity).sum();
         for b in buffers {
-            if pool.len() < 4 {
+            if kept + b.capacity() <= ENCODE_BUFFERS_KEEP {
+                kept += b.capacity();
                 pool.push(b);
             }
         }

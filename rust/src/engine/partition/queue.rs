@@ -23,9 +23,6 @@ const SCRATCH_KEEP: usize = 16 << 20;
 /// A batch encoded outside the lock up to this size is copied into the queue's buffer; a larger
 /// one joins the queue by reference (`absorb`).
 const ABSORB_COPY_MAX: usize = 64 << 10;
-/// Encoding buffers kept for reuse: a fresh 1 MiB buffer per batch would be page-faulted in again
-/// every time.
-const REUSE_KEEP: usize = 4;
 
 enum Piece {
     /// `bytes[start..start + len]`.
@@ -156,7 +153,7 @@ impl WriteQueue {
         self.pieces.clear();
         for b in self.owned.drain(..) {
             if let Ok(mut v) = Arc::try_unwrap(b) {
-                if v.capacity() <= SCRATCH_KEEP && reuse.len() < REUSE_KEEP {
+                if v.capacity() <= SCRATCH_KEEP {
                     v.clear();
                     reuse.push(v);
                 }
