@@ -1099,12 +1099,7 @@ impl Partition {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let header = Self::header(self.cluster_key, self.id, st.next_txid);
         let (seg, allocated) = match self.spare.take() {
-            Some(s) => {
-                let (seg, allocated) = spare::install(s, self.fs.as_ref(), &self.dir, &header)?;
-                // Its index header reaches the disk with the background index sync.
-                self.request_index_sync(seg.files.clone());
-                (seg, allocated)
-            }
+            Some(s) => spare::install(s, self.fs.as_ref(), &self.dir, &header)?,
             None => {
                 let seg = create_segment(self.fs.as_ref(), &self.dir, &header)?;
                 let end = seg.end;

@@ -7,7 +7,7 @@
 //! stretch of preallocated zeros), synced, under names that end in `.tmp`: an open removes them
 //! as files whose creation never completed, a read-only open and the inspection tools ignore
 //! them, so a spare is never taken for log data. The roll writes the real header (its first id
-//! and creation time are only known then), syncs it (an overwrite: no journal commit), renames
+//! and creation time are only known then) into both, syncs them (overwrites: no journal commit), renames
 //! both files into place and fsyncs the directory once: a record of the new segment is
 //! acknowledged only after that fsync, so its name survives a crash.
 use crate::engine::error::{IoContext, Result};
@@ -103,19 +103,17 @@ fn write_zeros(f: &dyn FileHandle, from: u64, n: u64) -> std::io::Result<()> {
 
 /// Makes `spare` the segment `header` describes: header written and synced, files renamed into
 /// place (index first: an index alone is a leftover an open removes), the directory fsynced.
-/// Returns the segment and its data file's length (its zeros count as preallocated). The index
-/// file's header is synced later with its first checkpoint (`request_index_sync`): an index whose
-/// header a crash lost is rebuilt on open.
+/// Returns the segment and its data file's length (its zeros count as preallocated).
 pub fn install(spare: Spare, fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -> Result<(Segment, u64)> {
     let bytes = header.encode();
     let (index_tmp, data_tmp) = (dir.join(SPARE_INDEX), dir.join(SPARE_DATA));
     let open = |p: &PathBuf| fs.open(p, true).at(p);
-    open(&index_tmp)?.write_all_at(&bytes, 0).at(&index_tmp)?;
-    {
-        let data = open(&data_tmp)?;
-        data.write_all_at(&bytes, 0).at(&data_tmp)?;
-        // Before the rename: a data file under a segment's name must carry that segment's header.
-        data.sync_data().at(&data_tmp)?;
+    // Both synced before the renames: a data file under a segment's name must carry that
+    // segment's header, and an index whose header differs is damage to `waltz disk verify`.
+    for p in [&index_tmp, &data_tmp] {
+        let f = open(p)?;
+        f.write_all_at(&bytes, 0).at(p)?;
+        f.sync_data().at(p)?;
     }
     let index_path = dir.join(index_name(header.first_txid));
     let data_path = dir.join(data_name(header.first_txid));
