@@ -107,7 +107,12 @@ def run_and_kill(cmd: list[str], after: float) -> str:
     first = proc.stdout.readline()
     time.sleep(after)
     proc.send_signal(signal.SIGKILL)
-    out, err = proc.communicate()
+    # Read on through the same buffered pipe: communicate() reads the raw descriptor, and lost
+    # what readline() had buffered past the first line, or tore a line at the buffer's end when
+    # more than 8 KiB was waiting (8 threads on a loaded machine).
+    assert proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"writer ended by itself ({proc.returncode}): {err}"
     return first + out
 
