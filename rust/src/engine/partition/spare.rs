@@ -62,10 +62,12 @@ impl SpareSlot {
 
     /// Forgets the spare and removes its files (closing): a closed log's folder holds its
     /// segments only.
+    /// A preparation that failed halfway may have left one file: it goes too.
     pub fn discard(&self, fs: &dyn FileSystem, dir: &Path) {
-        if self.take().is_some() {
-            for name in [SPARE_DATA, SPARE_INDEX] {
-                let p = dir.join(name);
+        let _ = self.take();
+        for name in [SPARE_DATA, SPARE_INDEX] {
+            let p = dir.join(name);
+            if fs.exists(&p) {
                 if let Err(e) = fs.remove_file(&p) {
                     log::debug!("{}: {e} (removed when the partition next opens)", p.display());
                 }
