@@ -67,6 +67,8 @@ const MAX_COMMIT_DELAY: Duration = Duration::from_micros(200);
 /// Bytes of encoding buffers a partition keeps for reuse: a fresh 1 MiB buffer per batch is faulted
 /// in again each time, and a few appends in flight at once each need one.
 const ENCODE_BUFFERS_KEEP: usize = 8 << 20;
+/// Batches with at least this many bytes of data are encoded before the state lock is taken.
+const ENCODE_UNLOCKED_MIN: usize = 64 << 10;
 /// Flushes at least this large grow the file instead of zero-filling ahead. Zeros save a flush
 /// the inode write (about 35 µs here) but cost their own bytes once: worth it for small flushes,
 /// a loss from about this size up, where a fill ran on nearly every flush (at 1 MiB a flush, the
@@ -97,6 +99,13 @@ pub struct RecoveryReport {
     pub finished_truncation: Option<i64>,
     pub removed_files: Vec<PathBuf>,
     pub foreign_files: Vec<PathBuf>,
+}
+
+/// A batch for `write_batch`: encoded before the lock (offsets counted from its start), or to be
+/// encoded there.
+enum Encoded<'a> {
+    Before(WriteQueue, Vec<u64>),
+    Here { first_txid: i64, records: &'a [NewRecord<'a>], owner: Option<&'a SharedData> },
 }
 
 /// A queued append: its ids, and the sequence to pass to `Partition::wait_durable`.
@@ -945,15 +954,21 @@ impl Partition {
                 return Err(Error::RecordTooLarge { size: r.data.len(), max });
             }
         }
-        // Encoded before taking the lock (prefix CRCs, the copy: 90-130 µs for 1,000 records of
-        // 1 KiB), at the ids given or, for `append_next`, at the partition's next id as last seen;
-        // encoded again under the lock only if another append took those ids meanwhile.
-        let guess = first.unwrap_or_else(|| self.next_hint.load(Ordering::Acquire));
-        let t = self.phases.start();
-        let mut batch = WriteQueue::with_buffer(lock(&self.encode_buffers).pop().unwrap_or_default());
-        let mut offsets = Vec::with_capacity(records.len());
-        batch.push_batch(guess, records, owner, &mut offsets);
-        self.phases.end(Phase::Encode, t);
+        // A large batch is encoded before taking the lock (prefix CRCs, the copy: 90-130 µs for
+        // 1,000 records of 1 KiB), at the ids given or, for `append_next`, at the partition's next
+        // id as last seen; it is encoded again under the lock only if another append took those
+        // ids meanwhile. A small one is encoded under the lock, straight into the queue: it takes
+        // less than the detour, and concurrent small appends are where guessed ids go stale.
+        let bytes: usize = records.iter().map(|r| r.data.len()).sum();
+        let pre = (bytes >= ENCODE_UNLOCKED_MIN).then(|| {
+            let guess = first.unwrap_or_else(|| self.next_hint.load(Ordering::Acquire));
+            let t = self.phases.start();
+            let mut batch = WriteQueue::with_buffer(lock(&self.encode_buffers).pop().unwrap_or_default());
+            let mut offsets = Vec::with_capacity(records.len());
+            batch.push_batch(guess, records, owner, &mut offsets);
+            self.phases.end(Phase::Encode, t);
+            (guess, batch, offsets)
+        });
         let seq = {
             let t = self.phases.start();
             let mut st = lock(&self.state);
@@ -978,11 +993,11 @@ impl Partition {
                 self.phases.end(Phase::Roll, t);
             }
             let t = self.phases.start();
-            if first_txid != guess {
-                (batch, offsets) = (WriteQueue::default(), Vec::with_capacity(records.len()));
-                batch.push_batch(first_txid, records, owner, &mut offsets);
-            }
-            self.write_batch(&mut st, records.len() as u64, batch, offsets).map_err(|e| self.poison(e))?;
+            let encoded = match pre {
+                Some((guess, batch, offsets)) if guess == first_txid => Encoded::Before(batch, offsets),
+                _ => Encoded::Here { first_txid, records, owner },
+            };
+            self.write_batch(&mut st, records.len() as u64, encoded).map_err(|e| self.poison(e))?;
             self.phases.end(Phase::Enqueue, t);
             st.write_seq += 1;
             let (seq, last) = (st.write_seq, first_txid + records.len() as i64 - 1);
@@ -993,35 +1008,41 @@ impl Partition {
         Ok(AppendTicket { seq, first: first_txid, last: first_txid + records.len() as i64 - 1 })
     }
 
-    /// Puts an encoded batch of `n` records (`offsets` counted from its start) on the tail's write
-    /// queue and its index entries on the in-memory index tail. Nothing touches the file here: the
-    /// sync leader writes the whole queue in one write right before its fdatasync, so no append
-    /// dirties the file while a sync runs (Linux's fdatasync would write those pages too).
-    fn write_batch(&self, st: &mut State, n: u64, batch: WriteQueue, mut offsets: Vec<u64>) -> Result<()> {
+    /// Puts a batch of `n` records on the tail's write queue and its index entries on the
+    /// in-memory index tail. Nothing touches the file here: the sync leader writes the whole queue
+    /// in one write right before its fdatasync, so no append dirties the file while a sync runs
+    /// (Linux's fdatasync would write those pages too).
+    fn write_batch(&self, st: &mut State, n: u64, encoded: Encoded<'_>) -> Result<()> {
         let tail = st.segments.last().unwrap();
         let (logical_end, old_count, files) = (tail.end, tail.count, tail.files.clone());
-        let written = batch.len();
-        for o in offsets.iter_mut() {
+        let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
+        // Kept on in production: a misplaced index tail would point reads at wrong records.
+        if p.base + p.offsets.len() as u64 != old_count {
+            return Err(Error::Invariant {
+                partition: self.id,
+                what: format!(
+                    "index tail covers positions up to {} but the segment holds {} records",
+                    p.base + p.offsets.len() as u64,
+                    old_count
+                ),
+            });
+        }
+        let before = st.queue.len();
+        let from = p.offsets.len();
+        match encoded {
+            Encoded::Before(batch, offsets) => {
+                p.offsets.extend_from_slice(&offsets);
+                st.queue.absorb(batch);
+            }
+            Encoded::Here { first_txid, records, owner } => {
+                st.queue.push_batch(first_txid, records, owner, &mut p.offsets);
+            }
+        }
+        for o in &mut p.offsets[from..] {
             *o += logical_end;
         }
-        {
-            let mut p = files.index.pending.write().unwrap_or_else(|e| e.into_inner());
-            // Kept on in production: a misplaced index tail would point reads at wrong records.
-            if p.base + p.offsets.len() as u64 != old_count {
-                return Err(Error::Invariant {
-                    partition: self.id,
-                    what: format!(
-                        "index tail covers positions up to {} but the segment holds {} records",
-                        p.base + p.offsets.len() as u64,
-                        old_count
-                    ),
-                });
-            }
-            p.offsets.extend_from_slice(&offsets);
-        }
-        if let Some(buffer) = st.queue.absorb(batch) {
-            self.keep_buffers(std::iter::once(buffer));
-        }
+        drop(p);
+        let written = st.queue.len() - before;
         st.queued_appends += 1;
         if st.leader_waiting {
             self.enqueued.notify_one();

@@ -11,10 +11,10 @@ use std::time::Instant;
 pub enum Phase {
     /// Waiting for the state lock in `enqueue`.
     LockWait = 0,
-    /// Encoding the batch (prefix CRCs, the copy of the records' bytes), before the state lock.
+    /// Encoding a large batch (prefix CRCs, the copy of the records' bytes), before the state lock.
     Encode,
-    /// Putting the encoded batch on the write queue and its entries on the index tail, under the
-    /// state lock (and encoding it again there if `append_next` guessed its ids wrong).
+    /// Putting the batch on the write queue and its entries on the index tail, under the state
+    /// lock: encoding it there when it is small (or when `append_next` guessed its ids wrong).
     Enqueue,
     /// The sync leader's commit delay, waiting for more appenders to join its round.
     Gather,

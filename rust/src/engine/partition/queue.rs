@@ -20,9 +20,6 @@ pub type SharedData = Arc<Vec<u8>>;
 const BY_REFERENCE_MIN: usize = 4096;
 /// A copy buffer grown past this by a huge batch is not kept for the next one.
 const SCRATCH_KEEP: usize = 16 << 20;
-/// A batch encoded outside the lock up to this size is copied into the queue's buffer; a larger
-/// one joins the queue by reference (`absorb`).
-const ABSORB_COPY_MAX: usize = 64 << 10;
 
 enum Piece {
     /// `bytes[start..start + len]`.
@@ -106,18 +103,10 @@ impl WriteQueue {
         written
     }
 
-    /// Moves everything `batch` holds to the end of this queue. A small batch of copied bytes is
-    /// copied again (one more memcpy keeps the queue one buffer, so the leader's write stays one
-    /// pwrite); a larger one is held by reference, its buffer becoming a shared piece: no copy
-    /// under the partition's lock. Returns `batch`'s buffer when it was copied, for reuse.
-    pub fn absorb(&mut self, mut batch: WriteQueue) -> Option<Vec<u8>> {
+    /// Moves everything `batch` holds to the end of this queue by reference, its buffer becoming a
+    /// shared piece: no copy under the partition's lock. The buffer comes back from `clear_into`.
+    pub fn absorb(&mut self, mut batch: WriteQueue) {
         self.len += batch.len;
-        let all_copied = batch.pieces.iter().all(|p| matches!(p, Piece::Copied { .. }));
-        if all_copied && batch.bytes.len() <= ABSORB_COPY_MAX {
-            self.copy(&batch.bytes);
-            batch.bytes.clear();
-            return Some(batch.bytes);
-        }
         let bytes: SharedData = Arc::new(std::mem::take(&mut batch.bytes));
         self.owned.push(bytes.clone());
         for p in batch.pieces {
@@ -126,7 +115,6 @@ impl WriteQueue {
                 shared => shared,
             });
         }
-        None
     }
 
     /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
@@ -246,12 +234,11 @@ mod tests {
     }
 
     #[test]
-    fn absorbed_batches_write_what_they_encoded_small_ones_copied_large_ones_by_reference() {
+    fn absorbed_batches_write_what_they_encoded_and_their_buffers_come_back() {
         let owner: SharedData = Arc::new(vec![7u8; 8000]);
         let (mut q, mut expect, mut reuse) = (WriteQueue::default(), Vec::new(), Vec::new());
         let mut txid = 0i64;
-        // Small and copied (copied into the queue), large and copied (by reference), one with a
-        // record by reference in `owner`.
+        // Copied records, and records by reference in `owner`.
         for (n, size) in [(3usize, 100usize), (100, 1024), (2, 6000)] {
             let data: Vec<u8> = (0..size).map(|i| (i * 13) as u8).collect();
             let recs: Vec<NewRecord<'_>> =
@@ -266,8 +253,7 @@ mod tests {
                 encode_record(&mut expect, txid + k as i64, r);
             }
             assert_eq!(len, at);
-            let returned = q.absorb(batch);
-            assert_eq!(returned.is_some(), size == 100, "only the small copied batch is copied again");
+            q.absorb(batch);
             txid += n as i64;
         }
         assert_eq!(q.len(), expect.len() as u64);
@@ -276,6 +262,6 @@ mod tests {
         assert_eq!(*f.0.lock().unwrap(), expect);
         q.clear_into(&mut reuse);
         assert!(q.is_empty() && Arc::strong_count(&owner) == 1, "a cleared queue holds no buffer");
-        assert_eq!(reuse.len(), 2, "the buffers of batches held by reference come back for reuse");
+        assert_eq!(reuse.len(), 3, "the buffers of absorbed batches come back for reuse");
     }
 }
