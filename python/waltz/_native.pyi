@@ -114,6 +114,7 @@ class _Recovery(TypedDict):
     segments: int
     scanned_records: int
     torn_bytes: int
+    torn_survivors: tuple[str, int, int] | None
     corruption_cut: tuple[str, int] | None
     finished_truncation: int | None
     removed_files: list[str]
@@ -463,6 +464,7 @@ class _RecordProblem(TypedDict):
     reason: str
     torn_tail: bool
     next_valid_offset: int | None
+    may_be_torn_write: bool
 
 class _RecordSummary(TypedDict):
     offset: int

@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from waltz import clock
 from waltz.errors import ConfigError, TlsError
 from waltz.private_files import private_dir, write_private
 
@@ -464,7 +465,7 @@ def generate_dev_certificates(
         raise FileExistsError(f"certificate files already exist: {', '.join(existing)} (overwrite them explicitly)")
     private_dir(directory)
     private_dir(Path(directory) / CA_PRIVATE_DIR)
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.fromtimestamp(clock.time(), datetime.UTC)
     ca_key, ca_cert = dev_certs.certificate_authority(now, days)
     sans = [_san(h) for h in hosts]
     written: list[tuple[Path, bytes, bool]] = [(files.ca, ca_cert, False), (files.ca_key, ca_key, True)]

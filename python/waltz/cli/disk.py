@@ -102,9 +102,23 @@ def dump_control(out: Output, path: pathlib.Path, as_json: bool) -> None:
     out.emit(r, human)
 
 
-def _record_problem(p: _RecordProblem) -> str:
+def _torn_write(p: _RecordProblem, low_water_mark: int | None) -> bool:
+    """A bad record of the last segment with valid records after it that recovery cuts as a torn
+    write: unwritten space in the hole, nothing past the writer's unsynced bound, above the
+    low-water mark (committed records are never cut so; docs/internals.md, "Torn writes with
+    survivors")."""
+    return p["may_be_torn_write"] and p["txid"] > (-1 if low_water_mark is None else low_water_mark)
+
+
+def _record_problem(p: _RecordProblem, torn_write: bool = False) -> str:
     if p["torn_tail"]:
         return f"torn tail at offset {p['offset']} (transaction {p['txid']}): {p['reason']}; nothing valid follows"
+    if torn_write:
+        return (
+            f"torn write at offset {p['offset']} (transaction {p['txid']}): {p['reason']}; valid records follow "
+            f"from offset {p['next_valid_offset']}, after unwritten space and within what the writer leaves unsynced: "
+            "never synced, cut by the next writable open"
+        )
     return (
         f"corruption at offset {p['offset']} (transaction {p['txid']}): {p['reason']}; "
         f"a valid record follows at offset {p['next_valid_offset']}"
@@ -329,7 +343,8 @@ def _check_files(part_dir: pathlib.Path, pid: int, cluster_key: str, max_record_
         row.problems += [f"{rel}: {p}" for p in found]
         p = r["problem"]
         if p is not None:
-            (row.warnings if p["torn_tail"] and last else row.problems).append(f"{rel}: {_record_problem(p)}")
+            torn = last and (p["torn_tail"] or _torn_write(p, row.low_water_mark))
+            (row.warnings if torn else row.problems).append(f"{rel}: {_record_problem(p, torn)}")
         problems, warnings = _index_findings(r, last)
         row.problems += [f"{rel}: {q}" for q in problems]
         row.warnings += [f"{rel}: {w}" for w in warnings]

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from waltz import clock
 from waltz._extras import require
 
 require("rich", "cli", "The waltz command")
@@ -51,7 +52,7 @@ def _policy_doc(p: RetentionPolicy) -> dict[str, Any]:
 def _replicas(meta: ClusterMetadata, partitions: int) -> list[dict[str, Any]]:
     """What every storage node reports of its partitions; an unreachable node is one row."""
     rows: list[dict[str, Any]] = []
-    now = int(time.time() * 1000)
+    now = clock.now_ms()
     for node in meta.storage_nodes():
         try:
             status = admin_call(meta, node, lambda c: c.status(), timeout=5.0)
@@ -89,7 +90,7 @@ def show(out: Output, replicas: bool) -> None:
         config, _ = policy_store.read(meta)
         n = meta.info().partitions
         rows = _replicas(meta, n) if replicas else []
-    now = int(time.time() * 1000)
+    now = clock.now_ms()
     doc = {
         "default": _policy_doc(config.default),
         "partitions": {p: _policy_doc(config.policy_for(p)) for p in sorted(config.overrides)},

@@ -105,7 +105,9 @@ def torture(
     Partial faults too: partial-partition cuts one server from one storage node only, one-way
     loses one direction of a link, zombie cuts one server from the metadata store (--zookeeper)
     while it still reaches storage and clients; dup-client-id, oversized-locks and stalled-reader
-    run a misbehaving client next to the honest ones."""
+    run a misbehaving client next to the honest ones. Clock faults: clock-step-forward and
+    clock-step-backward move one process's wall clock by seconds to minutes, clock-skew runs it
+    slow or fast (each process reads a clock file of its own)."""
     from waltz.torture.nemesis import FAULTS
     from waltz.torture.run import TortureOptions, run_torture
 

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import client_protocol as cp
-from waltz import errors
+from waltz import clock, errors
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
@@ -89,7 +89,7 @@ class AsyncWaltzClient:
         self._link_locks: dict[tuple[str, str], asyncio.Lock] = {}
         # Servers drop mounts from a client's older connections (a lower seq). Counted from the
         # clock, a client restarted with the same fixed `client_id` starts above its last run.
-        self._connection_seq = time.time_ns() // 1000
+        self._connection_seq = clock.time_ns() // 1000
         # Proves to servers that this instance holds its client ids: while one of its connections
         # has a partition mounted, a Mount of it under the same id with another token is refused.
         self.client_token = (

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
+from waltz import clock
 from waltz.client.serializers import BYTES, Serializer
 from waltz.client_protocol import lock_hash
 
@@ -90,7 +90,7 @@ class TransactionContext:
     (-1 until then, and for a context that declined or failed)."""
 
     def __init__(self) -> None:
-        self.creation_time = time.time()
+        self.creation_time = clock.time()
 
     def partition_id(self, num_partitions: int) -> int:
         """The partition this transaction goes to (0 unless overridden)."""

@@ -1,17 +1,24 @@
 """The embedded metadata store: the same tree as ZooKeeper in one SQLite file, for one machine.
 
 Every process that opens the file gets its own session, a row with a lease that a background
-thread renews every quarter of `session_timeout`. Whoever writes next purges the sessions whose
-lease ran out, together with their ephemeral entries, so a killed process's registrations vanish
-one lease after its last renewal, as with ZooKeeper. Writes run in `BEGIN IMMEDIATE`
-transactions (one writer at a time across processes, `synchronous=FULL`: a compare-and-set that
-returned survives a crash). Each write appends to an `events` table; each process polls it and
-fires its one-shot watches, so watches cross processes without a server.
+thread renews every quarter of `session_timeout` (each renewal bumps the row's `beat`). Whoever
+writes next purges the sessions whose lease ran out, together with their ephemeral entries, so a
+killed process's registrations vanish one lease after its last renewal, as with ZooKeeper.
+Writes run in `BEGIN IMMEDIATE` transactions (one writer at a time across processes,
+`synchronous=FULL`: a compare-and-set that returned survives a crash). Each write appends to an
+`events` table; each process polls it and fires its one-shot watches, so watches cross processes
+without a server.
 
-Time: leases are stored as wall-clock deadlines (they must mean the same thing in every
-process and survive a reboot); a wall-clock jump forward can end a lease early. The session's
-own view (`is_connected`) is measured on the monotonic clock and turns false half a lease
-after the last renewal, well before anyone else may purge it.
+Time: no wall clock decides a lease. The processes sharing the file have a wall clock each,
+which may be stepped or skewed (the torture run's clock faults do it to one process at a time):
+a lease compared against another process's wall clock ended every other session whenever one
+process's clock stepped forward. So a process purges a session only when it has seen the
+session's `beat` unchanged for the session's whole timeout on its own monotonic clock; a session
+it has just started watching gets a whole timeout from then. The session's own view
+(`is_connected`) is measured on the monotonic clock from before the renewal was written and turns
+false half a lease after it, well before anyone else may purge it; a full lease after it, the
+session counts itself lost. The wall-clock `expires` column is still written, for processes of
+an older version sharing the file.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from waltz import errors
+from waltz import clock, errors
 from waltz.cluster.store import (
     Check,
     Create,
@@ -65,7 +72,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     expires REAL NOT NULL,
     timeout REAL NOT NULL,
-    pid INTEGER NOT NULL
+    pid INTEGER NOT NULL,
+    beat INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     zxid INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -76,11 +84,25 @@ CREATE TABLE IF NOT EXISTS events (
 INSERT OR IGNORE INTO nodes VALUES ('/', NULL, x'', 0, 0, 0, 0, 0, 0);
 """
 
-# Events older than this are pruned; a process that has not polled for that long was
-# suspended anyway, and on a gap it fires every watch it holds (receivers re-read).
-_EVENT_RETENTION = 120.0
+# Only the newest this many events are kept; a process that fell further behind fires every
+# watch it holds on the gap (receivers re-read). Counted, not timed: pruning by age against the
+# pruner's wall clock let a process whose clock stepped minutes ahead delete events the others
+# had not polled yet, and when nothing newer followed, nobody noticed the gap.
+_EVENTS_KEPT = 10_000
 
 _COLUMNS = "data, version, cversion, owner, ctime_ms, mtime_ms, (SELECT count(*) FROM nodes c WHERE c.parent = n.path)"
+
+
+def _add_beat(db: sqlite3.Connection) -> None:
+    """A store file made before sessions had a beat gets the column (processes starting together
+    may race to add it: the loser's error is the winner's success)."""
+    if any(c[1] == "beat" for c in db.execute("PRAGMA table_info(sessions)")):
+        return
+    try:
+        db.execute("ALTER TABLE sessions ADD COLUMN beat INTEGER NOT NULL DEFAULT 0")
+    except sqlite3.OperationalError as e:
+        if "duplicate column" not in str(e):
+            raise
 
 
 def _stat(row: Sequence[Any]) -> Stat:
@@ -110,6 +132,10 @@ class EmbeddedStore(MetadataStore):
         self._session = 0
         self._state = SessionState.LOST
         self._last_renewal = 0.0
+        # Session id -> (its beat, monotonic time this process first saw that beat): the purge's
+        # evidence, shared by the writer and the lease thread.
+        self._seen: dict[int, tuple[int, float]] = {}
+        self._seen_lock = threading.Lock()
         self._watch_lock = threading.Lock()
         self._watches: dict[tuple[str, str], list[tuple[int, Watcher]]] = collections.defaultdict(list)
         self._processed = 0
@@ -141,6 +167,7 @@ class EmbeddedStore(MetadataStore):
             db = self._connect()
             # Every statement is idempotent, so processes starting together need no lock here.
             db.executescript(_SCHEMA)
+            _add_beat(db)
         except sqlite3.DatabaseError as e:
             raise errors.MetadataUnavailableError(f"embedded metadata store {self.path}: {e}") from e
         self._db = db
@@ -208,7 +235,7 @@ class EmbeddedStore(MetadataStore):
         """Inserts a session row; the caller adopts it only once the transaction committed."""
         cur = db.execute(
             "INSERT INTO sessions (expires, timeout, pid) VALUES (?, ?, ?)",
-            (time.time() + self.session_timeout, self.session_timeout, os.getpid()),
+            (clock.time() + self.session_timeout, self.session_timeout, os.getpid()),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -221,7 +248,18 @@ class EmbeddedStore(MetadataStore):
         db.execute("DELETE FROM sessions WHERE id = ?", (session,))
 
     def _purge(self, db: sqlite3.Connection) -> None:
-        for (sid,) in db.execute("SELECT id FROM sessions WHERE expires < ?", (time.time(),)).fetchall():
+        rows = db.execute("SELECT id, beat, timeout FROM sessions").fetchall()
+        now, expired = time.monotonic(), []
+        with self._seen_lock:
+            seen, self._seen = self._seen, {}
+            for sid, beat, timeout in rows:
+                last = seen.get(sid)
+                if last is None or last[0] != beat:
+                    last = (beat, now)
+                elif now - last[1] >= timeout:
+                    expired.append(sid)
+                self._seen[sid] = last
+        for sid in expired:
             log.info("%s: metadata session %d expired; removing its ephemeral entries", self.path, sid)
             self._end_session(db, sid)
 
@@ -253,15 +291,17 @@ class EmbeddedStore(MetadataStore):
         try:
             with _immediate(db):
                 lost = self._session_expired(db)
+                if lost:  # a lapsed lease nobody purged yet: its ephemeral entries go now
+                    self._end_session(db, self._session)
                 self._purge(db)
                 if lost:
                     session = self._new_session(db)
                 else:
                     db.execute(
-                        "UPDATE sessions SET expires = ? WHERE id = ?",
-                        (time.time() + self.session_timeout, self._session),
+                        "UPDATE sessions SET expires = ?, beat = beat + 1 WHERE id = ?",
+                        (clock.time() + self.session_timeout, self._session),
                     )
-                db.execute("DELETE FROM events WHERE at < ?", (time.time() - _EVENT_RETENTION,))
+                db.execute("DELETE FROM events WHERE zxid <= (SELECT max(zxid) FROM events) - ?", (_EVENTS_KEPT,))
         except sqlite3.DatabaseError as e:
             log.warning("%s: cannot renew metadata session %d: %s", self.path, self._session, e)
             return
@@ -276,8 +316,11 @@ class EmbeddedStore(MetadataStore):
             self._set_state(SessionState.CONNECTED)
 
     def _session_expired(self, db: sqlite3.Connection) -> bool:
-        row = db.execute("SELECT expires FROM sessions WHERE id = ?", (self._session,)).fetchone()
-        return row is None or row[0] < time.time()
+        """Purged by someone, or a whole lease since this process last renewed it (by which
+        time anyone may purge it)."""
+        if time.monotonic() - self._last_renewal >= self.session_timeout:
+            return True
+        return db.execute("SELECT 1 FROM sessions WHERE id = ?", (self._session,)).fetchone() is None
 
     def _set_state(self, state: SessionState) -> None:
         if state is self._state and state is not SessionState.CONNECTED:
@@ -327,7 +370,7 @@ class EmbeddedStore(MetadataStore):
 
     @staticmethod
     def _event(db: sqlite3.Connection, path: str, kind: EventType) -> None:
-        db.execute("INSERT INTO events (path, kind, at) VALUES (?, ?, ?)", (path, kind.value, time.time()))
+        db.execute("INSERT INTO events (path, kind, at) VALUES (?, ?, ?)", (path, kind.value, clock.time()))
 
     # -- operations inside a write transaction -----------------------------------------------
     def _row(self, db: sqlite3.Connection, path: str) -> tuple[Any, ...] | None:
@@ -351,7 +394,7 @@ class EmbeddedStore(MetadataStore):
             db.execute("UPDATE nodes SET seq = seq + 1 WHERE path = ?", (parent,))
         if db.execute("SELECT 1 FROM nodes WHERE path = ?", (path,)).fetchone():
             raise errors.MetadataExistsError(f"{path} already exists")
-        now = int(time.time() * 1000)
+        now = int(clock.time() * 1000)
         db.execute(
             "INSERT INTO nodes VALUES (?, ?, ?, 0, 0, 0, ?, ?, ?)",
             (path, parent, bytes(op.data), self._session if op.ephemeral else 0, now, now),
@@ -373,7 +416,7 @@ class EmbeddedStore(MetadataStore):
         self._checked(db, op.path, op.version)
         db.execute(
             "UPDATE nodes SET data = ?, version = version + 1, mtime_ms = ? WHERE path = ?",
-            (bytes(op.data), int(time.time() * 1000), op.path),
+            (bytes(op.data), int(clock.time() * 1000), op.path),
         )
         self._event(db, op.path, EventType.CHANGED)
         row = self._row(db, op.path)

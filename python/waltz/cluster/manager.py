@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 
-from waltz import errors
+from waltz import clock, errors
 from waltz.cluster.layout import decode, encode
 from waltz.cluster.metadata import Assignment, ClusterMetadata, PartitionAssignment, ServerInfo
 from waltz.cluster.store import ChildrenWatch, DataWatch, EphemeralRegistration, SessionState, WatchEvent, join
@@ -128,7 +127,7 @@ class ServerMembership:
         self._serving: dict[int, int] = {}
         self._claiming: dict[int, int] = {}
         self._serving_lock = threading.RLock()
-        self._started_ms = int(time.time() * 1000)
+        self._started_ms = clock.now_ms()
         self._registration: EphemeralRegistration | None = None
         self._candidate: EphemeralRegistration | None = None
         self._watches: list[DataWatch | ChildrenWatch] = []

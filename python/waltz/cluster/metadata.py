@@ -6,12 +6,11 @@ administrators racing cannot leave a half-applied change."""
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from waltz import errors
+from waltz import clock, errors
 from waltz.cluster.layout import FORMAT, Paths, decode, encode
 from waltz.cluster.store import Create, DataWatch, MetadataStore, SetData, Stat
 
@@ -188,7 +187,7 @@ class ClusterMetadata:
             if cluster_key is not None and info.cluster_key != cluster_key:
                 raise errors.ClusterError(f"cluster {info.name} exists with another cluster key than the one given")
             return info, False
-        info = ClusterInfo(name, cluster_key or uuid.uuid4(), partitions, replicas, int(time.time() * 1000))
+        info = ClusterInfo(name, cluster_key or uuid.uuid4(), partitions, replicas, clock.now_ms())
         p = self.paths
         self.store.ensure_path(p.root)
         ops: list[Any] = [

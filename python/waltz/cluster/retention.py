@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
-from waltz import errors
+from waltz import clock, errors
 from waltz.cluster.layout import decode, encode
 from waltz.cluster.store import DataWatch, Stat
 
@@ -203,7 +202,7 @@ def add_hold(meta: Any, name: str, partition: int, txid: int, ttl_ms: int | None
     if txid < 0:
         raise errors.InvalidArgumentError(f"a hold protects a transaction id (0 or above), not {txid}")
     meta._check_partition(partition)
-    now = int(time.time() * 1000)
+    now = clock.now_ms()
     hold = Hold(name, partition, txid, now, None if ttl_ms is None else now + ttl_ms)
 
     def apply(c: RetentionConfig) -> RetentionConfig:

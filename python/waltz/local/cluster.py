@@ -129,6 +129,9 @@ class LocalCluster:
         self.partitions: int = state["partitions"]
         self.tls: bool = state.get("tls", False)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Variables a member starts with besides this process's environment, by member name
+        # (the torture run's clock files).
+        self.member_env: dict[str, dict[str, str]] = {}
 
     # ---- creating and finding -------------------------------------------------------------
 
@@ -328,6 +331,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                env={**os.environ, **self.member_env[name]} if name in self.member_env else None,
             )
         self._procs[name] = proc
         write_private(self._pid_path(name), f"{proc.pid}\n")

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from waltz import client_protocol as cp
-from waltz import errors, role_secrets, tls
+from waltz import clock, errors, role_secrets, tls
 from waltz._native import ReqId, encode_frame
 from waltz.limits import Refusals
 from waltz.server.partition import AppendRequest, AppendResult, FeedEntry, LockFailed, ServerPartition
@@ -506,7 +506,7 @@ class ClientConnection:
     def _refusal(self, msg: cp.Mount, key: tuple[int, int]) -> str:
         """Why the Mount must be refused ("" if it may go on): a connection seq far ahead, or
         a client id held on this partition under another token."""
-        ahead = time.time_ns() // 1000 + CONNECTION_SEQ_AHEAD
+        ahead = clock.time_ns() // 1000 + CONNECTION_SEQ_AHEAD
         if msg.connection_seq > ahead:
             return (
                 f"mount of partition {msg.partition} as client {msg.client_id}: "

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
+from waltz import clock
 from waltz.cluster import retention as policy_store
 from waltz.cluster.retention import RetentionConfig
 
@@ -64,7 +64,7 @@ class RetentionPusher:
         config = self.config
         if config is None:
             return
-        now = int(time.time() * 1000)
+        now = clock.now_ms()
         lease_ms = int(self.lease * 1000)
         for pid, part in list(self.partitions.by_id.items()):
             policy = config.policy_for(pid)

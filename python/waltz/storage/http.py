@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -13,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from waltz import errors
+from waltz import clock, errors
 from waltz._native import BATCH_RECORDS_BOUNDS, SYNC_MICROS_BOUNDS, Storage, StorageNode
 from waltz.http import buckets as _buckets
 from waltz.http import serve_endpoint
@@ -108,7 +107,7 @@ class NodeCollector(Collector):
             "Bytes retention deleted since the node opened the partition",
             labels=["partition"],
         )
-        now_ms = time.time() * 1000
+        now_ms = clock.time() * 1000
         counters = {
             k: CounterMetricFamily(f"waltz_storage_partition_{k}", h, labels=["partition"])
             for k, h in (

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from waltz import client_protocol as cp
+from waltz import clock
 
 MODES = ("dup-client-id", "oversized-locks", "stalled-reader")
 MAX_TRANSACTION_LOCKS = 4096
@@ -113,7 +114,7 @@ def _owner(servers: list[str], partition: int) -> tuple[_Conn, int] | None:
 
 def _mount(c: _Conn, partition: int, client_id: int, hwm: int, token: bytes) -> cp.Message | None:
     seq = c.next_seq()
-    c.send(cp.Mount(seq, partition, client_id, hwm, time.time_ns() // 1000, token))
+    c.send(cp.Mount(seq, partition, client_id, hwm, clock.time_ns() // 1000, token))
     return c.until(cp.MountResponse, seq)
 
 
@@ -258,7 +259,7 @@ def no_read(spec: dict[str, Any], rng: random.Random, stop: threading.Event) -> 
         found = _owner(spec["servers"], p)
         if found is not None:
             c, hwm = found
-            c.send(cp.Mount(c.next_seq(), p, own, hwm, time.time_ns() // 1000, token))
+            c.send(cp.Mount(c.next_seq(), p, own, hwm, clock.time_ns() // 1000, token))
             conns.append((c, p))
     sent = [0]
     peak = dict(before)

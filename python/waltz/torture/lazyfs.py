@@ -83,9 +83,12 @@ class LazyOperations:
     # ---- metadata: straight to the backing directory --------------------------------------------
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        st = os.lstat(self._path(path))
-        attrs = {k: getattr(st, k) for k in dir(st) if k.startswith("st_") and not k.endswith("_ns")}
+        # The backing file's size is read under the lock: a sync flushing the dirty pages in
+        # between would leave a size from before the flush and no dirty state to correct it (an
+        # fstat then saw the index file shrink under the engine: torture seed 63).
         with self._mutex:
+            st = os.lstat(self._path(path))
+            attrs = {k: getattr(st, k) for k in dir(st) if k.startswith("st_") and not k.endswith("_ns")}
             f = self.files.get(st.st_ino)
             if f is not None:
                 attrs["st_size"] = f.size
@@ -287,7 +290,11 @@ class LazyOperations:
         with self._mutex:
             if not self.last_writes:
                 return {"torn": None}
-            _, path, offset, data = max(self.last_writes.values())
+            ino, (_, path, offset, data) = max(self.last_writes.items(), key=lambda kv: kv[1])
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino != ino:
+                    # Renamed since, and another file took the name: the pages are not that file's.
+                    return {"torn": None}
             boundaries = list(range((offset // PAGE + 1) * PAGE, offset + len(data), PAGE))
             if not boundaries:
                 return {"torn": None, "write": len(data)}

@@ -8,6 +8,11 @@ the `waltz` command, while clients write and other faults strike.
                    wander over four nodes as the moves go on
     stop-server    SIGTERM a server: it deregisters at once and its partitions move to the other
                    server under a new generation (the graceful handoff); restarted when healed
+    remove-node    a storage node leaves the cluster as an operator retires one: each of its
+                   replicas moves to a node without one (the move above), `waltz storage
+                   remove-node`, the process stopped; healed by starting it and `waltz storage
+                   add-node` again (it holds nothing then: later moves bring replicas back onto
+                   it, restoring the files parked there)
 
 A move is started only while every replica of the partition is in the serving server's write path
 and no storage node or the metadata store is faulted: the operator's rule is one replica of a
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -29,7 +35,9 @@ from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 
 SPARE_NODES = 1
-"""Storage nodes beyond the three replicas when move-replica is on: where replicas move to."""
+"""Storage nodes beyond the three replicas when a membership fault is on: where replicas move to."""
+MEMBERSHIP_FAULTS = ("move-replica", "remove-node")
+"""The faults that need the spare storage node."""
 
 
 def holders(cluster: LocalCluster) -> dict[int, set[str]]:
@@ -93,10 +101,16 @@ def move_replica(
     if picked is None:
         return {"skipped": "no partition with all its replicas in its write path"}
     p, old, new, sources = picked
-    addr = {m.name: cluster.dialed_address(m) for m in cluster.members if m.role == "storage"}
-    deadline = time.monotonic() + timeout
-    part = ["-p", str(p)]
     say(f"nemesis: move-replica partition {p}: {old} -> {new}")
+    _move(cluster, p, old, new, sources, time.monotonic() + timeout)
+    return {"partition": p, "from": old, "to": new}
+
+
+def _move(cluster: LocalCluster, p: int, old: str, new: str, sources: list[str], deadline: float) -> None:
+    """docs/operations.md's sequence: assign, add-partition, recover-partition (from each source in
+    turn until one succeeds), unassign the old holder, remove-partition there (files parked)."""
+    addr = {m.name: cluster.dialed_address(m) for m in cluster.members if m.role == "storage"}
+    part = ["-p", str(p)]
     waltz_storage(cluster, ["assign", "--storage", addr[new], *part], deadline)
     waltz_storage(cluster, ["add-partition", "--storage", addr[new], *part], deadline)
     copies = [["recover-partition", "--source", addr[s], "--destination", addr[new], *part] for s in sources]
@@ -104,7 +118,66 @@ def move_replica(
     waltz_storage(cluster, ["unassign", "--storage", addr[old], *part], deadline)
     if cluster.pid(old) is not None:
         waltz_storage(cluster, ["remove-partition", "--storage", addr[old], *part], deadline)
-    return {"partition": p, "from": old, "to": new}
+
+
+def pick_removal(cluster: LocalCluster, rng: random.Random) -> tuple[str, dict[int, tuple[str, list[str]]]] | None:
+    """(node, {partition: (to, sources)}): a registered storage node whose every partition has all
+    its replicas in the write path and a registered node without a replica to move to. None when
+    no node qualifies (one is already out, or a partition is not fully in its write path)."""
+    with cluster.metadata() as meta:
+        registered = {n.address for n in meta.storage_nodes()}
+    names = [m.name for m in cluster.members if m.role == "storage" and cluster.dialed_address(m) in registered]
+    in_path = cluster.server_metric("waltz_server_replicas_in_write_path")
+    held = holders(cluster)
+    plans = {}
+    for node in names:
+        plan = {}
+        for p, holding in sorted(held.items()):
+            if node not in holding:
+                continue
+            free = sorted(n for n in names if n not in holding)
+            if len(holding) != REPLICAS or in_path.get(p, 0) < REPLICAS or not free:
+                break
+            plan[p] = (rng.choice(free), sorted(holding - {node}))
+        else:
+            plans[node] = plan
+    # A node holding replicas when there is one: retiring the empty spare moves nothing.
+    retirable = sorted(n for n, plan in plans.items() if plan) or sorted(plans)
+    if not retirable:
+        return None
+    node = rng.choice(retirable)
+    return node, plans[node]
+
+
+def remove_node(
+    cluster: LocalCluster, rng: random.Random, say: Callable[[str], None], timeout: float = 240.0
+) -> tuple[dict[str, Any], Callable[[], None]]:
+    """Retires one storage node (`pick_removal`): its replicas moved away, the node removed from
+    the metadata, its process stopped. Returns what it did and the heal, which starts the node
+    and adds it back, empty."""
+    picked = pick_removal(cluster, rng)
+    if picked is None:
+        return {"skipped": "no storage node whose partitions are all in their write path"}, lambda: None
+    node, plan = picked
+    deadline = time.monotonic() + timeout
+    for p, (to, sources) in plan.items():
+        say(f"nemesis: remove-node {node}: partition {p} -> {to}")
+        _move(cluster, p, node, to, sources, deadline)
+    address = cluster.dialed_address(cluster.member(node))
+    with cluster.metadata() as meta:
+        info = next(n for n in meta.storage_nodes() if n.address == address)
+    waltz_storage(cluster, ["remove-node", "--storage", address], deadline)
+    cluster.kill(node, signal.SIGTERM)
+
+    def add_back() -> None:
+        start_when_stopped(cluster, node)
+        waltz_storage(
+            cluster,
+            ["add-node", "--storage", address, "--admin-port", str(info.admin_port), "--group", str(info.group)],
+            time.monotonic() + timeout,
+        )
+
+    return {"node": node, "moved": {str(p): to for p, (to, _) in plan.items()}}, add_back
 
 
 def start_when_stopped(cluster: LocalCluster, name: str, timeout: float = 60.0) -> None:

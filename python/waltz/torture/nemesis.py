@@ -40,9 +40,17 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    documented operator sequence (torture/membership.py; the run adds a fourth
                    storage node for it)
     stop-server    SIGTERM a server (it hands its partitions to the other at once); restart it
+    remove-node    retire a storage node: its replicas moved away, `waltz storage remove-node`,
+                   the process stopped; heal it by starting it and adding it back, empty
     power-loss, power-loss-majority, power-outage, disk-full, slow-disk
                    disk faults on LazyFS, a FUSE layer under the storage nodes that loses
                    unsynced writes (waltz/torture/disk.py says what each does)
+    clock-step-forward, clock-step-backward
+                   step the wall clock of a storage node, a server or a client worker by 5 s to
+                   5 min; heal it (waltz/torture/clock_faults.py)
+    clock-skew     run such a clock at 0.25x, 0.5x, 2x or 4x; heal it
+                   (With the embedded metadata store, a clock fault that ran with no other kind
+                   of fault must not have ended any process's metadata session.)
 
 At most one storage node is faulted at a time (a minority of the three replicas), except by
 kill-majority, power-loss-majority, power-outage and disk-full, which run alone; at most one
@@ -66,7 +74,8 @@ from typing import Any
 from waltz.local import LocalCluster
 from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
-from waltz.torture import membership, net_faults
+from waltz.torture import clock_faults, membership, net_faults
+from waltz.torture.clock_faults import CLOCK_FAULTS
 from waltz.torture.disk import DISK_FAULTS, MAJORITY_DISK_FAULTS, start_disk_fault
 from waltz.torture.lazyfs import LazyFs
 from waltz.torture.proxy import FaultProxy
@@ -91,7 +100,9 @@ FAULTS = (
     "stalled-reader",
     "move-replica",
     "stop-server",
+    "remove-node",
     *DISK_FAULTS,
+    *CLOCK_FAULTS,
 )
 BAD_CLIENT_FAULTS = ("dup-client-id", "oversized-locks", "stalled-reader")
 ALONE_FAULTS = ("kill-majority", *MAJORITY_DISK_FAULTS, *BAD_CLIENT_FAULTS)
@@ -107,6 +118,8 @@ class Fault:
     heal_at: float
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
     undo: Callable[[], None] = lambda: None
+    sessions: clock_faults.SessionWatch | None = None
+    """A clock fault's watch on the metadata sessions; dropped when another kind of fault joins."""
 
 
 class Nemesis:
@@ -128,6 +141,7 @@ class Nemesis:
         metadata_proxy: FaultProxy | None = None,
         cover: bool = False,
         disks: dict[str, LazyFs] | None = None,
+        clients: tuple[str, ...] = (),
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
         if unknown:
@@ -151,7 +165,9 @@ class Nemesis:
         self.counts: dict[str, int] = {}
         self.storage = [m.name for m in cluster.members if m.role == "storage"]
         self.servers = [m.name for m in cluster.members if m.role == "server"]
+        self.clients = list(clients)  # the client workers, by the names of their clock files
         self.problems: list[str] = []
+        self._other_healed_at = float("-inf")
 
     # ---- schedule ----------------------------------------------------------------------------
 
@@ -190,12 +206,14 @@ class Nemesis:
             return not servers_busy
         if kind in ("kill-server", "stop-server"):
             return not servers_busy
-        if kind == "move-replica":  # the operator's rule: a majority of the replicas reachable
+        if kind in membership.MEMBERSHIP_FAULTS:  # the operator's rule: a majority of the replicas reachable
             return not storage_busy and not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind == "kill-zookeeper":
             return not any(f.kind == "kill-zookeeper" for f in self.active)
         if kind in ("pause", "partition", "slow", "reset", "one-way"):
             return not storage_busy or not servers_busy
+        if kind in CLOCK_FAULTS:
+            return bool(self._clock_targets())
         return not storage_busy
 
     def _pick_member(self) -> str:
@@ -203,6 +221,13 @@ class Nemesis:
         roles = [r for r in ("storage", "server") if not self._busy(r)]
         role = self.rng.choice(roles)
         return self.rng.choice(self.storage if role == "storage" else self.servers)
+
+    def _clock_targets(self) -> list[str]:
+        """Processes a clock fault may take: members of a role with nothing faulted, and clients
+        whose clock is their own."""
+        busy = {t for f in self.active for t in f.targets}
+        members = [*([] if self._busy("storage") else self.storage), *([] if self._busy("server") else self.servers)]
+        return [*members, *(c for c in self.clients if c not in busy)]
 
     # ---- faults --------------------------------------------------------------------------------
 
@@ -232,11 +257,21 @@ class Nemesis:
             else:
                 c.kill(fault.targets[0], signal.SIGTERM)
                 fault.undo = lambda: membership.start_when_stopped(c, fault.targets[0])
-        elif kind == "move-replica":
+        elif kind in membership.MEMBERSHIP_FAULTS:
             # Done here, start to end (the metadata and the nodes see it at once); its targets
-            # stay busy for the hold so no storage fault lands on them right after.
-            fault.detail = membership.move_replica(c, self.rng, self.say)
-            fault.targets = tuple(t for t in (fault.detail.get("from"), fault.detail.get("to")) if t)
+            # stay busy for the hold so no storage fault lands on them right after. An operator's
+            # step that keeps failing is a finding, and the run goes on to its checks.
+            try:
+                if kind == "move-replica":
+                    fault.detail = membership.move_replica(c, self.rng, self.say)
+                else:
+                    fault.detail, fault.undo = membership.remove_node(c, self.rng, self.say)
+            except RuntimeError as e:
+                self.problems.append(f"{kind} failed: {e}")
+                fault.detail = {"failed": str(e)}
+            moved = fault.detail.get("moved", {})
+            named = (fault.detail.get("from"), fault.detail.get("to"), fault.detail.get("node"), *moved.values())
+            fault.targets = tuple(dict.fromkeys(t for t in named if t))
         elif kind == "kill-zookeeper":
             zk = self.zookeeper
             assert zk is not None
@@ -271,9 +306,22 @@ class Nemesis:
             fault.targets, fault.detail, fault.undo, fault.heal_at = net_faults.start(self, kind, hold)
         elif kind in DISK_FAULTS:
             fault.targets, fault.detail, fault.undo = start_disk_fault(kind, c, self.disks, self.storage, self.rng)
+        elif kind in CLOCK_FAULTS:
+            target = self.rng.choice(self._clock_targets())
+            fault.targets = (target,)
+            # A session another fault ended (a pause past its timeout) may be replaced a little
+            # after that fault healed: only sessions of a quiet cluster are watched.
+            quiet = time.monotonic() - self._other_healed_at > clock_faults.QUIET_AFTER
+            if quiet and all(f.kind in CLOCK_FAULTS for f in self.active):
+                fault.sessions = clock_faults.SessionWatch(c.metadata_url)
+            fault.detail = clock_faults.start(c.directory, kind, target, self.rng)
+            fault.undo = lambda: clock_faults.heal(c.directory, target)
         else:  # pragma: no cover - FAULTS is checked in __init__
             raise ValueError(kind)
         hold = fault.heal_at - time.monotonic()
+        if kind not in CLOCK_FAULTS:
+            for f in self.active:
+                f.sessions = None
         self.active.append(fault)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.log({"f": "nemesis", "type": "start", "fault": kind, "targets": list(fault.targets), **fault.detail})
@@ -291,7 +339,15 @@ class Nemesis:
             msg = f"healing {fault.kind} on {', '.join(fault.targets)} failed: {type(e).__name__}: {e}"
             self.problems.append(msg)
             self.say(f"nemesis: {msg}")
-        self.log({"f": "nemesis", "type": "heal", "fault": fault.kind, "targets": list(fault.targets)})
+        if fault.sessions is not None and (lost := fault.sessions.lost()):
+            during = f"while {fault.kind} on {', '.join(fault.targets)} ran"
+            msg = f"{during}, these ended: {', '.join(lost)} (their processes still run)"
+            self.problems.append(msg)
+            self.say(f"nemesis: {msg}")
+        if fault.kind not in CLOCK_FAULTS:
+            self._other_healed_at = time.monotonic()
+        watched = {} if fault.sessions is None else {"sessions_watched": len(fault.sessions.sessions)}
+        self.log({"f": "nemesis", "type": "heal", "fault": fault.kind, "targets": list(fault.targets), **watched})
 
     def _strace(self, target: str, kind: str) -> tuple[dict[str, Any], Callable[[], None]]:
         pid = self.cluster.pid(target)

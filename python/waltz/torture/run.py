@@ -40,8 +40,9 @@ from waltz.local.cluster import REPLICAS
 from waltz.local.zookeeper import ZooKeeperServer
 from waltz.storage import Storage
 from waltz.storage.client import StorageAdminClient
-from waltz.torture import membership
+from waltz.torture import clock_faults, membership
 from waltz.torture.checker import check
+from waltz.torture.clock_faults import CLOCK_FAULTS
 from waltz.torture.disk import DISK_FAULTS, DISK_SEGMENT_SIZE, mount_disks, unmount_disks
 from waltz.torture.drain import Record, record_from_bytes, write_drains
 from waltz.torture.feed import FeedRecorder
@@ -112,7 +113,9 @@ class TortureResult:
 
 
 class _Worker:
-    def __init__(self, run_dir: pathlib.Path, index: int, spec: dict[str, Any]) -> None:
+    def __init__(
+        self, run_dir: pathlib.Path, index: int, spec: dict[str, Any], env: dict[str, str] | None = None
+    ) -> None:
         self.index = index
         self.log_path = run_dir / "clients" / f"worker-{index}.log"
         with open(self.log_path, "ab") as log:
@@ -124,7 +127,11 @@ class _Worker:
                 start_new_session=True,
                 # Past this many MiB a worker dumps its stacks and exits: a growing client is a
                 # finding, never a reason for the kernel to kill the machine's other processes.
-                env={**os.environ, "WALTZ_TORTURE_MEMORY": os.environ.get("WALTZ_TORTURE_MEMORY", "2048")},
+                env={
+                    **os.environ,
+                    "WALTZ_TORTURE_MEMORY": os.environ.get("WALTZ_TORTURE_MEMORY", "2048"),
+                    **(env or {}),
+                },
             )
 
     def failure(self) -> str | None:
@@ -222,11 +229,15 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             metadata=metadata,
             partitions=o.partitions,
             cluster="torture",
-            storage_nodes=REPLICAS + (membership.SPARE_NODES if "move-replica" in o.faults else 0),
+            storage_nodes=REPLICAS
+            + (membership.SPARE_NODES if set(membership.MEMBERSHIP_FAULTS) & set(o.faults) else 0),
             storage_keys={"segment_size": segment_size} if segment_size else None,
             partition_keys=partition_keys or None,
         )
         disks = mount_disks(cluster, o.faults)
+        clocks = bool(set(o.faults) & set(CLOCK_FAULTS))
+        if clocks:  # each process reads a clock file of its own, which the clock faults write
+            cluster.member_env = {m.name: clock_faults.environment(cluster.directory, m.name) for m in cluster.members}
         for m in cluster.members:
             proxies[m.name] = FaultProxy(loop, m.name, m.port)
             cluster.advertise(m.name, proxies[m.name].port)
@@ -248,7 +259,11 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
         }
         prepare(workload, d, o.partitions)
         say(f"workload: {o.workload}")
-        workers = [_Worker(d, i, spec) for i in range(o.clients)]
+        clients = tuple(f"worker-{i}" for i in range(o.clients))
+        workers = [
+            _Worker(d, i, spec, clock_faults.environment(cluster.directory, name) if clocks else None)
+            for i, name in enumerate(clients)
+        ]
         _wait(
             lambda: all((d / "clients" / f"worker-{w.index}.ready").exists() for w in workers),
             workers,
@@ -269,6 +284,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             metadata_proxy=metadata_proxy,
             cover=o.cover,
             disks=disks,
+            clients=clients if clocks else (),
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
         end = time.monotonic() + o.duration

@@ -8,10 +8,8 @@ pub const FORMAT_VERSION: i32 = 1;
 /// Every file starts with a header this long (docs/format.md).
 pub const HEADER_LEN: u64 = 128;
 
-/// Milliseconds since the Unix epoch: a header's creation time (0 on a clock before 1970).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+/// Milliseconds since the Unix epoch: a header's creation time (the clock faults step it).
+pub use crate::engine::clock::now_ms;
 
 /// A cluster key as a UUID string, the form errors and the bindings show.
 pub fn format_uuid(k: &[u8; 16]) -> String {

@@ -9,7 +9,8 @@ use crate::engine::format::{FORMAT_VERSION, HEADER_LEN};
 use crate::engine::fs::{FileHandle, FileSystem};
 use crate::engine::record::{be_i64, ReqId};
 use crate::engine::segment::{
-    find_valid_record_after, ids_fit, index_name, is_zero_range, parse_segment_name, scan_records, SegmentHeader,
+    find_valid_record_after, ids_fit, index_name, is_zero_range, not_a_torn_write, parse_segment_name, scan_records,
+    SegmentHeader,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,9 +94,13 @@ pub struct RecordProblem {
     /// The id the record there should have carried.
     pub txid: i64,
     pub reason: String,
-    /// A valid record found further on: the damage is corruption, not an unfinished write.
-    /// None means a torn tail (nothing valid follows).
+    /// A valid record found further on: the damage is corruption, not an unfinished write,
+    /// unless `may_be_torn_write`. None means a torn tail (nothing valid follows).
     pub next_valid: Option<u64>,
+    /// The valid records after it may be a torn write's survivors: unwritten space in the hole,
+    /// nothing past the writer's unsynced bound (in the last segment, above the low-water mark,
+    /// recovery cuts them: `segment::torn_write_with_survivors`).
+    pub may_be_torn_write: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,12 +287,12 @@ pub fn inspect_segment(
         }
         Some((offset, why)) => {
             let txid = header.first_txid + count as i64;
-            Some(RecordProblem {
-                offset,
-                txid,
-                reason: why.to_string(),
-                next_valid: find_valid_record_after(&data, path, offset + 1, file_len, txid, max_record_size)?,
-            })
+            let next_valid = find_valid_record_after(&data, path, offset + 1, file_len, txid, max_record_size)?;
+            let may_be_torn_write = match next_valid {
+                Some(v) => not_a_torn_write(&data, path, offset, v, txid, file_len, max_record_size)?.is_none(),
+                None => false,
+            };
+            Some(RecordProblem { offset, txid, reason: why.to_string(), next_valid, may_be_torn_write })
         }
     };
     Ok(SegmentReport {

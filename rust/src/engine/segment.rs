@@ -82,6 +82,21 @@ pub struct RecoverOptions {
     pub max_record_size: usize,
     pub read_only: bool,
     pub mode: RecoveryMode,
+    /// The partition's low-water mark from the control file (-1: none): the records up to it are
+    /// committed, so damage at or below it is never judged a torn write with survivors.
+    pub low_water_mark: i64,
+}
+
+/// The writer never has more than `unsynced_bound` bytes of records past the end its last
+/// completed fdatasync covered (a round that would pass it is written in pieces of whole
+/// records, each fdatasynced: `Partition::write_queue`). A power loss may keep any subset of the
+/// pages written since that sync, so after a torn write every surviving record lies in that span.
+pub const UNSYNCED_SPAN: u64 = 16 << 20;
+
+/// The bound for records of at most `max_record_size` bytes: `UNSYNCED_SPAN`, or one record if
+/// that is larger (a record is never split between two syncs).
+pub fn unsynced_bound(max_record_size: usize) -> u64 {
+    UNSYNCED_SPAN.max((RECORD_OVERHEAD + max_record_size) as u64)
 }
 
 /// The open files of one segment: its data file and its index (the `.idx` file plus the
@@ -143,11 +158,13 @@ pub fn create_segment(fs: &dyn FileSystem, dir: &Path, header: &SegmentHeader) -
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tail {
     Clean,
-    /// Bytes after the last valid record that no valid record follows: an unfinished write.
+    /// Bytes after the last valid record that are an unfinished write: no valid record follows,
+    /// or (`survivor`: the first one's offset) only records within the writer's unsynced bound.
     Torn {
         offset: u64,
         bytes: u64,
         reason: String,
+        survivor: Option<u64>,
     },
     /// A bad record with valid records after it, cut away because repair was asked for.
     CorruptionCut {
@@ -421,6 +438,12 @@ fn judge_stop(
         let expected = ctx.first_txid + count as i64;
         let later = find_valid_record_after(data, data_path, bad_at + 1, data_len, expected, opts.max_record_size)?;
         let is_last = ctx.next_first.is_none();
+        let torn_write = match later {
+            Some(valid_at) if is_last => {
+                torn_write_with_survivors(ctx, data, data_path, bad_at, valid_at, expected, data_len)?
+            }
+            _ => Err(String::new()),
+        };
         match later {
             None if is_last => {
                 log::warn!(
@@ -430,7 +453,27 @@ fn judge_stop(
                     bad_at,
                     why
                 );
-                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string() };
+                tail = Tail::Torn { offset: bad_at, bytes: data_len - bad_at, reason: why.to_string(), survivor: None };
+            }
+            Some(valid_at) if torn_write.is_ok() => {
+                log::warn!(
+                    "{}: torn write at offset {} ({}, transaction {}) with valid records after it from offset {}, \
+                     nothing but zeros {} bytes past it (the most the writer leaves unsynced) and above the \
+                     low-water mark: records that were never synced; truncating {} bytes",
+                    data_path.display(),
+                    bad_at,
+                    why,
+                    expected,
+                    valid_at,
+                    unsynced_bound(opts.max_record_size),
+                    data_len - bad_at
+                );
+                tail = Tail::Torn {
+                    offset: bad_at,
+                    bytes: data_len - bad_at,
+                    reason: why.to_string(),
+                    survivor: Some(valid_at),
+                };
             }
             _ if opts.mode == RecoveryMode::TruncateAtCorruption => {
                 log::warn!(
@@ -442,11 +485,12 @@ fn judge_stop(
                 tail = Tail::CorruptionCut { offset: bad_at, reason: why.to_string() };
             }
             Some(valid_at) => {
+                let not_torn = torn_write.err().unwrap_or_default();
                 return Err(Error::corruption(
                     data_path,
                     bad_at,
                     format!(
-                        "{why} (transaction {expected}), with a valid record after it at offset {valid_at}; \
+                        "{why} (transaction {expected}), with a valid record after it at offset {valid_at}{not_torn}; \
                          open with recovery mode 'truncate' to cut the partition here"
                     ),
                 ));
@@ -462,6 +506,101 @@ fn judge_stop(
         end = bad_at;
     }
     Ok((tail, end))
+}
+
+/// Whether a bad record at `bad_at` (transaction `expected`) of the last segment, with valid
+/// records after it from `valid_at`, is a write a power loss tore. The writer acknowledges
+/// nothing before an fdatasync covers it, so a hole a torn write left holds records never synced,
+/// but a disk may persist any subset of the blocks written since the last completed fdatasync:
+/// valid records may survive after the hole. Latent corruption of synced data is the other
+/// explanation; two pieces of evidence the writer guarantees tell them apart:
+/// - Where: the writer bounds that span (`unsynced_bound`) and starts it at a record boundary,
+///   so the hole, the first bad record, is no earlier than its start, and everything written
+///   since lies before `bad_at + bound`: a non-zero byte from there on is synced data.
+/// - What: a block the disk did not write keeps what it held, and past the synced end the
+///   writer only ever leaves zeros (preallocated, or beyond the end of the file), so a tear
+///   leaves zeros that end at a block boundary or where the survivors begin. A flipped bit or
+///   garbage in a record is damage, not a tear (`unwritten_space`).
+///
+/// Records at or below the low-water mark are committed: damage there is corruption whatever
+/// follows. Err says why not (a clause for the corruption error).
+fn torn_write_with_survivors(
+    ctx: &SegmentContext<'_>,
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    bad_at: u64,
+    valid_at: u64,
+    expected: i64,
+    data_len: u64,
+) -> Result<std::result::Result<(), String>> {
+    let low_water_mark = ctx.opts.low_water_mark;
+    if expected <= low_water_mark {
+        return Ok(Err(format!(" (at or below the low-water mark {low_water_mark}: committed)")));
+    }
+    Ok(not_a_torn_write(data, path, bad_at, valid_at, expected, data_len, ctx.opts.max_record_size)?
+        .map_or(Ok(()), Err))
+}
+
+/// Why a bad record at `bad_at`, the first valid record after it at `valid_at`, cannot be a
+/// write a power loss tore (None: it can, the low-water mark aside): data further past it than
+/// the writer leaves unsynced, or no unwritten space in the hole (`torn_write_with_survivors`).
+pub(crate) fn not_a_torn_write(
+    data: &Arc<dyn FileHandle>,
+    path: &Path,
+    bad_at: u64,
+    valid_at: u64,
+    expected: i64,
+    data_len: u64,
+    max_record_size: usize,
+) -> Result<Option<String>> {
+    let bound = unsynced_bound(max_record_size);
+    let past = bad_at.saturating_add(bound);
+    if past < data_len && !is_zero_range(data, path, past, data_len)? {
+        return Ok(Some(format!(" (and data {bound} bytes or more past it, further than the writer leaves unsynced)")));
+    }
+    if valid_at > past || !unwritten_space(data, path, bad_at, valid_at, expected)? {
+        return Ok(Some(" (and no unwritten space before it: damage, not a torn write)".into()));
+    }
+    Ok(None)
+}
+
+/// The finest unit a disk writes whole (a sector): a power loss keeps or loses whole ones.
+const SECTOR: u64 = 512;
+
+/// Whether `[from, to)` (a bad record for transaction `expected` at `from`, the first valid
+/// record after it at `to`) holds what a block the disk never wrote leaves there: zeros that
+/// begin at `from` or at a sector boundary, end at `to` or at one, and are more than a valid
+/// record's bytes can be. From `from`, 8 of them: the record's id, never all zero but for
+/// transaction 0 (then 40: a record's overhead, never all zero). Up to `to`, 4: the checksum
+/// that ends the record before it, zero once in 2^32. From a sector boundary to another: a
+/// whole sector.
+fn unwritten_space(data: &Arc<dyn FileHandle>, path: &Path, from: u64, to: u64, expected: i64) -> Result<bool> {
+    let mut buf = vec![0u8; (to - from) as usize];
+    let got = data.read_full_at(&mut buf, from).at(path)?;
+    buf.truncate(got);
+    let to = from + got as u64;
+    let mut i = 0usize;
+    while i < buf.len() {
+        if buf[i] != 0 {
+            i += 1;
+            continue;
+        }
+        let run = buf[i..].iter().take_while(|b| **b == 0).count();
+        let (s, e) = (from + i as u64, from + (i + run) as u64);
+        let s = if s == from { s } else { s.next_multiple_of(SECTOR) };
+        let e = if e == to { e } else { e / SECTOR * SECTOR };
+        let least = match (s == from, e == to) {
+            (_, true) => 4,
+            (true, false) if expected != 0 => 8,
+            (true, false) => RECORD_OVERHEAD as u64,
+            (false, false) => 1,
+        };
+        if e >= s + least {
+            return Ok(true);
+        }
+        i += run;
+    }
+    Ok(false)
 }
 
 /// A sealed segment must end where the next one starts.
@@ -823,7 +962,13 @@ mod tests {
     }
 
     fn opts(read_only: bool) -> RecoverOptions {
-        RecoverOptions { checkpoint_interval: 4, max_record_size: 1 << 20, read_only, mode: RecoveryMode::Strict }
+        RecoverOptions {
+            checkpoint_interval: 4,
+            max_record_size: 1 << 20,
+            read_only,
+            mode: RecoveryMode::Strict,
+            low_water_mark: -1,
+        }
     }
 
     /// A segment of `n` records written directly (no index entries beyond `indexed`).
@@ -956,7 +1101,9 @@ mod tests {
         let offs = write_segment(d.path(), 0, 6, 0);
         let f = std::fs::OpenOptions::new().write(true).open(d.path().join(data_name(0))).unwrap();
         f.write_all_at(&[0xAB; 7], offs[2]).unwrap();
-        let o = opts(false);
+        // Committed records: a torn write cannot explain the garbage (`torn_write_with_survivors`).
+        let mut o = opts(false);
+        o.low_water_mark = 5;
         match recover_segment(&ctx(d.path(), 0, None, &o)) {
             Err(Error::Corruption { offset, reason, .. }) => {
                 assert_eq!(offset, offs[2]);

@@ -304,8 +304,8 @@ impl Storage {
             return Err(Error::PartitionNotFound { partition: pid });
         }
         // A partition whose control entry is unreadable must not serve: its session is unknown.
-        self.with_control(|c| c.info(pid))?;
-        let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
+        let opts = self.partition_options(pid, self.opts.clone())?;
+        let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, opts)?);
         map.insert(pid, p.clone());
         Ok(p)
     }
@@ -331,7 +331,8 @@ impl Storage {
         }
         let dir = self.partition_dir(pid);
         Partition::restart_files(self.fs.as_ref(), &dir, pid, self.cluster_key, first)?;
-        let reopened = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, self.opts.clone())?);
+        let opts = self.partition_options(pid, self.opts.clone())?;
+        let reopened = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, opts)?);
         map.insert(pid, reopened.clone());
         Ok(reopened)
     }
@@ -442,7 +443,7 @@ impl Storage {
         self.check_pid(pid)?;
         self.with_control(|_| Ok(()))?;
         self.close_partition(pid);
-        let mut opts = self.opts.clone();
+        let mut opts = self.partition_options(pid, self.opts.clone())?;
         opts.recover.mode = crate::engine::segment::RecoveryMode::TruncateAtCorruption;
         let dir = self.partition_dir(pid);
         if !self.fs.exists(&dir) {
@@ -451,6 +452,13 @@ impl Storage {
         let p = Arc::new(Partition::open(self.fs.clone(), &dir, pid, self.cluster_key, opts)?);
         lock(&self.partitions).insert(pid, p.clone());
         Ok(p)
+    }
+
+    /// `opts` for opening partition `pid`: its recovery knows the control file's low-water mark
+    /// (records up to it are committed: never cut as a torn write).
+    fn partition_options(&self, pid: i32, mut opts: PartitionOptions) -> Result<PartitionOptions> {
+        opts.recover.low_water_mark = self.with_control(|c| c.info(pid))?.low_water_mark;
+        Ok(opts)
     }
 
     pub fn partition_info(&self, pid: i32) -> Result<PartitionInfo> {

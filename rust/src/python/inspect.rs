@@ -86,6 +86,7 @@ fn inspect_segment<'py>(
             pd.set_item("reason", &p.reason)?;
             pd.set_item("torn_tail", p.next_valid.is_none())?;
             pd.set_item("next_valid_offset", p.next_valid)?;
+            pd.set_item("may_be_torn_write", p.may_be_torn_write)?;
             Some(pd)
         }
     };

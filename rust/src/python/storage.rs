@@ -313,6 +313,10 @@ impl PyPartition {
         d.set_item("segments", r.segments)?;
         d.set_item("scanned_records", r.scanned_records)?;
         d.set_item("torn_bytes", r.torn_bytes)?;
+        d.set_item(
+            "torn_survivors",
+            r.torn_survivors.as_ref().map(|(p, hole, first)| (p.to_string_lossy().into_owned(), *hole, *first)),
+        )?;
         d.set_item("corruption_cut", r.corruption_cut.as_ref().map(|(p, o)| (p.to_string_lossy().into_owned(), *o)))?;
         d.set_item("finished_truncation", r.finished_truncation)?;
         let paths = |v: &Vec<PathBuf>| v.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>();

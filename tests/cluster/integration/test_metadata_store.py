@@ -3,6 +3,7 @@ real ZooKeeper server (see the `metadata_url` fixture)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sqlite3
 import subprocess
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from waltz import errors
+from waltz import clock, errors
 from waltz.cluster import open_store
 from waltz.cluster.store import (
     Check,
@@ -61,8 +62,8 @@ def expire(store: MetadataStore, metadata_url: str) -> None:
     """Ends the store's session from outside, as a lease running out or ZooKeeper expiring it."""
     if metadata_url.startswith("embedded:"):
         db = sqlite3.connect(metadata_url[len("embedded:") :], timeout=30)
-        with db:
-            db.execute("UPDATE sessions SET expires = 0 WHERE id = ?", (store.session_id,))
+        with db:  # what a purge does first (the owner removes its ephemeral entries when it notices)
+            db.execute("DELETE FROM sessions WHERE id = ?", (store.session_id,))
         db.close()
     else:
         from kazoo.client import KazooClient
@@ -233,6 +234,87 @@ def test_ephemeral_of_a_killed_process_vanishes_after_its_session_timeout(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_embedded_sessions_do_not_depend_on_any_process_wall_clock(tmp_path) -> None:
+    """Issue 37 item 2: leases compared against each process's wall clock let one process whose
+    clock stepped forward end every other session (and one stepped back lose its own). Two
+    processes an hour ahead and an hour behind write and hold entries for several timeouts: no
+    session ends."""
+    url = f"embedded:{tmp_path / 'm.db'}"
+    store = open_store(url, session_timeout=TIMEOUT)
+    store.start()
+    states: list[SessionState] = []
+    store.add_listener(states.append)
+    first = store.session_id
+    store.create("/mine", b"", ephemeral=True)
+    code = (
+        "import sys, time\n"
+        "from waltz.cluster import open_store\n"
+        f"s = open_store({url!r}, session_timeout={TIMEOUT})\n"
+        "s.start()\n"
+        "s.create('/' + sys.argv[1], b'', ephemeral=True)\n"
+        "print('ready', flush=True)\n"
+        f"for i in range({int(TIMEOUT * 4 / 0.1)}):\n"
+        "    s.create('/' + sys.argv[1] + '-' + str(i), b'')\n"
+        "    time.sleep(0.1)\n"
+        "print(s.session_id, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    procs = []
+    try:
+        for name, offset_ms in (("ahead", 3_600_000), ("behind", -3_600_000)):
+            (tmp_path / name).write_text(clock.render(offset_ms))
+            env = {**os.environ, clock.CLOCK_FILE_ENV: str(tmp_path / name)}
+            procs.append(
+                p := subprocess.Popen(
+                    [sys.executable, "-c", code, name],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    text=True,
+                )
+            )
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        sessions = {name: store.get(f"/{name}")[1].ephemeral_owner for name in ("ahead", "behind")}
+        for p, name in zip(procs, ("ahead", "behind"), strict=True):
+            assert p.stdout is not None and int(p.stdout.readline()) == sessions[name], f"{name} lost its session"
+            assert store.get(f"/{name}")[1].ephemeral_owner == sessions[name]
+        assert store.session_id == first and store.get("/mine")[1].ephemeral_owner == first
+        assert SessionState.LOST not in states
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        store.close()
+
+
+def test_embedded_events_outlive_a_process_whose_clock_is_ahead(tmp_path) -> None:
+    """Issue 37 item 2: events were pruned by age on the pruning process's wall clock, so one an
+    hour ahead deleted every event at its next renewal, before the others had polled it."""
+    path = tmp_path / "m.db"
+    store = open_store(f"embedded:{path}", session_timeout=TIMEOUT)
+    store.start()
+    try:
+        store.create("/before", b"")
+        (tmp_path / "ahead").write_text(clock.render(3_600_000))
+        code = (
+            "import time\n"
+            "from waltz.cluster import open_store\n"
+            f"s = open_store({f'embedded:{path}'!r}, session_timeout=0.4)\n"
+            "s.start()\n"
+            "time.sleep(1.0)\n"  # several renewals, each of which pruned
+            "s.close()\n"
+        )
+        env = {**os.environ, clock.CLOCK_FILE_ENV: str(tmp_path / "ahead")}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+        db = sqlite3.connect(path, timeout=30)
+        try:
+            assert db.execute("SELECT count(*) FROM events WHERE path = '/before'").fetchone()[0] == 1
+        finally:
+            db.close()
+    finally:
+        store.close()
 
 
 def test_lost_session_is_replaced_and_registrations_recreated(store: MetadataStore, metadata_url: str) -> None:

@@ -100,6 +100,10 @@ def test_a_flipped_byte_in_a_middle_record_fails_naming_file_and_offset(written,
     seg = segs[1] if which == "sealed" else segs[-1]
     offs = record_offsets(written / "0", seg)
     assert len(offs) >= 3
+    # Every record committed: in the last segment, too, the damage cannot be a torn write.
+    s = Storage.open(written)
+    s.set_partition_info(0, 6, RECORDS - 1, RECORDS - 1)
+    s.close()
     flip_byte(seg, offs[1] + 36)  # the first data byte of the segment's second record
 
     r, doc = run_json("disk", "verify", written)
@@ -118,6 +122,28 @@ def test_a_flipped_byte_in_a_middle_record_fails_naming_file_and_offset(written,
     assert r.exit_code == 1
     assert f"FAIL partition 0: 0/{seg.name}: corruption at offset {offs[1]}" in r.stdout
     assert len(r.stderr.splitlines()) == 1
+
+
+def test_a_torn_write_with_valid_records_after_it_is_a_warning(written):
+    """Above the low-water mark (150), a hole in the last segment with valid records after it and
+    nothing further than the writer leaves unsynced: what a power loss leaves (torture seed 61)."""
+    last = segment_files(written / "0")[-1]
+    offs = record_offsets(written / "0", last)
+    first = int(last.stem)
+    assert first > 150
+    with open(last, "r+b") as f:  # a block the disk never wrote: the zeros it held
+        f.seek(offs[1])
+        f.write(bytes(offs[2] - offs[1]))
+
+    r, doc = run_json("disk", "verify", written)
+    assert r.exit_code == 0, r.output
+    [p] = doc["partitions"]
+    assert p["result"] == "warn" and p["problems"] == [], p
+    assert any(
+        w.startswith(f"0/{last.name}: torn write at offset {offs[1]} (transaction {first + 1}): ")
+        and f"valid records follow from offset {offs[2]}" in w
+        for w in p["warnings"]
+    ), p["warnings"]
 
 
 def test_a_torn_tail_is_a_warning(written):

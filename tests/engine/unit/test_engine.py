@@ -404,10 +404,26 @@ def test_flipped_byte_in_last_record_is_truncated(written, data_dir):
     assert_log(p, 198)
 
 
+def test_a_torn_write_with_valid_records_after_it_is_cut(written, data_dir):
+    """A power loss may keep any pages written since the last sync: a hole with survivors near
+    the end of the last segment, above the low-water mark, is a torn write (torture seed 61)."""
+    part, seg = written
+    offsets = record_offsets(part, seg)
+    bad, after = offsets[len(offsets) // 2], offsets[len(offsets) // 2 + 1]
+    with open(seg, "r+b") as f:  # a block the disk never wrote: the zeros it held
+        f.seek(bad)
+        f.write(bytes(after - bad))
+    p = reopen(data_dir, checkpoint_interval=1000).partition(0)
+    assert p.recovery["torn_survivors"] == (str(seg), bad, after)
+    assert_log(p, last_segment_first_id(seg) + len(offsets) // 2 - 1)
+
+
 def test_corruption_in_the_middle_is_an_error_naming_file_and_offset(written, data_dir):
     part, seg = written
     offsets = record_offsets(part, seg)
     bad = offsets[len(offsets) // 2]
+    # Committed records (the low-water mark is the last one): damage there is not a torn write.
+    reopen(data_dir).set_low_water_mark(0, 1, 199)
     flip_byte(seg, bad + 45)
     # Opening with a checkpoint interval larger than the segment makes recovery scan all of it.
     with pytest.raises(errors.CorruptionError) as e:

@@ -394,7 +394,6 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
     """Appenders only wait while the partition moves to a new session: every 40 commits, and when a
     fourth replica is assigned (it is filled and joins); nothing is lost or reordered."""
     from support.daemons import Node
-    from test_store_session import admin_read_all
 
     meta, nodes = cluster
     extra = Node(tmp_path / "n3", meta.info().cluster_key)
@@ -432,7 +431,7 @@ def test_new_store_sessions_every_checkpoint_interval_and_on_a_replica_change(cl
                 await asyncio.sleep(0.05)
             assert isinstance(await p.append(req(1, 151, -1, b"t151")), Committed)
             for _ in range(100):  # committed on three of four; the fourth has it a moment later
-                copies = [await asyncio.to_thread(admin_read_all, n) for n in [*nodes, extra]]
+                copies = [await asyncio.to_thread(n.admin_records) for n in [*nodes, extra]]
                 if all(len(c) == 152 for c in copies):
                     break
                 await asyncio.sleep(0.05)

@@ -16,7 +16,6 @@ import pytest
 from support.daemons import setup, start_server, wait_served  # noqa: F401  (fixture)
 from support.processes import start, stop, wait_http
 from test_server_daemon import mounted
-from test_store_session import admin_read_all
 from waltz import client_protocol as cp
 
 CLIENT = 42
@@ -86,7 +85,7 @@ class Load:
 
 
 def replica_log(node: Any, upto: int) -> list[bytes]:
-    return [bytes(r.data) for r in admin_read_all(node)[: upto + 1]]
+    return [bytes(r.data) for r in node.admin_records()[: upto + 1]]
 
 
 def kill(proc: Any) -> None:

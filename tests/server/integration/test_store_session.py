@@ -56,18 +56,6 @@ def read_all(node: Node, session: int) -> list[Any]:
     return node.run(go)  # type: ignore[no-any-return]
 
 
-def admin_read_all(node: Node) -> list[Any]:
-    """Every record of partition 0 through the admin port: no store session, so no fencing."""
-
-    async def go(c: Any) -> list[Any]:
-        out: list[Any] = []
-        while got := await c.records(0, len(out), 1000):
-            out.extend(got)
-        return out
-
-    return node.admin(go)  # type: ignore[no-any-return]
-
-
 def test_pipelined_appends_commit_in_order_on_every_replica(cluster) -> None:
     meta, nodes = cluster
 
@@ -168,7 +156,7 @@ def test_a_dirty_tail_on_one_replica_is_voted_down_and_truncated(cluster) -> Non
         assert any("dirty tail 3..4 truncated" in line for line in s2.recovery_log), s2.recovery_log
         assert await s2.append(batch("b")) == (3, 5)
         for _ in range(100):  # committed on two; the third has it a moment later
-            copies = [await asyncio.to_thread(admin_read_all, n) for n in nodes]
+            copies = [await asyncio.to_thread(n.admin_records) for n in nodes]
             if all(len(c) == 6 for c in copies):
                 break
             await asyncio.sleep(0.05)

@@ -64,6 +64,16 @@ def test_the_last_unsynced_write_is_torn_at_a_page_boundary(disk):
     assert older.read_bytes() == b""  # every other unsynced write is simply lost
 
 
+def test_a_tear_never_writes_into_another_file_that_took_the_name(disk):
+    moved, f = disk.mountpoint / "moved", disk.mountpoint / "seg"
+    _write(f, b"t" * (4 * PAGE))  # unsynced, then the file is renamed and its name reused
+    os.rename(f, moved)
+    _write(f, b"n" * 100, sync=True)
+    lost = disk.power_loss(tear=0.5)
+    assert lost["torn"] is None, lost
+    assert f.read_bytes() == b"n" * 100
+
+
 def test_truncates_are_lost_unless_synced_and_renames_keep_the_pages(disk):
     f, g, h = disk.mountpoint / "a", disk.mountpoint / "b", disk.mountpoint / "grown"
     _write(f, b"k" * 9000, sync=True)
@@ -125,3 +135,37 @@ def test_a_slow_disk_delays_writes_and_syncs(disk):
     started = time.monotonic()
     _write(f, b"y", sync=True)
     assert time.monotonic() - started < 0.1
+
+
+def test_the_size_seen_never_goes_back_while_a_sync_flushes(disk):
+    """An fstat racing a sync saw the size from before the flush (the backing file's, read before
+    the sync took the lock) once the sync had dropped the dirty state: the index file of torture
+    seed 63 seemed to shrink under the engine, which refused appends on that invariant."""
+    import threading
+
+    path = disk.mountpoint / "idx"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    seen: list[tuple[int, int]] = []
+    written = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            floor = written[0]
+            size = os.fstat(fd).st_size
+            if size < floor:
+                seen.append((size, floor))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for i in range(400):
+            os.pwrite(fd, b"e" * 8000, i * 8000)
+            written[0] = (i + 1) * 8000
+            if i % 2:
+                os.fdatasync(fd)
+    finally:
+        done.set()
+        watcher.join()
+        os.close(fd)
+    assert seen == [], f"fstat went back below what was written: {seen[:5]}"

@@ -13,8 +13,8 @@ use crate::engine::record::{
     be_i64, be_u32, check_record, crc32, Invalid, NewRecord, Record, RecordHeader, RECORD_OVERHEAD,
 };
 use crate::engine::segment::{
-    create_segment, data_name, index_name, locate, parse_segment_name, recover_segment, RecoverOptions, RecoveryMode,
-    Segment, SegmentContext, SegmentFiles, SegmentHeader, Tail,
+    create_segment, data_name, index_name, locate, parse_segment_name, recover_segment, unsynced_bound, RecoverOptions,
+    RecoveryMode, Segment, SegmentContext, SegmentFiles, SegmentHeader, Tail,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -93,6 +93,9 @@ pub struct RecoveryReport {
     /// Records validated by scanning past the last proven index checkpoint.
     pub scanned_records: u64,
     pub torn_bytes: u64,
+    /// A torn write whose surviving records after the hole were dropped with it (file, the
+    /// hole's offset, the first survivor's offset), if there was one.
+    pub torn_survivors: Option<(PathBuf, u64, u64)>,
     /// Where repair cut a corrupt partition (file, offset), if it did.
     pub corruption_cut: Option<(PathBuf, u64)>,
     /// A truncation interrupted by a crash, finished during open.
@@ -175,6 +178,9 @@ struct State {
     queue: WriteQueue,
     /// The tail's data file length: its records, then zeros (preallocated) up to here.
     tail_allocated: u64,
+    /// The tail's bytes before this offset (a record boundary) are covered by a completed
+    /// fdatasync; records written since end within `unsynced_bound` of it (`write_queue`).
+    synced_end: u64,
     /// After a failed preallocation, the tail offset before which none is tried again: a full
     /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
     prealloc_retry_at: u64,
@@ -567,7 +573,12 @@ impl Partition {
             report.scanned_records += rec.scanned_records;
             match &rec.tail {
                 Tail::Clean => {}
-                Tail::Torn { bytes, .. } => report.torn_bytes += bytes,
+                Tail::Torn { offset, bytes, survivor, .. } => {
+                    report.torn_bytes += bytes;
+                    if let Some(s) = survivor {
+                        report.torn_survivors = Some((rec.segment.files.data_path.clone(), *offset, *s));
+                    }
+                }
                 Tail::CorruptionCut { offset, .. } => {
                     report.corruption_cut = Some((rec.segment.files.data_path.clone(), *offset));
                 }
@@ -615,6 +626,7 @@ impl Partition {
                 write_seq: 0,
                 queue: WriteQueue::default(),
                 tail_allocated,
+                synced_end: tail_allocated,
                 prealloc_retry_at: 0,
                 zero_filled: false,
                 index_retry_at: 0,
@@ -797,6 +809,7 @@ impl Partition {
             st.tail_allocated = end;
         }
         files.data.sync_data().at(&files.data_path).map_err(|e| self.poison(e))?;
+        st.synced_end = end;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let mut s = lock(&self.sync);
         let (seq, txid) = (st.write_seq, st.next_txid - 1);
@@ -1080,7 +1093,7 @@ impl Partition {
         let written_end = tail.end;
         st.zero_filled = false;
         let t = self.phases.start();
-        let result = st.queue.write_to(files.data.as_ref(), at).at(&files.data_path);
+        let result = self.write_queue(st, &files, at);
         self.phases.end(Phase::Write, t);
         let flushed = st.queue.len();
         let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
@@ -1102,6 +1115,46 @@ impl Partition {
                 pool.push(b);
             }
         }
+    }
+
+    /// Writes the queue at `at` so that the records written since the last completed fdatasync
+    /// (from `synced_end`) end within `unsynced_bound` of it: recovery tells a write torn by a
+    /// power loss from latent corruption by that bound (`segment::torn_write_with_survivors`). A
+    /// queue that would pass it (a backlog of many MiB) is written in pieces of whole records with
+    /// an fdatasync between them, under the state lock as a roll's sync is; the caller syncs the
+    /// last piece. The check before each write stays on in production.
+    fn write_queue(&self, st: &mut State, files: &SegmentFiles, at: u64) -> Result<()> {
+        let bound = unsynced_bound(self.opts.recover.max_record_size);
+        let len = st.queue.len();
+        if at >= st.synced_end && at + len <= st.synced_end + bound {
+            return st.queue.write_to(files.data.as_ref(), at).at(&files.data_path);
+        }
+        let mut done = 0;
+        while done < len {
+            let room = (st.synced_end + bound).saturating_sub(at + done);
+            match st.queue.record_end_within(done, room) {
+                Some(to) if at + done >= st.synced_end => {
+                    st.queue.write_range(files.data.as_ref(), at, done, to).at(&files.data_path)?;
+                    done = to;
+                }
+                None if at + done > st.synced_end => {
+                    files.data.sync_data().at(&files.data_path)?;
+                    self.syncs.fetch_add(1, Ordering::Relaxed);
+                    st.synced_end = at + done;
+                }
+                _ => {
+                    return Err(Error::Invariant {
+                        partition: self.id,
+                        what: format!(
+                            "records from offset {} would leave more than {bound} bytes unsynced after offset {}",
+                            at + done,
+                            st.synced_end
+                        ),
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Seals the tail (its data and index synced whole) and starts the next segment.
@@ -1128,6 +1181,8 @@ impl Partition {
             }
         };
         st.tail_allocated = allocated;
+        // The new header is synced (spare or not) and no record follows it yet.
+        st.synced_end = seg.end;
         st.prealloc_retry_at = 0;
         st.index_retry_at = 0;
         st.spare_requested = false;
@@ -1205,13 +1260,14 @@ impl Partition {
             }
             s.leader = true;
             drop(s);
-            let (written, target_seq, target_txid, files, zero_filled) = {
+            let (written, target_seq, target_txid, files, zero_filled, written_end) = {
                 let t = self.phases.start();
                 let mut st = self.gather_round(lock(&self.state), gather);
                 self.phases.end(Phase::Gather, t);
                 let w = self.flush_queue(&mut st);
                 let zf = std::mem::take(&mut st.zero_filled);
-                (w, st.write_seq, st.next_txid - 1, st.segments.last().unwrap().files.clone(), zf)
+                let tail = st.segments.last().unwrap();
+                (w, st.write_seq, st.next_txid - 1, tail.files.clone(), zf, tail.end)
             };
             let started = Instant::now();
             let result = written.and_then(|_| files.data.sync_data().at(&files.data_path));
@@ -1238,6 +1294,10 @@ impl Partition {
             let counted = !self.health.is_poisoned();
             if counted {
                 self.count_synced(&mut st, &mut s, target_seq, target_txid);
+                // Unless a roll replaced the tail meanwhile (its own sync covered this one's bytes).
+                if Arc::ptr_eq(&st.segments.last().unwrap().files, &files) {
+                    st.synced_end = st.synced_end.max(written_end);
+                }
             }
             drop(s);
             self.synced.notify_all();
@@ -1292,6 +1352,7 @@ impl Partition {
         self.flush_queue(&mut st)?;
         let tail = st.segments.last().unwrap().files.clone();
         tail.data.sync_data().at(&tail.data_path).map_err(|e| self.poison(e))?;
+        st.synced_end = st.segments.last().unwrap().end;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         {
             let mut s = lock(&self.sync);
@@ -1351,6 +1412,8 @@ impl Partition {
             tail.end = new_end;
         }
         st.tail_allocated = new_end;
+        // Cut and synced (or synced before it, by a truncation): nothing after it is written.
+        st.synced_end = new_end;
         st.prealloc_retry_at = 0;
         st.index_retry_at = 0;
         st.next_txid = tail.next_txid();
@@ -1697,6 +1760,7 @@ pub fn default_options() -> PartitionOptions {
             max_record_size: 16 << 20,
             read_only: false,
             mode: RecoveryMode::Strict,
+            low_water_mark: -1,
         },
     }
 }
@@ -1709,6 +1773,9 @@ mod prealloc;
 
 #[cfg(test)]
 mod order;
+
+#[cfg(test)]
+mod torn;
 
 #[cfg(test)]
 mod tests;

@@ -148,25 +148,31 @@ fn a_torn_first_record_before_a_long_run_of_zeros_is_found_quickly() {
 }
 
 #[test]
-fn zeros_then_a_valid_record_is_still_corruption() {
+fn zeros_then_a_valid_record_is_never_free_space() {
     // Lost writes inside the log must not pass for free space: a record after zeros is found.
+    // Above the low-water mark it is a torn write whose survivor is cut with it; at or below, an
+    // error (committed records are damaged).
     let d = tempfile::tempdir().unwrap();
     let p = open_with(Arc::new(StdFs), d.path(), prealloc_opts(1 << 30)).unwrap();
     append_sized(&p, 0, &[300, 400, 500]);
     let crashed = d.path().join("crashed");
     crash_copy(d.path(), &crashed);
     let second = HEADER_LEN + RECORD_OVERHEAD as u64 + 300;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(crashed.join(data_name(0)))
-        .unwrap()
-        .write_all_at(&[0; 440], second)
-        .unwrap();
-    match reopen(&crashed, prealloc_opts(1 << 30)) {
+    let seg = crashed.join(data_name(0));
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().write_all_at(&[0; 440], second).unwrap();
+    let pristine = std::fs::read(&seg).unwrap();
+    let q = reopen(&crashed, prealloc_opts(1 << 30)).unwrap();
+    check(&q, &[(0, 300)]);
+    assert_eq!(q.recovery.torn_survivors, Some((seg.clone(), second, second + RECORD_OVERHEAD as u64 + 400)));
+    drop(q);
+    std::fs::write(&seg, &pristine).unwrap();
+    let mut committed = prealloc_opts(1 << 30);
+    committed.recover.low_water_mark = 2;
+    match reopen(&crashed, committed.clone()) {
         Err(Error::Corruption { offset, .. }) => assert_eq!(offset, second),
         other => panic!("expected corruption, got {:?}", other.map(|p| p.max_txid())),
     }
-    let mut repair = prealloc_opts(1 << 30);
+    let mut repair = committed;
     repair.recover.mode = RecoveryMode::TruncateAtCorruption;
     let q = reopen(&crashed, repair).unwrap();
     check(&q, &[(0, 300)]);

@@ -41,6 +41,9 @@ pub struct WriteQueue {
     len: u64,
     /// The buffers of batches absorbed by reference (`absorb`), to reuse once written.
     owned: Vec<SharedData>,
+    /// Where each queued record ends (bytes from the queue's start): the points a write that
+    /// must stop short of the whole queue may stop at (`Partition`'s unsynced bound).
+    ends: Vec<u64>,
 }
 
 /// Where `data` starts inside `owner`, if it lies wholly in it.
@@ -57,6 +60,13 @@ impl WriteQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The furthest record end after `from` and at most `room` bytes past it, if any.
+    pub fn record_end_within(&self, from: u64, room: u64) -> Option<u64> {
+        let limit = from.saturating_add(room);
+        let i = self.ends.partition_point(|e| *e <= limit);
+        i.checked_sub(1).map(|i| self.ends[i]).filter(|e| *e > from)
     }
 
     fn copy(&mut self, b: &[u8]) {
@@ -82,6 +92,7 @@ impl WriteQueue {
         self.copy(&crc);
         let n = (RECORD_OVERHEAD + rec.data.len()) as u64;
         self.len += n;
+        self.ends.push(self.len);
         n
     }
 
@@ -106,6 +117,8 @@ impl WriteQueue {
     /// Moves everything `batch` holds to the end of this queue by reference, its buffer becoming a
     /// shared piece: no copy under the partition's lock. The buffer comes back from `clear_into`.
     pub fn absorb(&mut self, mut batch: WriteQueue) {
+        let base = self.len;
+        self.ends.extend(batch.ends.iter().map(|e| base + e));
         self.len += batch.len;
         let bytes: SharedData = Arc::new(std::mem::take(&mut batch.bytes));
         self.owned.push(bytes.clone());
@@ -150,11 +163,29 @@ impl WriteQueue {
         self.clear();
     }
 
+    /// Writes the queue's bytes `from..to` (offsets in the queue) at `at + from`.
+    pub fn write_range(&self, file: &dyn FileHandle, at: u64, from: u64, to: u64) -> io::Result<()> {
+        let (mut pos, mut slices) = (0u64, Vec::new());
+        for p in &self.pieces {
+            let bytes = match p {
+                Piece::Copied { start, len } => &self.bytes[*start..*start + *len],
+                Piece::Shared { data, start, len } => &data[*start..*start + *len],
+            };
+            let (lo, hi) = (pos.max(from), (pos + bytes.len() as u64).min(to));
+            if lo < hi {
+                slices.push(IoSlice::new(&bytes[(lo - pos) as usize..(hi - pos) as usize]));
+            }
+            pos += bytes.len() as u64;
+        }
+        file.write_all_vectored_at(&slices, at + from)
+    }
+
     /// Empties the queue, dropping its references to shared buffers.
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.pieces.clear();
         self.owned.clear();
+        self.ends.clear();
         self.len = 0;
         if self.bytes.capacity() > SCRATCH_KEEP {
             self.bytes = Vec::new();
@@ -234,6 +265,30 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_written_in_ranges_ending_at_records_writes_the_same_bytes() {
+        let owner: SharedData = Arc::new((0..20_000u32).map(|i| (i * 13) as u8).collect());
+        let (mut q, mut expect) = (WriteQueue::default(), Vec::new());
+        for (k, r) in
+            [rec(&owner[..100], true), rec(&owner[100..9000], true), rec(&owner[9000..9010], false)].iter().enumerate()
+        {
+            q.push_record(k as i64, r, Some(&owner));
+            encode_record(&mut expect, k as i64, r);
+        }
+        let ends = [140, 140 + 8940, expect.len() as u64];
+        assert_eq!(q.record_end_within(0, 139), None, "no record ends that soon");
+        assert_eq!(q.record_end_within(0, 9000), Some(ends[0]));
+        assert_eq!(q.record_end_within(ends[0], 8950), Some(ends[1]));
+        assert_eq!(q.record_end_within(ends[0], u64::MAX), Some(ends[2]));
+        let f = Mem::default();
+        let mut from = 0;
+        for to in ends {
+            q.write_range(&f, 128, from, to).unwrap();
+            from = to;
+        }
+        assert_eq!(&f.0.lock().unwrap()[128..], &expect[..]);
+    }
+
+    #[test]
     fn absorbed_batches_write_what_they_encoded_and_their_buffers_come_back() {
         let owner: SharedData = Arc::new(vec![7u8; 8000]);
         let (mut q, mut expect, mut reuse) = (WriteQueue::default(), Vec::new(), Vec::new());
@@ -253,7 +308,11 @@ mod tests {
                 encode_record(&mut expect, txid + k as i64, r);
             }
             assert_eq!(len, at);
+            let before = q.len();
             q.absorb(batch);
+            assert_eq!(q.record_end_within(before, u64::MAX), Some(before + len), "an absorbed batch's ends count");
+            let first_end = before + (RECORD_OVERHEAD + size) as u64;
+            assert_eq!(q.record_end_within(before, first_end - before), Some(first_end), "and its first record's");
             txid += n as i64;
         }
         assert_eq!(q.len(), expect.len() as u64);
