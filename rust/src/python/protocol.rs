@@ -232,7 +232,9 @@ fn encode_append<'py>(
     batch: PyRef<'_, PyRecordBatch>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
-    let records: Vec<WireRecord> = batch
+    let batch: &PyRecordBatch = &batch;
+    let laid = py.detach(|| batch.checkout());
+    let records: Vec<WireRecord> = laid
         .records()
         .iter()
         .enumerate()

@@ -1,12 +1,13 @@
 //! The value types crossing the boundary: ReqId, RecordHeader, Record, RecordBatch,
 //! PartitionInfo, and the argument parsers for cluster keys and ReqIds.
 use super::errors::InvalidArgumentError;
+use crate::engine::batch::LaidBatch;
 use crate::engine::control::PartitionInfo;
-use crate::engine::partition::SharedData;
-use crate::engine::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
+use crate::engine::record::{NewRecord, Record, RecordHeader, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use std::sync::Arc;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Condvar, Mutex};
 
 pub(crate) fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
     if let Ok(b) = obj.getattr("bytes") {
@@ -160,33 +161,71 @@ impl PyRecord {
     }
 }
 
-/// Records packed once (data contiguous, checksums computed) so they can be appended at any
+/// Records laid out once as they lie on disk (`LaidBatch`), so they can be appended at any
 /// transaction id, any number of times, without touching Python objects per record.
 #[pyclass(name = "RecordBatch", module = "waltz._native")]
-#[derive(Default)]
 pub struct PyRecordBatch {
-    /// Shared with the write queue of an append in progress, which writes large records from
-    /// here; `add` during one copies it first.
-    pub(crate) data: SharedData,
-    spans: Vec<(ReqId, i32, usize, usize, u32)>,
+    /// None while an append has it (`checkout`): it patches the ids in place.
+    laid: Mutex<Option<LaidBatch>>,
+    returned: Condvar,
+    count: usize,
+    nbytes: usize,
+}
+
+/// A RecordBatch's records, held by one user at a time: appends patch their ids in place, so a
+/// second append of the same batch waits until the first has queued it (not until it is
+/// durable), and then patches a copy if the write queue still holds the buffer.
+pub(crate) struct Checkout<'a> {
+    batch: &'a PyRecordBatch,
+    laid: Option<LaidBatch>,
+}
+
+impl Deref for Checkout<'_> {
+    type Target = LaidBatch;
+    fn deref(&self) -> &LaidBatch {
+        self.laid.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for Checkout<'_> {
+    fn deref_mut(&mut self) -> &mut LaidBatch {
+        self.laid.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        *self.batch.laid.lock().unwrap_or_else(|e| e.into_inner()) = self.laid.take();
+        self.batch.returned.notify_one();
+    }
+}
+
+impl Default for PyRecordBatch {
+    fn default() -> Self {
+        PyRecordBatch { laid: Mutex::new(Some(LaidBatch::default())), returned: Condvar::new(), count: 0, nbytes: 0 }
+    }
 }
 
 impl PyRecordBatch {
-    pub(crate) fn records(&self) -> Vec<NewRecord<'_>> {
-        self.spans
-            .iter()
-            .map(|&(req_id, header, start, len, crc)| NewRecord {
-                req_id,
-                header,
-                data: &self.data[start..start + len],
-                data_crc: Some(crc),
-            })
-            .collect()
+    /// Takes the records, waiting while another append of this batch holds them. Call it with
+    /// the GIL released when the holder may need it (it never does: appends run detached).
+    pub(crate) fn checkout(&self) -> Checkout<'_> {
+        let mut slot = self.laid.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(laid) = slot.take() {
+                return Checkout { batch: self, laid: Some(laid) };
+            }
+            slot = self.returned.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
     }
+
     fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
-        let start = self.data.len();
-        Arc::make_mut(&mut self.data).extend_from_slice(data);
-        self.spans.push((req_id, header, start, data.len(), crc32(data)));
+        let laid = self.laid.get_mut().unwrap_or_else(|e| e.into_inner());
+        // `&mut self`: no append holds the records (it borrows the batch for as long).
+        let laid = laid.get_or_insert_with(LaidBatch::default);
+        laid.push(&NewRecord { req_id, header, data, data_crc: None });
+        self.count += 1;
+        self.nbytes += data.len();
     }
 }
 
@@ -212,11 +251,11 @@ impl PyRecordBatch {
         Ok(())
     }
     fn __len__(&self) -> usize {
-        self.spans.len()
+        self.count
     }
     #[getter]
     fn nbytes(&self) -> usize {
-        self.data.len()
+        self.nbytes
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::Instant;
 pub enum Phase {
     /// Waiting for the state lock in `enqueue`.
     LockWait = 0,
-    /// Encoding a large batch (prefix CRCs, the copy of the records' bytes), before the state lock.
+    /// Before the state lock: encoding a large batch (prefix CRCs, the copy of the records'
+    /// bytes), or patching a laid-out batch's ids (`LaidBatch`).
     Encode,
     /// Putting the batch on the write queue and its entries on the index tail, under the state
     /// lock: encoding it there when it is small (or when `append_next` guessed its ids wrong).

@@ -114,6 +114,19 @@ impl WriteQueue {
         written
     }
 
+    /// Queues records already encoded in `bytes` (`LaidBatch`), ending at `ends` (offsets in
+    /// `bytes`): a large buffer by reference (written from where it lies), a small one copied.
+    pub fn push_encoded(&mut self, bytes: &SharedData, ends: impl Iterator<Item = u64>) {
+        let base = self.len;
+        if bytes.len() >= BY_REFERENCE_MIN {
+            self.pieces.push(Piece::Shared { data: bytes.clone(), start: 0, len: bytes.len() });
+        } else {
+            self.copy(bytes);
+        }
+        self.ends.extend(ends.map(|e| base + e));
+        self.len += bytes.len() as u64;
+    }
+
     /// Moves everything `batch` holds to the end of this queue by reference, its buffer becoming a
     /// shared piece: no copy under the partition's lock. The buffer comes back from `clear_into`.
     pub fn absorb(&mut self, mut batch: WriteQueue) {

@@ -558,3 +558,71 @@ fn the_next_segment_is_prepared_ahead_and_a_spare_is_never_log_data() {
     check_all(&p, next - 1);
     assert!(p.recovery.removed_files.is_empty() && p.recovery.torn_bytes == 0);
 }
+
+/// A laid-out batch of `sizes` records from writer `w`: record k's data is `w + k` repeated.
+fn laid_batch(w: i32, sizes: &[usize]) -> LaidBatch {
+    let mut b = LaidBatch::default();
+    for (k, n) in sizes.iter().enumerate() {
+        let data = vec![(w as usize + k) as u8; *n];
+        let req_id = ReqId { client_id: w, generation: 1, partition_id: 0, sequence: k as i32 };
+        b.push(&NewRecord { req_id, header: w, data: &data, data_crc: None });
+    }
+    b
+}
+
+#[test]
+fn laid_batches_land_at_the_ids_they_get_even_when_guessed_wrong_and_survive_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Arc::new(open(d.path(), opts(256 << 10, 64)));
+    // Small (copied into the queue), 1,000 x 100 B, and large records; a fourth writer appends
+    // plain records, so the ids a laid batch is patched to before the lock go stale often.
+    let sizes: [Vec<usize>; 4] =
+        [vec![100; 10], vec![100; 1000], (0..20).map(|k| 4000 + 37 * k).collect(), vec![50; 3]];
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (p, sizes) = (p.clone(), sizes[w].clone());
+            std::thread::spawn(move || {
+                let mut b = laid_batch(w as i32, &sizes);
+                let mut got = Vec::new();
+                for _ in 0..40 {
+                    if w == 3 {
+                        got.push(p.append_next(&b.records()).unwrap().0);
+                    } else {
+                        let t = p.enqueue_laid(None, &mut b).unwrap();
+                        p.wait_durable(t.seq).unwrap();
+                        got.push(t.first);
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut owner = std::collections::BTreeMap::new();
+    for (w, h) in writers.into_iter().enumerate() {
+        for first in h.join().unwrap() {
+            owner.insert(first, w);
+        }
+    }
+    // And at a given id, the batch patched back to ids it carried before.
+    let mut b = laid_batch(0, &sizes[0]);
+    let next = p.max_txid() + 1;
+    b.set_first(next + 5);
+    assert_eq!(p.append_laid(Some(next), &mut b).unwrap(), (next, next + 9));
+    owner.insert(next, 0);
+    assert!(p.segment_count() > 3, "the batches rolled segments");
+    let copy = tempfile::tempdir().unwrap();
+    crash_copy(d.path(), copy.path());
+    let q = open(copy.path(), opts(256 << 10, 64));
+    assert_eq!(q.max_txid(), p.max_txid());
+    let mut txid = 0;
+    for (&first, &w) in &owner {
+        assert_eq!(first, txid, "batches are dense");
+        for (k, n) in sizes[w].iter().enumerate() {
+            let r = q.read_record(txid).unwrap().unwrap();
+            assert_eq!((r.header, r.req_id.client_id, r.req_id.sequence), (w as i32, w as i32, k as i32));
+            assert_eq!(r.data, vec![(w + k) as u8; *n], "record {txid}");
+            txid += 1;
+        }
+    }
+    assert_eq!(txid, q.max_txid() + 1);
+}
