@@ -44,21 +44,30 @@ pub struct LaidBatch {
 impl LaidBatch {
     /// Adds a record at the end (id: the batch's first plus its position).
     pub fn push(&mut self, rec: &NewRecord<'_>) {
-        let len = rec.data.len();
-        let power = match self.last_power {
-            Some((l, p)) if l == len => p,
-            _ => {
-                let p = crc::zeros_power((AFTER_ID + len) as u64);
-                self.last_power = Some((len, p));
-                p
-            }
-        };
+        self.extend(std::slice::from_ref(rec));
+    }
+
+    /// Adds records at the end (`push` for each).
+    pub fn extend(&mut self, recs: &[NewRecord<'_>]) {
         let buf = Arc::make_mut(&mut self.bytes);
-        let start = buf.len();
-        encode_record(buf, self.first + self.records.len() as i64, rec);
-        self.records.push(Laid { start, data_len: len, power });
-        self.data_bytes += len;
-        self.max_data = self.max_data.max(len);
+        let mut last = self.last_power;
+        for rec in recs {
+            let len = rec.data.len();
+            let power = match last {
+                Some((l, p)) if l == len => p,
+                _ => {
+                    let p = crc::zeros_power((AFTER_ID + len) as u64);
+                    last = Some((len, p));
+                    p
+                }
+            };
+            let start = buf.len();
+            encode_record(buf, self.first + self.records.len() as i64, rec);
+            self.records.push(Laid { start, data_len: len, power });
+            self.data_bytes += len;
+            self.max_data = self.max_data.max(len);
+        }
+        self.last_power = last;
     }
 
     pub fn len(&self) -> usize {
