@@ -233,9 +233,9 @@ fn encode_append<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
     let batch: &PyRecordBatch = &batch;
-    let laid = py.detach(|| batch.checkout());
-    let records: Vec<WireRecord> = laid
-        .records()
+    let held = py.detach(|| batch.checkout());
+    let records: Vec<WireRecord> = held
+        .views()
         .iter()
         .enumerate()
         .map(|(i, r)| WireRecord {

@@ -217,7 +217,9 @@ impl PyPartition {
             return run(py, move || {
                 // Handed back once queued: another append of the same batch need not wait for
                 // this one's sync.
-                let t = p.enqueue_laid(first, &mut batch.checkout())?;
+                let mut records = batch.checkout();
+                let t = p.enqueue_laid(first, records.laid(first.unwrap_or_else(|| p.max_txid() + 1)))?;
+                drop(records);
                 p.wait_durable(t.seq)?;
                 Ok((t.first, t.last))
             });
