@@ -302,6 +302,39 @@ mod tests {
     }
 
     #[test]
+    fn laid_out_batches_queue_their_record_ends_and_write_in_ranges_as_they_lie() {
+        use crate::engine::batch::LaidBatch;
+        let (small, large) = ([1u8; 50], [2u8; 6000]);
+        let mut q = WriteQueue::default();
+        q.push_record(0, &rec(&small, true), None);
+        let mut expect = Vec::new();
+        encode_record(&mut expect, 0, &rec(&small, true));
+        // One batch under 4 KiB (copied), one over it (by reference).
+        for (first, data) in [(1i64, &small[..]), (3, &large[..])] {
+            let mut b = LaidBatch::default();
+            b.extend(&[rec(data, false), rec(&small, false)]);
+            b.set_first(first);
+            let base = q.len();
+            q.push_encoded(b.bytes(), b.ends());
+            let ends: Vec<u64> = b.ends().map(|e| base + e).collect();
+            assert_eq!(q.record_end_within(base, ends[0] - base), Some(ends[0]));
+            assert_eq!(q.record_end_within(base, u64::MAX), Some(ends[1]));
+            assert_eq!(q.record_end_within(ends[0], ends[1] - ends[0] - 1), None);
+            encode_record(&mut expect, first, &rec(data, false));
+            encode_record(&mut expect, first + 1, &rec(&small, false));
+        }
+        assert_eq!(q.pieces.iter().filter(|p| matches!(p, Piece::Shared { .. })).count(), 1);
+        let f = Mem::default();
+        let mut from = 0;
+        while from < q.len() {
+            let to = q.record_end_within(from, 100).unwrap_or_else(|| q.record_end_within(from, u64::MAX).unwrap());
+            q.write_range(&f, 64, from, to).unwrap();
+            from = to;
+        }
+        assert_eq!(&f.0.lock().unwrap()[64..], &expect[..]);
+    }
+
+    #[test]
     fn absorbed_batches_write_what_they_encoded_and_their_buffers_come_back() {
         let owner: SharedData = Arc::new(vec![7u8; 8000]);
         let (mut q, mut expect, mut reuse) = (WriteQueue::default(), Vec::new(), Vec::new());
