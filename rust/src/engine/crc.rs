@@ -118,6 +118,37 @@ pub fn extend(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
     multiply_portable(x8n(len_b, multiply_portable), crc_a) ^ crc_b
 }
 
+/// x^(8·len) mod P: `multiply(zeros_power(len), c)` moves a CRC difference `c` over `len`
+/// bytes that follow it (`LaidBatch` keeps one per record, the length after its id).
+pub fn zeros_power(len: u64) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("pclmulqdq") {
+        // SAFETY: the CPU has the instruction, checked just above.
+        return x8n(len, |a, b| unsafe { multiply_clmul(a, b) });
+    }
+    x8n(len, multiply_portable)
+}
+
+/// a(x) · b(x) mod P.
+#[inline]
+pub fn multiply(a: u32, b: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("pclmulqdq") {
+        // SAFETY: the CPU has the instruction, checked just above.
+        return unsafe { multiply_clmul(a, b) };
+    }
+    multiply_portable(a, b)
+}
+
+/// The CRC of `bytes` without the initial and final inversions: the linear part, so that for
+/// messages of one length crc(M ⊕ D) = crc(M) ⊕ `delta(D)`, with D's trailing zero bytes
+/// applied by `multiply(zeros_power(n), ·)`. Changing an 8-byte field by XOR `d` changes the CRC
+/// by `multiply(zeros_power(bytes after the field), delta(d))`.
+#[inline]
+pub fn delta(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0u32, |c, b| (c >> 8) ^ BYTE[((c ^ *b as u32) & 0xff) as usize])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +205,23 @@ mod tests {
                 "|A| = {mid}, |B| = {}",
                 b.len()
             );
+        }
+    }
+
+    #[test]
+    fn a_field_changed_by_xor_changes_the_crc_by_its_shifted_delta() {
+        let mut s = 7;
+        for len in [8usize, 9, 40, 140, 1064, 4136, 70_000] {
+            let mut bytes: Vec<u8> = (0..len).map(|_| next(&mut s) as u8).collect();
+            for at in [0, len - 8, len / 2 - (len / 2).min(8)] {
+                let before = crc32fast::hash(&bytes);
+                let d = next(&mut s).to_be_bytes();
+                for (b, x) in bytes[at..at + 8].iter_mut().zip(d) {
+                    *b ^= x;
+                }
+                let after = before ^ multiply(zeros_power((len - at - 8) as u64), delta(&d));
+                assert_eq!(after, crc32fast::hash(&bytes), "len {len}, field at {at}");
+            }
         }
     }
 }

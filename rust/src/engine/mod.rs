@@ -1,5 +1,6 @@
 //! The storage engine: the on-disk format (records, segments, index, control file), the
 //! partition's append and recovery, and the file-system seam faults are injected through.
+pub mod batch;
 pub mod clock;
 pub mod control;
 pub mod crc;

@@ -232,8 +232,10 @@ fn encode_append<'py>(
     batch: PyRef<'_, PyRecordBatch>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
-    let records: Vec<WireRecord> = batch
-        .records()
+    let batch: &PyRecordBatch = &batch;
+    let held = py.detach(|| batch.checkout());
+    let records: Vec<WireRecord> = held
+        .views()
         .iter()
         .enumerate()
         .map(|(i, r)| WireRecord {

@@ -213,8 +213,16 @@ impl PyPartition {
         let p = self.0.clone();
         if let Ok(batch) = records.cast::<PyRecordBatch>() {
             let batch = batch.borrow();
-            let (recs, owner) = (batch.records(), batch.data.clone());
-            return run(py, move || p.append_shared(first, &recs, &owner));
+            let batch: &PyRecordBatch = &batch;
+            return run(py, move || {
+                // Handed back once queued: another append of the same batch need not wait for
+                // this one's sync.
+                let mut records = batch.checkout();
+                let t = p.enqueue_laid(first, records.laid(first.unwrap_or_else(|| p.max_txid() + 1)))?;
+                drop(records);
+                p.wait_durable(t.seq)?;
+                Ok((t.first, t.last))
+            });
         }
         // Tuples of bytes: borrow the bytes in place (they are immutable) instead of copying.
         let mut metas = Vec::new();

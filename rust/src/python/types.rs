@@ -1,12 +1,13 @@
 //! The value types crossing the boundary: ReqId, RecordHeader, Record, RecordBatch,
 //! PartitionInfo, and the argument parsers for cluster keys and ReqIds.
 use super::errors::InvalidArgumentError;
+use crate::engine::batch::LaidBatch;
 use crate::engine::control::PartitionInfo;
-use crate::engine::partition::SharedData;
 use crate::engine::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
-use std::sync::Arc;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Condvar, Mutex};
 
 pub(crate) fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
     if let Ok(b) = obj.getattr("bytes") {
@@ -161,32 +162,122 @@ impl PyRecord {
 }
 
 /// Records packed once (data contiguous, checksums computed) so they can be appended at any
-/// transaction id, any number of times, without touching Python objects per record.
+/// transaction id, any number of times, without touching Python objects per record. The first
+/// local append lays them out as they lie on disk (`LaidBatch`); later appends only patch their
+/// ids. A batch only sent to storage nodes is never laid out (the wire has its own layout).
 #[pyclass(name = "RecordBatch", module = "waltz._native")]
-#[derive(Default)]
 pub struct PyRecordBatch {
-    /// Shared with the write queue of an append in progress, which writes large records from
-    /// here; `add` during one copies it first.
-    pub(crate) data: SharedData,
-    spans: Vec<(ReqId, i32, usize, usize, u32)>,
+    /// None while an append has it (`checkout`): it lays it out or patches its ids in place.
+    records: Mutex<Option<Records>>,
+    returned: Condvar,
+    count: usize,
+    nbytes: usize,
+}
+
+pub(crate) enum Records {
+    /// The data packed, and per record its ReqId, header, span in `data` and data CRC.
+    Packed {
+        data: Vec<u8>,
+        spans: Vec<(ReqId, i32, usize, usize, u32)>,
+    },
+    Laid(LaidBatch),
+}
+
+impl Records {
+    pub(crate) fn views(&self) -> Vec<NewRecord<'_>> {
+        match self {
+            Records::Packed { data, spans } => spans
+                .iter()
+                .map(|&(req_id, header, start, len, crc)| NewRecord {
+                    req_id,
+                    header,
+                    data: &data[start..start + len],
+                    data_crc: Some(crc),
+                })
+                .collect(),
+            Records::Laid(b) => b.records(),
+        }
+    }
+
+    /// The records laid out (at ids from `first` when they are laid out now).
+    pub(crate) fn laid(&mut self, first: i64) -> &mut LaidBatch {
+        if let Records::Packed { .. } = self {
+            let mut b = LaidBatch::default();
+            b.set_first(first);
+            b.extend(&self.views());
+            *self = Records::Laid(b);
+        }
+        match self {
+            Records::Laid(b) => b,
+            Records::Packed { .. } => unreachable!("laid out just above"),
+        }
+    }
+
+    fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
+        match self {
+            Records::Packed { data: d, spans } => {
+                spans.push((req_id, header, d.len(), data.len(), crc32(data)));
+                d.extend_from_slice(data);
+            }
+            Records::Laid(b) => b.push(&NewRecord { req_id, header, data, data_crc: None }),
+        }
+    }
+}
+
+/// A RecordBatch's records, held by one user at a time: appends lay them out or patch their ids
+/// in place, so a second append of the same batch waits until the first has queued it (not until
+/// it is durable), and then patches a copy if the write queue still holds the buffer.
+pub(crate) struct Checkout<'a> {
+    batch: &'a PyRecordBatch,
+    records: Option<Records>,
+}
+
+impl Deref for Checkout<'_> {
+    type Target = Records;
+    fn deref(&self) -> &Records {
+        self.records.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for Checkout<'_> {
+    fn deref_mut(&mut self) -> &mut Records {
+        self.records.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        *self.batch.records.lock().unwrap_or_else(|e| e.into_inner()) = self.records.take();
+        self.batch.returned.notify_one();
+    }
+}
+
+impl Default for PyRecordBatch {
+    fn default() -> Self {
+        let packed = Records::Packed { data: Vec::new(), spans: Vec::new() };
+        PyRecordBatch { records: Mutex::new(Some(packed)), returned: Condvar::new(), count: 0, nbytes: 0 }
+    }
 }
 
 impl PyRecordBatch {
-    pub(crate) fn records(&self) -> Vec<NewRecord<'_>> {
-        self.spans
-            .iter()
-            .map(|&(req_id, header, start, len, crc)| NewRecord {
-                req_id,
-                header,
-                data: &self.data[start..start + len],
-                data_crc: Some(crc),
-            })
-            .collect()
+    /// Takes the records, waiting while another append of this batch holds them. Call it with
+    /// the GIL released when the holder may need it (it never does: appends run detached).
+    pub(crate) fn checkout(&self) -> Checkout<'_> {
+        let mut slot = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(records) = slot.take() {
+                return Checkout { batch: self, records: Some(records) };
+            }
+            slot = self.returned.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
     }
+
     fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {
-        let start = self.data.len();
-        Arc::make_mut(&mut self.data).extend_from_slice(data);
-        self.spans.push((req_id, header, start, data.len(), crc32(data)));
+        // `&mut self`: no append holds the records (it borrows the batch for as long).
+        let records = self.records.get_mut().unwrap_or_else(|e| e.into_inner());
+        records.as_mut().expect("no append holds them").push(req_id, header, data);
+        self.count += 1;
+        self.nbytes += data.len();
     }
 }
 
@@ -212,11 +303,11 @@ impl PyRecordBatch {
         Ok(())
     }
     fn __len__(&self) -> usize {
-        self.spans.len()
+        self.count
     }
     #[getter]
     fn nbytes(&self) -> usize {
-        self.data.len()
+        self.nbytes
     }
 }
 

@@ -189,11 +189,53 @@ def test_record_batches_with_large_records_read_back_after_reopening(storage, da
     assert [(r.header, r.data) for r in again.read_records(0, max_count=10)] == want
 
 
+def test_one_record_batch_appended_by_many_threads_lands_whole_at_each_id(storage, data_dir):
+    """A RecordBatch is laid out as records once and its ids patched at each append (issue 38):
+    threads appending the same batch at once each land it at the ids they got, and still share
+    fsyncs (an append hands the batch back once queued, not once durable)."""
+    p = reopen(data_dir, segment_size=1 << 20).partition(0)
+    sizes = [100] * 50 + [5000, 3]
+    batch = RecordBatch([((2, 1, 0, k), k, bytes([k + 1]) * n) for k, n in enumerate(sizes)])
+    barrier = threading.Barrier(9)
+    firsts: list[int] = []
+
+    def writer() -> None:
+        barrier.wait()
+        for _ in range(30):
+            firsts.append(p.append_next(batch)[0])
+
+    def interloper() -> None:
+        barrier.wait()
+        for _ in range(60):
+            p.append_next([((3, 1, 0, 0), -1, b"between")])
+
+    threads = [threading.Thread(target=writer) for _ in range(8)] + [threading.Thread(target=interloper)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = p.stats()
+    assert p.max_transaction_id == 8 * 30 * len(sizes) + 60 - 1
+    assert stats["syncs"] < stats["appends"] // 2
+    want = [(k, bytes([k + 1]) * n) for k, n in enumerate(sizes)]
+
+    def check(part) -> None:
+        for first in firsts:
+            got = part.read_records(first, max_count=len(sizes), max_bytes=1 << 20)
+            assert [(r.txid, r.header, r.data) for r in got] == [(first + k, h, d) for k, (h, d) in enumerate(want)]
+        assert len([r for r in part.read_records(0, max_count=20_000, max_bytes=1 << 30) if r.header == -1]) == 60
+
+    assert p.segment_count > 2
+    check(p)
+    check(reopen(data_dir, segment_size=1 << 20).partition(0))
+
+
 def test_phase_timing_is_off_unless_asked_for(tmp_path, cluster_key):
     code = (
         "import sys, uuid; from waltz.storage import Storage, RecordBatch\n"
         "s = Storage.create(sys.argv[1], uuid.uuid4(), 1); s.add_partition(0); p = s.partition(0)\n"
         "[p.append_next(RecordBatch([((1, 1, 0, 0), 0, b'x' * 10)])) for _ in range(3)]\n"
+        "[p.append_next([((1, 1, 0, 0), 0, b'x' * 10)]) for _ in range(2)]\n"
         "print(p.stats().get('phases')); s.close()"
     )
     run = lambda env, d: subprocess.run(  # noqa: E731
@@ -205,7 +247,9 @@ def test_phase_timing_is_off_unless_asked_for(tmp_path, cluster_key):
     on = run({"WALTZ_ENGINE_PHASES": "1"}, "on")
     assert on.returncode == 0, on.stderr
     phases = ast.literal_eval(on.stdout.strip())
-    assert phases["encode"][0] == 3 and phases["lock_wait"][0] == 3
+    # A RecordBatch's ids are patched before the state lock (encode); small batches of tuples are
+    # encoded under it (enqueue), large ones before it.
+    assert phases["encode"][0] == 3 and phases["enqueue"][0] == 5 and phases["lock_wait"][0] == 5
     assert phases["sync"][0] + phases["sync_zeros"][0] >= 1 and phases["roll"][0] == 0
 
 

@@ -11,8 +11,12 @@ use std::time::Instant;
 pub enum Phase {
     /// Waiting for the state lock in `enqueue`.
     LockWait = 0,
-    /// Encoding the batch onto the write queue (the copy of the records' bytes).
+    /// Before the state lock: encoding a large batch (prefix CRCs, the copy of the records'
+    /// bytes), or patching a laid-out batch's ids (`LaidBatch`).
     Encode,
+    /// Putting the batch on the write queue and its entries on the index tail, under the state
+    /// lock: encoding it there when it is small (or when `append_next` guessed its ids wrong).
+    Enqueue,
     /// The sync leader's commit delay, waiting for more appenders to join its round.
     Gather,
     /// The leader's write of the queued records to the data file.
@@ -30,8 +34,8 @@ pub enum Phase {
 }
 
 pub const PHASE_NAMES: [&str; N] =
-    ["lock_wait", "encode", "gather", "write", "prealloc", "sync", "sync_zeros", "checkpoint", "roll"];
-const N: usize = 9;
+    ["lock_wait", "encode", "enqueue", "gather", "write", "prealloc", "sync", "sync_zeros", "checkpoint", "roll"];
+const N: usize = 10;
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();

@@ -39,6 +39,8 @@ pub struct WriteQueue {
     bytes: Vec<u8>,
     pieces: Vec<Piece>,
     len: u64,
+    /// The buffers of batches absorbed by reference (`absorb`), to reuse once written.
+    owned: Vec<SharedData>,
     /// Where each queued record ends (bytes from the queue's start): the points a write that
     /// must stop short of the whole queue may stop at (`Partition`'s unsynced bound).
     ends: Vec<u64>,
@@ -58,21 +60,6 @@ impl WriteQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// A point `rollback` returns to.
-    pub fn mark(&self) -> (usize, usize, u64) {
-        (self.bytes.len(), self.pieces.len(), self.len)
-    }
-
-    pub fn rollback(&mut self, (bytes, pieces, len): (usize, usize, u64)) {
-        self.bytes.truncate(bytes);
-        self.pieces.truncate(pieces);
-        if let Some(Piece::Copied { start, len }) = self.pieces.last_mut() {
-            *len = (*len).min(bytes - *start);
-        }
-        self.len = len;
-        self.ends.truncate(self.ends.partition_point(|e| *e <= len));
     }
 
     /// The furthest record end after `from` and at most `room` bytes past it, if any.
@@ -109,10 +96,59 @@ impl WriteQueue {
         n
     }
 
-    /// Writes the queue at `at`: one pwrite when everything was copied, else one pwritev.
+    /// Encodes `records` as transactions `first_txid`, ... onto the queue (as `push_record`) and
+    /// appends each record's offset, counted from where the batch starts, to `offsets`. Returns the
+    /// batch's encoded length.
+    pub fn push_batch(
+        &mut self,
+        first_txid: i64,
+        records: &[NewRecord<'_>],
+        owner: Option<&SharedData>,
+        offsets: &mut Vec<u64>,
+    ) -> u64 {
+        let mut written = 0u64;
+        for (k, r) in records.iter().enumerate() {
+            offsets.push(written);
+            written += self.push_record(first_txid + k as i64, r, owner);
+        }
+        written
+    }
+
+    /// Queues records already encoded in `bytes` (`LaidBatch`), ending at `ends` (offsets in
+    /// `bytes`): a large buffer by reference (written from where it lies), a small one copied.
+    pub fn push_encoded(&mut self, bytes: &SharedData, ends: impl Iterator<Item = u64>) {
+        let base = self.len;
+        if bytes.len() >= BY_REFERENCE_MIN {
+            self.pieces.push(Piece::Shared { data: bytes.clone(), start: 0, len: bytes.len() });
+        } else {
+            self.copy(bytes);
+        }
+        self.ends.extend(ends.map(|e| base + e));
+        self.len += bytes.len() as u64;
+    }
+
+    /// Moves everything `batch` holds to the end of this queue by reference, its buffer becoming a
+    /// shared piece: no copy under the partition's lock. The buffer comes back from `clear_into`.
+    pub fn absorb(&mut self, mut batch: WriteQueue) {
+        let base = self.len;
+        self.ends.extend(batch.ends.iter().map(|e| base + e));
+        self.len += batch.len;
+        let bytes: SharedData = Arc::new(std::mem::take(&mut batch.bytes));
+        self.owned.push(bytes.clone());
+        for p in batch.pieces {
+            self.pieces.push(match p {
+                Piece::Copied { start, len } => Piece::Shared { data: bytes.clone(), start, len },
+                shared => shared,
+            });
+        }
+    }
+
+    /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
     pub fn write_to(&self, file: &dyn FileHandle, at: u64) -> io::Result<()> {
-        if let [Piece::Copied { start, len }] = self.pieces.as_slice() {
-            return file.write_all_at(&self.bytes[*start..*start + *len], at);
+        match self.pieces.as_slice() {
+            [Piece::Copied { start, len }] => return file.write_all_at(&self.bytes[*start..*start + *len], at),
+            [Piece::Shared { data, start, len }] => return file.write_all_at(&data[*start..*start + *len], at),
+            _ => {}
         }
         let slices: Vec<IoSlice<'_>> = self
             .pieces
@@ -123,6 +159,21 @@ impl WriteQueue {
             })
             .collect();
         file.write_all_vectored_at(&slices, at)
+    }
+
+    /// Empties the queue, dropping its references to shared buffers; the buffers of absorbed
+    /// batches that nobody else holds go to `reuse`.
+    pub fn clear_into(&mut self, reuse: &mut Vec<Vec<u8>>) {
+        self.pieces.clear();
+        for b in self.owned.drain(..) {
+            if let Ok(mut v) = Arc::try_unwrap(b) {
+                if v.capacity() <= SCRATCH_KEEP {
+                    v.clear();
+                    reuse.push(v);
+                }
+            }
+        }
+        self.clear();
     }
 
     /// Writes the queue's bytes `from..to` (offsets in the queue) at `at + from`.
@@ -146,11 +197,17 @@ impl WriteQueue {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.pieces.clear();
+        self.owned.clear();
         self.ends.clear();
         self.len = 0;
         if self.bytes.capacity() > SCRATCH_KEEP {
             self.bytes = Vec::new();
         }
+    }
+
+    /// An empty queue that encodes into `bytes` (a buffer kept from an earlier batch).
+    pub fn with_buffer(bytes: Vec<u8>) -> WriteQueue {
+        WriteQueue { bytes, ..WriteQueue::default() }
     }
 }
 
@@ -242,30 +299,74 @@ mod tests {
             from = to;
         }
         assert_eq!(&f.0.lock().unwrap()[128..], &expect[..]);
-        let m = q.mark();
-        q.push_record(3, &rec(&owner[..5], true), None);
-        q.rollback(m);
-        assert_eq!(q.record_end_within(0, u64::MAX), Some(ends[2]), "rollback forgets the record's end");
     }
 
     #[test]
-    fn rollback_forgets_what_was_queued_after_the_mark() {
-        let owner: SharedData = Arc::new(vec![1u8; 8000]);
+    fn laid_out_batches_queue_their_record_ends_and_write_in_ranges_as_they_lie() {
+        use crate::engine::batch::LaidBatch;
+        let (small, large) = ([1u8; 50], [2u8; 6000]);
         let mut q = WriteQueue::default();
-        q.push_record(0, &rec(&owner[..100], true), Some(&owner));
-        let (m, before) = (q.mark(), q.len());
-        q.push_record(1, &rec(&owner[..6000], true), Some(&owner));
-        q.push_record(2, &rec(&owner[..10], true), Some(&owner));
-        q.rollback(m);
-        assert_eq!(q.len(), before);
-        q.push_record(1, &rec(&owner[..20], true), Some(&owner));
+        q.push_record(0, &rec(&small, true), None);
         let mut expect = Vec::new();
-        encode_record(&mut expect, 0, &rec(&owner[..100], true));
-        encode_record(&mut expect, 1, &rec(&owner[..20], true));
+        encode_record(&mut expect, 0, &rec(&small, true));
+        // One batch under 4 KiB (copied), one over it (by reference).
+        for (first, data) in [(1i64, &small[..]), (3, &large[..])] {
+            let mut b = LaidBatch::default();
+            b.extend(&[rec(data, false), rec(&small, false)]);
+            b.set_first(first);
+            let base = q.len();
+            q.push_encoded(b.bytes(), b.ends());
+            let ends: Vec<u64> = b.ends().map(|e| base + e).collect();
+            assert_eq!(q.record_end_within(base, ends[0] - base), Some(ends[0]));
+            assert_eq!(q.record_end_within(base, u64::MAX), Some(ends[1]));
+            assert_eq!(q.record_end_within(ends[0], ends[1] - ends[0] - 1), None);
+            encode_record(&mut expect, first, &rec(data, false));
+            encode_record(&mut expect, first + 1, &rec(&small, false));
+        }
+        assert_eq!(q.pieces.iter().filter(|p| matches!(p, Piece::Shared { .. })).count(), 1);
+        let f = Mem::default();
+        let mut from = 0;
+        while from < q.len() {
+            let to = q.record_end_within(from, 100).unwrap_or_else(|| q.record_end_within(from, u64::MAX).unwrap());
+            q.write_range(&f, 64, from, to).unwrap();
+            from = to;
+        }
+        assert_eq!(&f.0.lock().unwrap()[64..], &expect[..]);
+    }
+
+    #[test]
+    fn absorbed_batches_write_what_they_encoded_and_their_buffers_come_back() {
+        let owner: SharedData = Arc::new(vec![7u8; 8000]);
+        let (mut q, mut expect, mut reuse) = (WriteQueue::default(), Vec::new(), Vec::new());
+        let mut txid = 0i64;
+        // Copied records, and records by reference in `owner`.
+        for (n, size) in [(3usize, 100usize), (100, 1024), (2, 6000)] {
+            let data: Vec<u8> = (0..size).map(|i| (i * 13) as u8).collect();
+            let recs: Vec<NewRecord<'_>> =
+                (0..n).map(|_| rec(if size == 6000 { &owner[..size] } else { &data }, true)).collect();
+            let mut batch = WriteQueue::with_buffer(Vec::with_capacity(16));
+            let mut offsets = Vec::new();
+            let len = batch.push_batch(txid, &recs, Some(&owner), &mut offsets);
+            let mut at = 0u64;
+            for (k, r) in recs.iter().enumerate() {
+                assert_eq!(offsets[k], at);
+                at += (RECORD_OVERHEAD + r.data.len()) as u64;
+                encode_record(&mut expect, txid + k as i64, r);
+            }
+            assert_eq!(len, at);
+            let before = q.len();
+            q.absorb(batch);
+            assert_eq!(q.record_end_within(before, u64::MAX), Some(before + len), "an absorbed batch's ends count");
+            let first_end = before + (RECORD_OVERHEAD + size) as u64;
+            assert_eq!(q.record_end_within(before, first_end - before), Some(first_end), "and its first record's");
+            txid += n as i64;
+        }
+        assert_eq!(q.len(), expect.len() as u64);
         let f = Mem::default();
         q.write_to(&f, 0).unwrap();
         assert_eq!(*f.0.lock().unwrap(), expect);
-        q.clear();
+        q.clear_into(&mut reuse);
         assert!(q.is_empty() && Arc::strong_count(&owner) == 1, "a cleared queue holds no buffer");
+        assert_eq!(reuse.len(), 3, "the buffers of absorbed batches come back for reuse");
     }
 }

@@ -500,3 +500,129 @@ fn a_failed_sync_releases_shared_appenders_and_keeps_nothing_of_their_batch() {
     let p = open(d.path(), opts(1 << 30, 64));
     assert_eq!(p.max_txid(), 1, "only the acknowledged batch is there");
 }
+
+fn spare_files(dir: &Path) -> Vec<bool> {
+    [spare::SPARE_DATA, spare::SPARE_INDEX].iter().map(|n| dir.join(n).exists()).collect()
+}
+
+/// Waits (at most 10 s) for the spare's thread to have created both files.
+fn wait_for_spare(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while spare_files(dir) != [true, true] {
+        assert!(Instant::now() < deadline, "no spare prepared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn the_next_segment_is_prepared_ahead_and_a_spare_is_never_log_data() {
+    let d = tempfile::tempdir().unwrap();
+    let p = open(d.path(), opts(4096, 10));
+    // Past half of the first segment: the spare is prepared; the roll then takes it.
+    append_n(&p, 0, 30);
+    assert_eq!(p.segment_count(), 1);
+    wait_for_spare(d.path());
+    let before = now_ms();
+    let mut next = 30;
+    while p.segment_count() < 2 {
+        append_n(&p, next, 1);
+        next += 1;
+    }
+    let after = now_ms();
+    assert_eq!(spare_files(d.path()), [false, false], "the roll renamed the spare into place");
+    let segs = data_files(d.path());
+    assert_eq!(segs.len(), 2);
+    for path in [&segs[1], &segs[1].with_extension("idx")] {
+        let mut b = [0u8; HEADER_LEN as usize];
+        std::fs::File::open(path).unwrap().read_exact_at(&mut b, 0).unwrap();
+        let h = SegmentHeader::decode(&b);
+        assert_eq!((h.first_txid, h.partition_id, h.cluster_key), (next - 1, 0, KEY), "{}", path.display());
+        assert!(before <= h.creation_ms && h.creation_ms <= after, "created at the roll, not when prepared");
+    }
+    // A crash while a spare lies in the folder: the open removes it and the log is intact.
+    append_n(&p, next, 30);
+    next += 30;
+    wait_for_spare(d.path());
+    let copy = tempfile::tempdir().unwrap();
+    crash_copy(d.path(), copy.path());
+    let q = open(copy.path(), opts(4096, 10));
+    check_all(&q, next - 1);
+    assert_eq!(q.recovery.removed_files.len(), 2, "{:?}", q.recovery.removed_files);
+    assert_eq!(spare_files(copy.path()), [false, false]);
+    append_n(&q, next, 40);
+    check_all(&q, next + 39);
+    // A closed log's folder holds its segments only.
+    drop(p);
+    assert_eq!(spare_files(d.path()), [false, false]);
+    let p = open(d.path(), opts(4096, 10));
+    check_all(&p, next - 1);
+    assert!(p.recovery.removed_files.is_empty() && p.recovery.torn_bytes == 0);
+}
+
+/// A laid-out batch of `sizes` records from writer `w`: record k's data is `w + k` repeated.
+fn laid_batch(w: i32, sizes: &[usize]) -> LaidBatch {
+    let mut b = LaidBatch::default();
+    for (k, n) in sizes.iter().enumerate() {
+        let data = vec![(w as usize + k) as u8; *n];
+        let req_id = ReqId { client_id: w, generation: 1, partition_id: 0, sequence: k as i32 };
+        b.push(&NewRecord { req_id, header: w, data: &data, data_crc: None });
+    }
+    b
+}
+
+#[test]
+fn laid_batches_land_at_the_ids_they_get_even_when_guessed_wrong_and_survive_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let p = Arc::new(open(d.path(), opts(256 << 10, 64)));
+    // Small (copied into the queue), 1,000 x 100 B, and large records; a fourth writer appends
+    // plain records, so the ids a laid batch is patched to before the lock go stale often.
+    let sizes: [Vec<usize>; 4] =
+        [vec![100; 10], vec![100; 1000], (0..20).map(|k| 4000 + 37 * k).collect(), vec![50; 3]];
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (p, sizes) = (p.clone(), sizes[w].clone());
+            std::thread::spawn(move || {
+                let mut b = laid_batch(w as i32, &sizes);
+                let mut got = Vec::new();
+                for _ in 0..40 {
+                    if w == 3 {
+                        got.push(p.append_next(&b.records()).unwrap().0);
+                    } else {
+                        let t = p.enqueue_laid(None, &mut b).unwrap();
+                        p.wait_durable(t.seq).unwrap();
+                        got.push(t.first);
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut owner = std::collections::BTreeMap::new();
+    for (w, h) in writers.into_iter().enumerate() {
+        for first in h.join().unwrap() {
+            owner.insert(first, w);
+        }
+    }
+    // And at a given id, the batch patched back to ids it carried before.
+    let mut b = laid_batch(0, &sizes[0]);
+    let next = p.max_txid() + 1;
+    b.set_first(next + 5);
+    assert_eq!(p.append_laid(Some(next), &mut b).unwrap(), (next, next + 9));
+    owner.insert(next, 0);
+    assert!(p.segment_count() > 3, "the batches rolled segments");
+    let copy = tempfile::tempdir().unwrap();
+    crash_copy(d.path(), copy.path());
+    let q = open(copy.path(), opts(256 << 10, 64));
+    assert_eq!(q.max_txid(), p.max_txid());
+    let mut txid = 0;
+    for (&first, &w) in &owner {
+        assert_eq!(first, txid, "batches are dense");
+        for (k, n) in sizes[w].iter().enumerate() {
+            let r = q.read_record(txid).unwrap().unwrap();
+            assert_eq!((r.header, r.req_id.client_id, r.req_id.sequence), (w as i32, w as i32, k as i32));
+            assert_eq!(r.data, vec![(w + k) as u8; *n], "record {txid}");
+            txid += 1;
+        }
+    }
+    assert_eq!(txid, q.max_txid() + 1);
+}
