@@ -18,18 +18,19 @@ each partition's sending and feed are `waltz.client.partition.ClientPartition`'s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import inspect
 import logging
 import random
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import client_protocol as cp
 from waltz import clock, errors
-from waltz.client.callback_threads import CallbackThreads
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
@@ -49,6 +50,16 @@ from waltz.cluster.store import DataWatch, MetadataStore
 log = logging.getLogger("waltz.client")
 
 T = TypeVar("T")
+
+_callback_thread = threading.local()
+
+
+def in_callback_thread() -> bool:
+    return getattr(_callback_thread, "active", False)
+
+
+def _mark_callback_thread() -> None:
+    _callback_thread.active = True
 
 
 def _apply_all(fn: Callable[[Transaction], Any], txns: list[Transaction]) -> tuple[int, BaseException | None]:
@@ -89,7 +100,7 @@ class AsyncWaltzClient:
             else secrets.token_bytes(cp.TOKEN_BYTES)
         )
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._pool: CallbackThreads | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._started = False
         self._closed = False
         self._ssl = config.tls.client_context() if config.tls.enabled else None
@@ -114,7 +125,9 @@ class AsyncWaltzClient:
             raise errors.ClientError("the client is already started")
         self._started = True
         self.loop = asyncio.get_running_loop()
-        self._pool = CallbackThreads(self.loop, self.config.callback_threads)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.config.callback_threads, thread_name_prefix="waltz-callback", initializer=_mark_callback_thread
+        )
         try:
             self.num_partitions, self.client_id = await self._join_cluster()
             wanted = self.config.partitions if self.config.partitions is not None else range(self.num_partitions)
@@ -209,7 +222,7 @@ class AsyncWaltzClient:
         if self._store is not None:
             await asyncio.to_thread(self._store.close)
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -364,7 +377,7 @@ class AsyncWaltzClient:
         if inspect.iscoroutinefunction(fn):
             return await fn(*args)  # type: ignore[no-any-return]
         assert self._pool is not None
-        result = await self._pool.run(fn, *args)
+        result = await self.loop.run_in_executor(self._pool, fn, *args)
         if inspect.isawaitable(result):  # a plain function that returned a coroutine
             return await result
         return result
@@ -379,7 +392,7 @@ class AsyncWaltzClient:
                     return i, e
             return len(txns), None
         assert self._pool is not None
-        return await self._pool.run(_apply_all, fn, txns)  # type: ignore[no-any-return]
+        return await self.loop.run_in_executor(self._pool, _apply_all, fn, txns)
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T] | None:
         if self._closed:

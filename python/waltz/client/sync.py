@@ -22,8 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import errors
-from waltz.client.aio import AsyncWaltzClient
-from waltz.client.callback_threads import in_callback_thread
+from waltz.client.aio import AsyncWaltzClient, in_callback_thread
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
