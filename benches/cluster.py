@@ -349,37 +349,42 @@ class _LibraryCell:
     applied every earlier cell's transactions, hundreds of thousands, inside their own measured
     seconds), the payload, when each transaction was submitted, and the CPU of every process."""
 
-    def __init__(self, app: _Noted, partition_port: dict[int, int], pids: list[int]) -> None:
+    def __init__(self, app: _Noted, partition_port: dict[int, int], pids: dict[str, int]) -> None:
         app.marks = asyncio.run(high_water_marks(partition_port))
-        self.app, self.pids = app, pids
+        self.app, self.pids = app, {"clients": os.getpid(), **pids}
         self.payload = os.urandom(1024)
         self.submitted: dict[int, float] = {}
         self.counter = iter(range(1, 1 << 31))
 
-    def cpu(self) -> float:
-        return sum(cpu_seconds(p) for p in self.pids)
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each process: this one ("clients", as the raw rows name it) and the cluster's."""
+        return {k: cpu_seconds(p) for k, p in self.pids.items()}
 
-    def row(self, concurrency: int, elapsed: float, cpu: float) -> dict[str, object]:
+    def row(
+        self, concurrency: int, elapsed: float, cpu0: dict[str, float], cpu1: dict[str, float]
+    ) -> dict[str, object]:
+        cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
         lat = sorted(self.app.applied_at[n] - t for n, t in self.submitted.items() if n in self.app.applied_at)
+        per = max(len(lat), 1)
         return {
             "concurrency": concurrency,
             "committed": len(lat),
             "tx_per_s": len(lat) / elapsed,
             "p50_ms": loadgen.percentile(lat, 0.50) * 1e3,
             "p99_ms": loadgen.percentile(lat, 0.99) * 1e3,
-            "cpu_us_per_tx": cpu / max(len(lat), 1) * 1e6,
-            "client_process_cpu_s": cpu_seconds(os.getpid()),
+            "cpu_us_per_tx": sum(cpu.values()) / per * 1e6,
+            "cpu_us_per_tx_by_process": {k: round(v / per * 1e6) for k, v in cpu.items()},
         }
 
 
 def measure_async_client(
-    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int], event_loop: str
+    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: dict[str, int], event_loop: str
 ) -> dict[str, object]:
     """One AsyncWaltzClient on this process's loop, `concurrency` tasks each keeping one
     transaction in flight, every callback `async def`: the library without thread crossings."""
     cell = _LibraryCell(_AsyncNoted(), partition_port, pids)
 
-    async def run() -> tuple[float, float]:
+    async def run() -> tuple[float, dict[str, float], dict[str, float]]:
         async with AsyncWaltzClient(cell.app, ClientConfig(metadata=url, cluster="bench", max_pending=1024)) as client:
             c0, t0 = cell.cpu(), time.perf_counter()
             deadline = t0 + seconds
@@ -392,15 +397,15 @@ def measure_async_client(
 
             await asyncio.gather(*(one() for _ in range(concurrency)))
             await client.flush()
-            return time.perf_counter() - t0, cell.cpu() - c0
+            return time.perf_counter() - t0, c0, cell.cpu()
 
     with asyncio.Runner(loop_factory=loop_factory(event_loop, "--event-loop")) as runner:
-        elapsed, cpu = runner.run(run())
-    return cell.row(concurrency, elapsed, cpu)
+        elapsed, c0, c1 = runner.run(run())
+    return cell.row(concurrency, elapsed, c0, c1)
 
 
 def measure_client(
-    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: list[int]
+    url: str, partition_port: dict[int, int], concurrency: int, seconds: float, pids: dict[str, int]
 ) -> dict[str, object]:
     """One WaltzClient in this process, `concurrency` threads each keeping one transaction in
     flight (submit, wait for the commit): what the library costs over the raw protocol."""
@@ -421,8 +426,8 @@ def measure_client(
         for t in threads:
             t.join()
         client.flush()
-        elapsed, cpu = time.perf_counter() - t0, cell.cpu() - c0
-    return cell.row(concurrency, elapsed, cpu)
+        elapsed, c1 = time.perf_counter() - t0, cell.cpu()
+    return cell.row(concurrency, elapsed, c0, c1)
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -484,7 +489,8 @@ def run_cells(
         r["load_average_1min"] = round(os.getloadavg()[0], 2)  # other work on the machine shows here
         log(
             f"{name} {n:>2} clients: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-            f"CPU {r['cpu_us_per_tx']:.0f} us/op" + (f", {r['retries']} lock retries" if r["retries"] else "")
+            f"CPU {r['cpu_us_per_tx']:.0f} us/op (clients {r['cpu_us_per_tx_by_process']['clients']})"
+            + (f", {r['retries']} lock retries" if r["retries"] else "")
         )
         rows.append(r)
     return rows
@@ -532,16 +538,22 @@ def measure_all(
                     "waltz-locks", lambda n, i: WaltzSession.open(port, i % PARTITIONS, locks=True), c.pids, t, clients
                 )
             if "client-library" in systems:
-                pids = [os.getpid(), *c.pids.values()]
+                pids = c.pids
                 out["client_library"] = []
                 for n in clients:
                     r = measure_client(c.url, c.partition_port, n, t.seconds, pids)
-                    log(f"client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms")
+                    log(
+                        f"client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms, "
+                        f"clients' CPU {r['cpu_us_per_tx_by_process']['clients']} us/tx"
+                    )
                     out["client_library"].append(r)
                 out["client_library_async"] = []
                 for n in clients:
                     r = measure_async_client(c.url, c.partition_port, n, t.seconds, pids, t.event_loop)
-                    log(f"async client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms")
+                    log(
+                        f"async client library {n:>2} in flight: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms, "
+                        f"clients' CPU {r['cpu_us_per_tx_by_process']['clients']} us/tx"
+                    )
                     out["client_library_async"].append(r)
         finally:
             c.stop()

@@ -330,16 +330,16 @@ class ClientPartition:
         if work.finished:
             return
         work.finished = True
-        # The caller may have cancelled its future (a concurrent one even from another thread,
-        # between done() and set_*()): the slot is freed all the same.
-        if not work.future.done():
-            try:
-                if isinstance(result, BaseException):
-                    work.future.set_exception(result)
-                else:
-                    work.future.set_result(result)
-            except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
-                pass
+        # The caller may have cancelled its future (a concurrent one even from another thread):
+        # set_* then refuses, and the slot is freed all the same. No done() first: for a
+        # concurrent future it takes the future's lock a second time.
+        try:
+            if isinstance(result, BaseException):
+                work.future.set_exception(result)
+            else:
+                work.future.set_result(result)
+        except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
+            pass
         work.release()
         self.works.discard(work)
         if not self.works:

@@ -35,6 +35,35 @@ from waltz.event_loop import loop_factory
 T = TypeVar("T")
 
 
+class Slots:
+    """A partition's `max_pending` places for submitting threads: a counter under a plain lock,
+    with a condition only for a thread that finds none free. The loop frees a place per
+    completed transaction; `threading.Semaphore` took its condition's lock and checked its
+    waiters in Python each time, a tenth of the loop's time at 32 in flight."""
+
+    def __init__(self, places: int) -> None:
+        self._free = places
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._waiting = 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            while not self._free:
+                self._waiting += 1
+                try:
+                    self._room.wait()
+                finally:
+                    self._waiting -= 1
+            self._free -= 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._free += 1
+            if self._waiting:
+                self._room.notify()
+
+
 class WaltzClient:
     def __init__(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> None:
         self._core = self._make_core(callbacks, config)
@@ -50,7 +79,7 @@ class WaltzClient:
         except BaseException:
             self._stop_loop()
             raise
-        self._slots = {p: threading.Semaphore(config.max_pending) for p in self._core.mounted_partitions}
+        self._slots = {p: Slots(config.max_pending) for p in self._core.mounted_partitions}
 
     def _make_core(self, callbacks: WaltzClientCallbacks, config: ClientConfig) -> AsyncWaltzClient:
         """The asyncio client this one runs (`waltz.client.mock` gives an in-memory one)."""
