@@ -89,6 +89,18 @@ class TortureOptions:
     segment_size: int | None = None
     """Bytes per segment; None: 64 KiB with retention or disk faults (segments roll during the
     faults), the node's default otherwise."""
+    min_faults: int = 0
+    """Faults to inject at least: the schedule runs past `duration` (up to twice it) until this
+    many started. A short run on a loaded machine otherwise spends its seconds in a few slow
+    operator steps (remove-node took 10-26 s under CI's load) and proves little."""
+
+
+def _keep_injecting(elapsed: float, started: int, o: TortureOptions) -> bool:
+    """Whether the schedule goes on: for `duration`, then while fewer than `min_faults` started,
+    up to twice the duration."""
+    if elapsed < o.duration:
+        return True
+    return started < o.min_faults and elapsed < 2 * o.duration
 
 
 @dataclasses.dataclass
@@ -298,8 +310,8 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             standstill=None if retention else o.standstill,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")
-        end = time.monotonic() + o.duration
-        while time.monotonic() < end:
+        start = time.monotonic()
+        while _keep_injecting(time.monotonic() - start, sum(nemesis.counts.values()), o):
             nemesis.step()
             _check_workers(workers)
             time.sleep(o.interval)

@@ -31,6 +31,7 @@ def test_short_schedule_of_faults_loses_nothing(tmp_path):
         zookeeper=True,
         hold=(1.0, 4.0),
         faults=faults,
+        min_faults=8,
     )
     result = run_torture(options, say=said.append)
     assert result.problems == [], "\n".join(result.problems)

@@ -21,7 +21,14 @@ EMBEDDED_FAULTS = tuple(f for f in FAULTS if f != "kill-zookeeper")
 
 def run(tmp_path, workload: str, **kw):
     options = TortureOptions(
-        tmp_path / "run", duration=DURATION, seed=17, hold=(1.0, 4.0), faults=EMBEDDED_FAULTS, workload=workload, **kw
+        tmp_path / "run",
+        duration=DURATION,
+        seed=17,
+        hold=(1.0, 4.0),
+        faults=EMBEDDED_FAULTS,
+        workload=workload,
+        min_faults=5,
+        **kw,
     )
     result = run_torture(options, say=lambda s: None)
     assert result.problems == [], "\n".join(result.problems)
