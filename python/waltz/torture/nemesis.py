@@ -24,10 +24,11 @@ Each fault takes a target (a member, a link) and is healed after a random while:
                    reaches it, and the first reaches the other nodes); heal it
     one-way        the link to a storage node or a server moves bytes one way only (a lost
                    direction: requests arrive and no answer comes back, or the reverse); heal it
-    zombie         one server cut from the metadata store (ZooKeeper behind its proxy; runs on
-                   ZooKeeper only) past its session timeout, while it still reaches the storage
-                   nodes and its clients: it must stop writing once another server takes its
-                   partitions; heal it
+    zombie         one server and half the client workers cut from the metadata store (ZooKeeper
+                   behind its proxy; runs on ZooKeeper only) past the server's session timeout,
+                   while they still reach the storage nodes and each other: the cut clients keep
+                   sending appends to it while the others write to the server that took its
+                   partitions; it must not write a byte more; heal it
     dup-client-id  a misbehaving client process (torture/bad_clients.py) mounts every partition
                    under a live honest client's id with another token: it must be refused
     oversized-locks  one sends an append with more locks than max_transaction_locks: it must be
@@ -150,6 +151,7 @@ class Nemesis:
         cover: bool = False,
         disks: dict[str, LazyFs] | None = None,
         clients: tuple[str, ...] = (),
+        client_pids: Callable[[], dict[str, int]] = dict,
         standstill: float | None = None,
     ) -> None:
         unknown = set(kinds) - set(FAULTS)
@@ -170,6 +172,8 @@ class Nemesis:
         self.log, self.say = log, say
         self.max_active, self.hold = max_active, hold
         self.committed = committed
+        self.client_pids = client_pids
+        """The client workers' process ids by name (the zombie cuts some from the metadata store)."""
         self.active: list[Fault] = []
         self.counts: dict[str, int] = {}
         self.storage = [m.name for m in cluster.members if m.role == "storage"]

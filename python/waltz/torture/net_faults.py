@@ -1,5 +1,6 @@
 """The nemesis's partial partitions and misbehaving clients (issue 37 items 3 and 7): how
-`partial-partition`, `one-way`, `zombie` and the misbehaving clients start, and what heals them. The
+`partial-partition`, `one-way`, `zombie` (a server and half the client workers cut from the
+metadata store) and the misbehaving clients start, and what heals them. The
 schedule (which fault, when, for how long) stays in `nemesis.py`."""
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Nemesis(Protocol):
     counts: dict[str, int]
     problems: list[str]
     committed: Callable[[], dict[int, int]]
+    client_pids: Callable[[], dict[str, int]]
     log: Callable[[dict[str, Any]], None]
     say: Callable[[str], None]
 
@@ -64,17 +66,30 @@ def start(n: Nemesis, kind: str, hold: float) -> Started:
         meta = n.metadata_proxy
         assert meta is not None
         server = n.rng.choice(n.servers)
+        workers = n.client_pids()
+        cut = zombie_clients(n.rng, sorted(workers))
         # Past the session timeout, so that the metadata store expires the session and another
         # server takes the partitions while this one still reaches storage and its clients.
         hold = max(hold, float(c.state.get("server_session_timeout", 3.0)) + 2.0 + n.rng.uniform(0, 2))
         pid = c.pid(server)
         if pid is None:
             return (server,), {"skipped": "server not running"}, lambda: None, now + hold
-        meta.set_mode("blackhole", only=from_process(pid))
-        return (server,), {"link": f"{server} to the metadata store"}, lambda: meta.set_mode("pass"), now + hold
+        # The cut clients see no reassignment: they go on sending the partitions' appends to the
+        # zombie while the others follow the new owner and write there, as a real partition that
+        # takes a server and part of its clients away from the metadata store does.
+        meta.set_mode("blackhole", only=from_process(pid, *(workers[w] for w in cut)))
+        detail = {"link": f"{server} to the metadata store", "clients": cut}
+        return (server,), detail, lambda: meta.set_mode("pass"), now + hold
     if kind in bad_clients.MODES:
         return _bad_client(n, kind, max(hold, 4.0))
     raise ValueError(kind)
+
+
+def zombie_clients(rng: random.Random, workers: list[str]) -> list[str]:
+    """The client workers a zombie fault cuts from the metadata store with its server: half of
+    them (at least one), so that some keep writing to the zombie while the rest write to the
+    partitions' new owner (each worker mounts every partition, so every one is the zombie's)."""
+    return sorted(rng.sample(workers, max(1, len(workers) // 2))) if workers else []
 
 
 COMMITTING_WAIT = 20.0

@@ -1,6 +1,7 @@
 """Which connections through a `FaultProxy` belong to one process: the partial partitions of a
 torture run (issue 37 item 3) cut one server from one storage node, or one server from the
-metadata store, while every other process still reaches it through the same proxy.
+metadata store (with some of the client processes: the zombie), while every other process still
+reaches it through the same proxy.
 
 Every process of a run dials from 127.0.0.1, so the proxy tells them apart by the dialer's
 source port; the process that owns a port is found the way `ss -p` finds it: the socket inodes
@@ -40,7 +41,7 @@ def local_ports(pid: int) -> set[int]:
     return ports
 
 
-def from_process(pid: int) -> Callable[[int], bool]:
-    """For `FaultProxy.set_mode(only=)`: whether a dialer's source port is one of `pid`'s. Asked
+def from_process(*pids: int) -> Callable[[int], bool]:
+    """For `FaultProxy.set_mode(only=)`: whether a dialer's source port is one of `pids`'. Asked
     once per connection (when the fault starts, and for each new one during it)."""
-    return lambda port: port in local_ports(pid)
+    return lambda port: any(port in local_ports(pid) for pid in pids)

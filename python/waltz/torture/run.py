@@ -307,6 +307,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             cover=o.cover,
             disks=disks,
             clients=clients if clocks else (),
+            client_pids=lambda: {f"worker-{w.index}": w.proc.pid for w in workers},
             standstill=None if retention else o.standstill,
         )
         say(f"faults for {o.duration:.0f} s (seed {o.seed}): {', '.join(nemesis.kinds)}")

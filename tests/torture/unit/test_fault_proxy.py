@@ -114,3 +114,18 @@ def test_a_partial_partition_cuts_only_the_connections_of_one_process(proxy):
         mine.settimeout(5)
         assert mine.recv(100) == b"held"
         proxy.set_mode("pass")
+
+
+def test_a_cut_of_several_processes_takes_the_connections_of_each(proxy):
+    from waltz.torture.partial import from_process
+
+    with _connect(proxy) as mine:
+        # The zombie: the server and some clients; a gone process among them takes nothing.
+        proxy.set_mode("blackhole", only=from_process(os.getpid() + 10_000_000, os.getpid()))
+        mine.sendall(b"held")
+        mine.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            mine.recv(100)
+        proxy.set_mode("pass")
+        mine.settimeout(5)
+        assert mine.recv(100) == b"held"
