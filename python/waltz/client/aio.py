@@ -467,11 +467,11 @@ class AsyncWaltzClient:
     async def link(self, endpoint: str, kind: str) -> Link:
         key = (endpoint, kind)
         async with self._link_locks.setdefault(key, asyncio.Lock()):
+            if self._closed:  # also before an open link: close() closes the links last
+                raise errors.ClientClosedError("the client is closed")
             existing = self._links.get(key)
             if existing is not None and not existing.closed:
                 return existing
-            if self._closed:
-                raise errors.ClientClosedError("the client is closed")
             self._connection_seq += 1
             link = self._new_link(endpoint, kind, self._connection_seq)
             await link.open(self.config.request_timeout)

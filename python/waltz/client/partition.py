@@ -90,6 +90,10 @@ class ClientPartition:
         self._flushing = False
         self.tasks: list[asyncio.Task[None]] = []
         self.last_error = "not mounted yet"
+        self.closed = False
+        """Set by `close`. The mount loop ends on it as well as on its cancellation, which Python
+        3.11's `asyncio.wait_for` drops when the awaited reply arrives in the same turn (a
+        refused mount then retried for ever while `close` waited for it: a CI hang)."""
 
     def start(self) -> None:
         self.request_remount("first mount")
@@ -108,6 +112,8 @@ class ClientPartition:
         cfg = self.client.config
         while True:
             await self._remount.wait()
+            if self.closed:
+                return
             why = self._remount_why
             self.mounted.clear()
             self.link, self.server, self._flush = None, None, None
@@ -116,6 +122,8 @@ class ClientPartition:
             progress = self.received
             backoff = self.client.backoff()
             while True:
+                if self.closed:
+                    return
                 self._remount.clear()
                 now = time.monotonic()
                 if self.received != progress:
@@ -517,6 +525,8 @@ class ClientPartition:
         self._idle.clear()
 
     def close(self, why: BaseException) -> None:
+        self.closed = True
+        self._remount.set()  # a mount loop that missed its cancellation wakes and ends
         for t in self.tasks:
             t.cancel()
         sent = errors.ClientClosedError(
