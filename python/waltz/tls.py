@@ -348,7 +348,8 @@ class TlsListener:
         try:
             if self._refusal is not None:
                 with contextlib.suppress(TimeoutError, OSError):
-                    await asyncio.wait_for(reader.read(65536), REFUSAL_WAIT)
+                    async with asyncio.timeout(REFUSAL_WAIT):
+                        await reader.read(65536)
                     transport.write(self._refusal(why))  # type: ignore[attr-defined]
         finally:
             transport.close()

@@ -157,7 +157,8 @@ class Link:
         self._waiting[seq] = fut
         try:
             self.send(make(seq))
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see waltz.client.partition's `closed`
+                return await fut
         finally:
             self._waiting.pop(seq, None)
 

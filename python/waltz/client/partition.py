@@ -91,9 +91,10 @@ class ClientPartition:
         self.tasks: list[asyncio.Task[None]] = []
         self.last_error = "not mounted yet"
         self.closed = False
-        """Set by `close`. The mount loop ends on it as well as on its cancellation, which Python
-        3.11's `asyncio.wait_for` drops when the awaited reply arrives in the same turn (a
-        refused mount then retried for ever while `close` waited for it: a CI hang)."""
+        """Set by `close`. The mount loop ends on it as well as on its cancellation: Python 3.11's
+        `asyncio.wait_for` drops a cancellation that arrives in the same turn as the reply it
+        waits for (a refused mount then retried for ever while `close` waited for it: a CI hang).
+        The project uses `asyncio.timeout`, which keeps it, and this flag guards the loop anyway."""
 
     def start(self) -> None:
         self.request_remount("first mount")
@@ -137,8 +138,7 @@ class ClientPartition:
                     self._refuse(e)
                     return
                 except errors.ClientClosedError:
-                    # Closing: also when close()'s cancellation was lost (asyncio.wait_for in 3.11
-                    # drops it when the awaited call ends at the same moment).
+                    # Closing: also when close()'s cancellation was lost (see `closed`).
                     return
                 except (TimeoutError, Unavailable, errors.WaltzError, ConnectionError, OSError) as e:
                     # A TLS failure is a configuration to fix, not a passing outage: said once, loudly.

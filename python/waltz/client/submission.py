@@ -15,6 +15,7 @@ back through the `TransactionOwner` protocol and never calls into this module.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -176,10 +177,9 @@ class TransactionLife:
         # The winner's id can be one that never commits (its batch died with a store session and
         # nothing has taken the id since): the wait is bounded, a retry then simply tries again.
         wait = min(work.deadline - time.monotonic(), max(5.0, 4 * self.host.config.settle_after))
-        try:
-            await asyncio.wait_for(self.parts[work.pid].applied_through(transaction_id), max(0.0, wait))
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, wait)):
+                await self.parts[work.pid].applied_through(transaction_id)
         await self.execute(work)  # expires it if the deadline passed
 
     # -- hooks -----------------------------------------------------------------------------

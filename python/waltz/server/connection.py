@@ -194,7 +194,9 @@ class ClientConnection:
         why = "closed by the client"
         try:
             try:
-                if not await asyncio.wait_for(self._handshake(), self.limits.handshake_timeout):
+                async with asyncio.timeout(self.limits.handshake_timeout):
+                    handshaken = await self._handshake()
+                if not handshaken:
                     return
             except TimeoutError:
                 why = f"no Hello within {self.limits.handshake_timeout:g} s"
@@ -257,7 +259,8 @@ class ClientConnection:
             return await self.reader.read(1 << 20)
         left = last_request + self.limits.mount_timeout - time.monotonic()
         try:
-            return await asyncio.wait_for(self.reader.read(self.limits.max_frame_before_mount), max(left, 0.0))
+            async with asyncio.timeout(max(left, 0.0)):
+                return await self.reader.read(self.limits.max_frame_before_mount)
         except TimeoutError:
             raise _MountTimeout(f"no Mount and no request for {self.limits.mount_timeout:g} s") from None
 

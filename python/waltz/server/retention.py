@@ -11,6 +11,7 @@ the node, capped by its own low-water mark (docs/internals.md, "Retention").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -50,10 +51,9 @@ class RetentionPusher:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):  # wait_for could drop the task's cancellation
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.push_all()

@@ -206,7 +206,8 @@ class _Connection:
                 return
             peer = f"storage node {self.address}"
             try:
-                data = await asyncio.wait_for(self._reader.read(65536), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    data = await self._reader.read(65536)
             except TimeoutError as e:
                 raise errors.StorageTimeoutError(f"{peer} did not answer Hello") from e
             except OSError as e:
