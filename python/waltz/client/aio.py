@@ -181,6 +181,8 @@ class AsyncWaltzClient:
         `MountTimeoutError` when no partition could be mounted."""
         deadline = time.monotonic() + self.config.mount_timeout
         while True:
+            if self._closed:  # by another task: the mount loops have ended, nothing will mount
+                raise errors.ClientClosedError("the client was closed while it was starting")
             parts = self._parts.values()
             for part in parts:
                 if part.error is not None:
@@ -189,18 +191,24 @@ class AsyncWaltzClient:
             if not waiting:
                 return
             if time.monotonic() >= deadline or all(p.unavailable is not None for p in waiting):
+                errors_seen = "; ".join(sorted({p.last_error for p in waiting}))
                 if len(waiting) < len(self._parts):
                     log.warning(
                         "client %d: started without partition(s) %s, not mounted within %g s (still trying: %s)",
                         self.client_id,
                         [p.pid for p in waiting],
                         self.config.mount_timeout,
-                        "; ".join(sorted({p.last_error for p in waiting})),
+                        errors_seen,
                     )
                     return
-                unavailable = next((p.unavailable for p in waiting if p.unavailable is not None), None)
-                if unavailable is not None:
-                    raise unavailable
+                # At the deadline even if no mount loop has judged its partition unavailable yet
+                # (an attempt can outlast mount_timeout: a connect waits up to request_timeout).
+                raise next(
+                    (p.unavailable for p in waiting if p.unavailable is not None),
+                    errors.MountTimeoutError(
+                        f"no partition could be mounted within {self.config.mount_timeout:g} s: {errors_seen}"
+                    ),
+                )
             await asyncio.sleep(0.02)
 
     async def close(self) -> None:

@@ -634,6 +634,25 @@ def test_a_fixed_client_id_with_its_secret_takes_over_at_once(servers) -> None:
         config(url, client_secret=secret)
 
 
+async def _refused_start(url: str, client_id: int) -> tuple[AsyncWaltzClient, asyncio.Future[None]]:
+    """A client starting with a fixed id that another client (already started, same id, another
+    secret) holds: every mount is refused; returns it once a refusal has come back."""
+    client = AsyncWaltzClient(
+        AsyncMemoryApp(),
+        config(url, client_id=client_id, client_secret="another secret 16+", mount_timeout=30, reconnect_backoff=0.01),
+    )
+    starting = asyncio.ensure_future(client.start())
+    deadline = time.monotonic() + 30
+    while not any("another client" in p.last_error for p in client._parts.values()):
+        assert time.monotonic() < deadline, "the mount was never refused"
+        await asyncio.sleep(0.02)
+    return client, starting
+
+
+def _holder(url: str, client_id: int) -> AsyncWaltzClient:
+    return AsyncWaltzClient(AsyncMemoryApp(), config(url, client_id=client_id, client_secret="correct horse battery"))
+
+
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 def test_close_ends_a_refused_mount_whose_cancellation_was_lost(servers, monkeypatch) -> None:
     """Python 3.11's `asyncio.wait_for` drops a cancellation that arrives in the same turn as
@@ -657,24 +676,32 @@ def test_close_ends_a_refused_mount_whose_cancellation_was_lost(servers, monkeyp
     monkeypatch.setattr(ClientPartition, "close", close_losing_the_mount_cancellation)
 
     async def go() -> None:
-        secret = "correct horse battery staple"
-        async with AsyncWaltzClient(AsyncMemoryApp(), config(url, client_id=4344, client_secret=secret)) as first:
+        async with _holder(url, 4344) as first:
             assert await (await first.submit(Write("first", partition=0)))
-            refused = AsyncWaltzClient(
-                AsyncMemoryApp(),
-                config(
-                    url, client_id=4344, client_secret="another secret 16+", mount_timeout=30, reconnect_backoff=0.01
-                ),
-            )
-            starting = asyncio.ensure_future(refused.start())
-            deadline = time.monotonic() + 30
-            while not any("another client" in p.last_error for p in refused._parts.values()):
-                assert time.monotonic() < deadline, "the mount was never refused"
-                await asyncio.sleep(0.02)
-            await asyncio.wait_for(refused.close(), 60)  # before the fix: never returned
+            refused, starting = await _refused_start(url, 4344)
+            async with asyncio.timeout(60):  # before the fix: never returned
+                await refused.close()
             assert all(t.done() for p in refused._parts.values() for t in p.tasks)
-            starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_start_closed_by_another_task_raises_client_closed(servers) -> None:
+    """`close` from another task while `start` waits for its first mounts: the mount loops end,
+    so nothing will ever mount; `start` must say the client was closed, not wait for ever."""
+    s, _, _, url = servers
+    s.start("s1")
+    s.wait_all_served()
+
+    async def go() -> None:
+        async with _holder(url, 4345):
+            refused, starting = await _refused_start(url, 4345)
+            await refused.close()
+            with pytest.raises(errors.ClientClosedError, match="closed while it was starting"):
+                async with asyncio.timeout(60):  # before the fix: spun for ever
+                    await starting
 
     asyncio.run(go())
 
