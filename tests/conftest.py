@@ -1,10 +1,19 @@
 import pathlib
+import signal
 import sys
 import uuid
 
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+# A shell starts a background job (`cmd &`) with SIGINT ignored, and an ignored signal stays
+# ignored across fork and exec: a suite started so gave every CLI it ran an ignored Ctrl-C, and
+# the tests that stop `waltz demo` or `waltz log read --follow` with SIGINT timed out (three
+# failures of a fresh-clone run beside a torture run). The tests play a terminal's Ctrl-C, so
+# the processes they start get SIGINT as a terminal's would: not ignored.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
