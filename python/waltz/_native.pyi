@@ -514,6 +514,10 @@ def inspect_segment(
 def raw_append_loop(path: str | os.PathLike[str], payload: bytes, iterations: int) -> list[int]:
     """Benchmark reference: write + fdatasync of `payload`, `iterations` times; ns per call."""
 
+def native_writers(partition: Partition, threads: int, seconds: float, size: int) -> int:
+    """Benchmark: `threads` native threads append single `size`-byte records to `partition`, each
+    waiting for its own durability, for `seconds`; returns the records appended."""
+
 # BEGIN generated exceptions classes (scripts/gen_exceptions.py from waltz._native.EXCEPTIONS)
 class WaltzError(Exception):
     """Root of every Waltz error."""

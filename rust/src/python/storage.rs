@@ -269,7 +269,7 @@ impl PyPartition {
 
 /// One partition's log.
 #[pyclass(name = "Partition", module = "waltz._native", frozen)]
-pub struct PyPartition(Arc<crate::engine::partition::Partition>);
+pub struct PyPartition(pub(crate) Arc<crate::engine::partition::Partition>);
 
 #[pymethods]
 impl PyPartition {

@@ -76,14 +76,34 @@ const ENCODE_UNLOCKED_MIN: usize = 64 << 10;
 /// disk wrote twice the records' bytes) and put a 1 MiB write on one sync in ten at 100 KiB
 /// (docs/performance.md, "Where an append's time goes").
 const ZERO_FILL_MAX_FLUSH: u64 = 32 << 10;
+/// The smallest stretch of zeros written at once: its sync costs about a plain one and a half.
+const ZERO_STEP_MIN: u64 = 64 << 10;
+/// Stretches of zeros up to this size are rare enough to leave the p99 alone when they come once
+/// per `ZERO_STEP_FLUSHES` flushes (their sync takes about 0.5 ms); a larger one would put a long
+/// sync on about one flush in a hundred.
+const ZERO_STEP_RARE_MAX: u64 = 512 << 10;
+const ZERO_STEP_FLUSHES: u64 = 256;
+
+/// Bytes of zeros to write ahead, given the recent flushes' mean size: one sync in
+/// `ZERO_STEP_FLUSHES` carries them when that takes at most `ZERO_STEP_RARE_MAX` bytes (a sync
+/// that rare stays out of the p99 even though it writes a lot); otherwise `ZERO_STEP_MIN`, paid
+/// more often but each time for little. `max` (the `preallocate` option) caps both. A fixed 1 MiB
+/// step put a 1 ms sync on one flush in a hundred at 10 KiB flushes, and a fixed 64 KiB one on one
+/// in sixty at 1 KiB (docs/performance.md, "Issue 38, fifth round").
+fn zero_step(max: u64, mean_flush: u64) -> u64 {
+    let rare = mean_flush.saturating_mul(ZERO_STEP_FLUSHES).next_power_of_two();
+    let step = if rare <= ZERO_STEP_RARE_MAX { rare.max(ZERO_STEP_MIN) } else { ZERO_STEP_MIN };
+    step.min(max)
+}
 
 #[derive(Clone, Debug)]
 pub struct PartitionOptions {
     pub segment_size: u64,
-    /// Bytes of zeros written ahead of the tail's records (0: none). The fdatasync of a write
+    /// The most bytes of zeros written ahead of the tail's records at once (0: none; `zero_step`
+    /// sizes each stretch to the recent flushes). The fdatasync of a write
     /// that grows the file also writes the inode (its size, its new blocks); that of a write
     /// into zeros already synced writes the data only. The zeros go out with the sync after the
-    /// write that reaches them, so one commit in `preallocate` bytes pays for the next stretch.
+    /// write that reaches them, so one commit per stretch pays for the next.
     pub preallocate: u64,
     pub recover: RecoverOptions,
 }
@@ -195,14 +215,18 @@ struct State {
     prealloc_retry_at: u64,
     /// Whether the last flush zero-filled ahead (its sync then writes the zeros too).
     zero_filled: bool,
+    /// The recent flushes' mean size in bytes (a moving average): what `zero_step` sizes by.
+    mean_flush: u64,
     /// After a failed checkpoint window write, the tail position before which none is tried
     /// again: one attempt per checkpoint interval, not one per sync.
     index_retry_at: u64,
     /// Batches appended but not yet known durable: (ticket sequence, last id), oldest first.
     inflight: std::collections::VecDeque<(u64, i64)>,
-    /// Appends in the queue, and whether a sync leader is waiting for more of them.
+    /// Appends in the queue, and how many a waiting sync leader wants (0: none waits). It is
+    /// woken once, by the append that completes its round: woken by each, it took the state lock
+    /// between every two appends of the round.
     queued_appends: u64,
-    leader_waiting: bool,
+    leader_wants: u64,
     /// Whether the next segment's spare was asked for since the last roll.
     spare_requested: bool,
 }
@@ -638,10 +662,11 @@ impl Partition {
                 synced_end: tail_allocated,
                 prealloc_retry_at: 0,
                 zero_filled: false,
+                mean_flush: 0,
                 index_retry_at: 0,
                 inflight: std::collections::VecDeque::new(),
                 queued_appends: 0,
-                leader_waiting: false,
+                leader_wants: 0,
                 spare_requested: false,
             }),
             sync: Mutex::new(SyncState { synced_seq: 0, leader: false, cut: Default::default() }),
@@ -841,17 +866,23 @@ impl Partition {
     /// an error (a disk too full for the zeros) the partial zeros are cut away and the records
     /// go on with writes that grow the file.
     fn preallocate(&self, st: &mut State, files: &SegmentFiles, from: u64, flushed: u64) -> Result<()> {
-        let step = self.opts.preallocate;
-        if step == 0 || from <= st.tail_allocated || from < st.prealloc_retry_at {
+        if self.opts.preallocate == 0 {
             return Ok(());
         }
+        st.mean_flush = if st.mean_flush == 0 { flushed } else { (st.mean_flush * 7 + flushed) / 8 };
+        if from <= st.tail_allocated || from < st.prealloc_retry_at {
+            return Ok(());
+        }
+        let step = zero_step(self.opts.preallocate, st.mean_flush);
         if flushed >= ZERO_FILL_MAX_FLUSH {
             // This flush grew the file: it now ends at the records.
             st.tail_allocated = from;
             return Ok(());
         }
         // Never far past the segment size: the file is cut back at the roll anyway.
-        let to = from.next_multiple_of(step).min(self.opts.segment_size.max(from));
+        // At least half a step of zeros, so a flush that ends just short of a multiple of the
+        // step does not leave the next one a few bytes to fill.
+        let to = (from + step / 2).next_multiple_of(step).min(self.opts.segment_size.max(from));
         let t = self.phases.start();
         let zero_fill = || -> std::io::Result<()> {
             let mut at = from;
@@ -1107,7 +1138,7 @@ impl Partition {
         drop(p);
         let written = st.queue.len() - before;
         st.queued_appends += 1;
-        if st.leader_waiting {
+        if st.leader_wants != 0 && st.queued_appends >= st.leader_wants {
             self.enqueued.notify_one();
         }
         let tail = st.segments.last_mut().unwrap();
@@ -1262,7 +1293,7 @@ impl Partition {
         if gather && want > 1 && st.queued_appends < want {
             let delay = Duration::from_nanos(self.last_sync_ns.load(Ordering::Relaxed)).min(MAX_COMMIT_DELAY);
             let deadline = Instant::now() + delay;
-            st.leader_waiting = true;
+            st.leader_wants = want;
             while st.queued_appends < want {
                 let now = Instant::now();
                 if now >= deadline {
@@ -1270,7 +1301,7 @@ impl Partition {
                 }
                 st = self.enqueued.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
             }
-            st.leader_waiting = false;
+            st.leader_wants = 0;
         }
         self.last_round.store(st.queued_appends.max(1), Ordering::Relaxed);
         st.queued_appends = 0;

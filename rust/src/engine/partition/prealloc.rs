@@ -130,18 +130,15 @@ fn a_torn_first_record_before_a_long_run_of_zeros_is_found_quickly() {
     // With expected id 0 every zero byte could start a record of id 0: the search for a valid
     // record after the tear skips zero runs instead of reading each position.
     let d = tempfile::tempdir().unwrap();
-    let mut o = prealloc_opts(1 << 30);
-    o.preallocate = 8 << 20;
+    let o = prealloc_opts(1 << 30);
     let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
     append_sized(&p, 0, &[10]);
     let crashed = d.path().join("crashed");
     crash_copy(d.path(), &crashed);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(crashed.join(data_name(0)))
-        .unwrap()
-        .write_all_at(&[0xAB; 7], HEADER_LEN + 4)
-        .unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(crashed.join(data_name(0))).unwrap();
+    f.write_all_at(&[0xAB; 7], HEADER_LEN + 4).unwrap();
+    // 8 MiB of zeros, as a `preallocate` of that size leaves after a crash.
+    f.set_len(8 << 20).unwrap();
     let q = reopen(&crashed, o).unwrap();
     assert_eq!(q.max_txid(), -1);
     assert_eq!(q.recovery.torn_bytes, (8 << 20) - HEADER_LEN);
@@ -246,4 +243,38 @@ fn a_disk_too_full_for_the_zeros_still_takes_the_records() {
     drop(p);
     let q = reopen(d.path(), prealloc_opts(1 << 30)).unwrap();
     check(&q, &[(0, 100), (1, 20_000), (2, 20_000), (3, 20_000), (4, 20_000)]);
+}
+
+#[test]
+fn the_zeros_ahead_follow_the_flushes() {
+    // Small flushes: one fill in ZERO_STEP_FLUSHES of them, at least ZERO_STEP_MIN.
+    assert_eq!(zero_step(1 << 20, 100), 64 << 10);
+    assert_eq!(zero_step(1 << 20, 600), 256 << 10);
+    assert_eq!(zero_step(1 << 20, 1100), 512 << 10);
+    // Flushes whose rare fill would be large: small fills, more often.
+    assert_eq!(zero_step(1 << 20, 2100), 64 << 10);
+    assert_eq!(zero_step(1 << 20, 30_000), 64 << 10);
+    // `preallocate` caps the step.
+    assert_eq!(zero_step(32 << 10, 1100), 32 << 10);
+    assert_eq!(zero_step(1 << 20, 0), 64 << 10);
+}
+
+#[test]
+fn one_kib_appends_fill_a_rare_large_step_and_ten_kib_ones_a_small_step() {
+    let d = tempfile::tempdir().unwrap();
+    let mut o = prealloc_opts(1 << 30);
+    o.preallocate = 1 << 20;
+    let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
+    for t in 0..40 {
+        append_sized(&p, t, &[1000]);
+    }
+    assert_eq!(seg_len(d.path(), 0), 512 << 10, "1 KiB flushes: 512 KiB of zeros at a time");
+    let e = tempfile::tempdir().unwrap();
+    let q = open_with(Arc::new(StdFs), e.path(), o).unwrap();
+    for t in 0..40 {
+        append_sized(&q, t, &[10_000]);
+    }
+    let len = seg_len(e.path(), 0);
+    assert!(len % (64 << 10) == 0 && len < 500 << 10, "10 KiB flushes: 64 KiB steps, got {len}");
+    check(&q, &(0..40).map(|t| (t, 10_000)).collect::<Vec<_>>());
 }
