@@ -278,3 +278,29 @@ fn one_kib_appends_fill_a_rare_large_step_and_ten_kib_ones_a_small_step() {
     assert!(len % (64 << 10) == 0 && len < 500 << 10, "10 KiB flushes: 64 KiB steps, got {len}");
     check(&q, &(0..40).map(|t| (t, 10_000)).collect::<Vec<_>>());
 }
+
+#[test]
+fn stretches_of_changing_size_survive_crashes() {
+    // Flush sizes that move the step between 64 KiB and 512 KiB and back; a crash copy after
+    // each phase reopens with every record and no torn tail.
+    let d = tempfile::tempdir().unwrap();
+    let mut o = prealloc_opts(1 << 30);
+    o.preallocate = 1 << 20;
+    let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
+    let mut expect = Vec::new();
+    let mut t = 0;
+    for (k, (size, count)) in
+        [(1000, 300), (12_000, 40), (200, 600), (20_000, 30), (2_000, 200)].into_iter().enumerate()
+    {
+        for _ in 0..count {
+            append_sized(&p, t, &[size]);
+            expect.push((t, size));
+            t += 1;
+        }
+        let crashed = d.path().join(format!("crashed-{k}"));
+        crash_copy(d.path(), &crashed);
+        let q = reopen(&crashed, o.clone()).unwrap();
+        assert_eq!(q.recovery.torn_bytes, 0, "phase {k}: zeros after the last record are free space");
+        check(&q, &expect);
+    }
+}
