@@ -211,7 +211,7 @@ struct State {
     /// fdatasync; records written since end within `unsynced_bound` of it (`write_queue`).
     synced_end: u64,
     /// After a failed preallocation, the tail offset before which none is tried again: a full
-    /// disk costs one attempt (and one warning) per `preallocate` bytes, not one per append.
+    /// disk costs one attempt (and one warning) per step of zeros (`zero_step`), not one per append.
     prealloc_retry_at: u64,
     /// Whether the last flush zero-filled ahead (its sync then writes the zeros too).
     zero_filled: bool,
