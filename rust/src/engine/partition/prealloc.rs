@@ -259,18 +259,27 @@ fn the_zeros_ahead_follow_the_flushes() {
     assert_eq!(zero_step(1 << 20, 0), 64 << 10);
 }
 
+/// The default cap on the zeros ahead (1 MiB), so `zero_step` picks each stretch.
+fn capped_opts() -> PartitionOptions {
+    let mut o = prealloc_opts(1 << 30);
+    o.preallocate = DEFAULT_PREALLOCATE;
+    o
+}
+
+fn open_capped(dir: &Path) -> Partition {
+    open_with(Arc::new(StdFs), dir, capped_opts()).unwrap()
+}
+
 #[test]
 fn one_kib_appends_fill_a_rare_large_step_and_ten_kib_ones_a_small_step() {
     let d = tempfile::tempdir().unwrap();
-    let mut o = prealloc_opts(1 << 30);
-    o.preallocate = 1 << 20;
-    let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
+    let p = open_capped(d.path());
     for t in 0..40 {
         append_sized(&p, t, &[1000]);
     }
     assert_eq!(seg_len(d.path(), 0), 512 << 10, "1 KiB flushes: 512 KiB of zeros at a time");
     let e = tempfile::tempdir().unwrap();
-    let q = open_with(Arc::new(StdFs), e.path(), o).unwrap();
+    let q = open_capped(e.path());
     for t in 0..40 {
         append_sized(&q, t, &[10_000]);
     }
@@ -284,9 +293,7 @@ fn stretches_of_changing_size_survive_crashes() {
     // Flush sizes that move the step between 64 KiB and 512 KiB and back; a crash copy after
     // each phase reopens with every record and no torn tail.
     let d = tempfile::tempdir().unwrap();
-    let mut o = prealloc_opts(1 << 30);
-    o.preallocate = 1 << 20;
-    let p = open_with(Arc::new(StdFs), d.path(), o.clone()).unwrap();
+    let p = open_capped(d.path());
     let mut expect = Vec::new();
     let mut t = 0;
     for (k, (size, count)) in
@@ -299,7 +306,7 @@ fn stretches_of_changing_size_survive_crashes() {
         }
         let crashed = d.path().join(format!("crashed-{k}"));
         crash_copy(d.path(), &crashed);
-        let q = reopen(&crashed, o.clone()).unwrap();
+        let q = reopen(&crashed, capped_opts()).unwrap();
         assert_eq!(q.recovery.torn_bytes, 0, "phase {k}: zeros after the last record are free space");
         check(&q, &expect);
     }
