@@ -117,6 +117,11 @@ whose honest neighbours must keep committing."""
 STRACE_FAULTS = ("fsync-eio", "enospc")
 
 
+# Faults whose heal goes through the metadata: the corrupt replica's repair, and the retired node
+# added back (`waltz storage add-node`), which retried against a killed ZooKeeper until its deadline.
+HEALS_THROUGH_METADATA = ("corrupt", "remove-node")
+
+
 @dataclasses.dataclass
 class Fault:
     kind: str
@@ -362,7 +367,7 @@ class Nemesis:
         return self.progress is not None and kind in (*MINORITY_FAULTS, *NODE_LINK_FAULTS) and not paused
 
     def heal(self, fault: Fault) -> None:
-        if fault.kind == "corrupt":  # the repair goes through the metadata: ZooKeeper comes back first
+        if fault.kind in HEALS_THROUGH_METADATA:  # ZooKeeper comes back first, even if not yet due
             for zk in [f for f in self.active if f.kind == "kill-zookeeper"]:
                 self.heal(zk)
         self.active.remove(fault)
