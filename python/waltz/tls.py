@@ -218,20 +218,41 @@ REFUSAL_WAIT = 2.0
 with the reason (`TlsListener`)."""
 
 
-async def open_connection(
-    host: str, port: int, *, context: ssl.SSLContext | None, timeout: float, peer: str
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """`asyncio.open_connection`, through TLS when `context` is given; a failed handshake raises
-    `TlsError`, other failures (refused, unreachable, timeout) what asyncio raises."""
+async def create_connection(
+    factory: Callable[[], asyncio.BaseProtocol],
+    host: str,
+    port: int,
+    *,
+    context: ssl.SSLContext | None,
+    timeout: float,
+    peer: str,
+) -> asyncio.Transport:
+    """`loop.create_connection` with `factory`'s protocol, through TLS when `context` is given; a
+    failed handshake raises `TlsError`, other failures (refused, unreachable, timeout) what
+    asyncio raises."""
+    loop = asyncio.get_running_loop()
     # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that arrives as
     # the connect ends, and a closing client would then never see it.
     async with asyncio.timeout(timeout):
         if context is None:
-            return await asyncio.open_connection(host, port)
+            transport, _ = await loop.create_connection(factory, host, port)
+            return transport
         try:
-            return await asyncio.open_connection(host, port, ssl=context, ssl_handshake_timeout=timeout)
+            transport, _ = await loop.create_connection(factory, host, port, ssl=context, ssl_handshake_timeout=timeout)
         except _HANDSHAKE_FAILURES as e:
             raise handshake_error(peer, e) from e
+        return transport
+
+
+async def open_connection(
+    host: str, port: int, *, context: ssl.SSLContext | None, timeout: float, peer: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """`asyncio.open_connection` on `create_connection`: a reader and a writer."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport = await create_connection(lambda: protocol, host, port, context=context, timeout=timeout, peer=peer)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 def first_read_error(peer: str, exc: BaseException | None, tls: bool) -> BaseException | None:
@@ -501,6 +522,7 @@ __all__ = [
     "generate_dev_certificates",
     "handshake_error",
     "looks_like_tls",
+    "create_connection",
     "open_connection",
     "peer_roles",
     "refuse_role",

@@ -85,6 +85,13 @@ MAX_TRANSACTION_BYTES = (16 << 20) - 1024
 included): a larger append would fail the whole batch at the replicas."""
 COMMIT_SECONDS_BOUNDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 MAX_TRANSACTION_LOCKS = 4096
+COMING_WITHIN = 0.01
+"""A client answered less than this long ago, with nothing queued or in flight, may be on its
+way with its next append (`_gather`): a closed-loop client's comes a loopback round trip and
+its own work after its answer, well within it even on a busy machine. One quiet for longer is
+not waited for: a lone client whose peer stopped appending paid every turn of `gather_turns`
+on each append for a second (about 25 µs a commit, measured by the loop turns in
+`strace` of the server; docs/performance.md)."""
 """Locks (write, read and append together) one append may carry: its lock check runs on the
 server's event loop, about 6 µs a lock, and every other client waits meanwhile."""
 
@@ -186,7 +193,8 @@ class ServerPartition:
         self._unresolved: dict[int, set[asyncio.Future[AppendResult]]] = {}
         """Client id → its appends queued or in flight (for `settled`)."""
         self._appenders: dict[int, float] = {}
-        """Client id → when it last appended (pruned every second), for `_gather`."""
+        """Client id → when it last appended or was last answered (pruned every second), for
+        `_gather`."""
         self._appenders_pruned = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -296,6 +304,7 @@ class ServerPartition:
             unresolved.discard(f)
             if not unresolved:
                 del self._unresolved[q.client]
+                self._appenders[q.client] = time.monotonic()  # its next append may be on its way
         if q.listener is not None:
             tell_listener(q.listener, f, f"partition {self.partition_id}'s append listener")
 
@@ -427,8 +436,8 @@ class ServerPartition:
 
     async def _gather(self) -> None:
         """Lets the appends of the partition's other clients join the batch of the first one: the
-        loop turns (up to `gather_turns`, a few microseconds each) while a client that appended
-        in the last second has nothing queued or in flight, i.e. its next append is on its way.
+        loop turns (up to `gather_turns`, a few microseconds each) while a client answered within
+        `COMING_WITHIN` has nothing queued or in flight, i.e. its next append is on its way.
         Closed-loop clients answer a commit together, but their appends reach this process over
         several turns; cut at once, most went into store batches of their own, and a batch costs
         every replica a write, an fsync and an answer (32 clients on 4 partitions: 6,000 → 9,000
@@ -443,10 +452,11 @@ class ServerPartition:
             await asyncio.sleep(0)
 
     def _coming(self) -> bool:
-        """True while a recent appender has no append queued or in flight: in a closed loop its
-        next one follows its last commit."""
+        """True while a client answered within `COMING_WITHIN` has no append queued or in
+        flight: in a closed loop its next one follows its last answer."""
         unresolved = self._unresolved
-        return any(c not in unresolved for c in self._appenders)
+        since = time.monotonic() - COMING_WITHIN
+        return any(t > since and c not in unresolved for c, t in self._appenders.items())
 
     def _sole_appender(self) -> bool:
         """True when at most one client appended in the last second (one client pipelining

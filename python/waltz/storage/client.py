@@ -122,24 +122,19 @@ class _AppendWait:
 C = TypeVar("C", bound="_Connection")
 
 
-class _Connection:
-    """A pipelined request/response connection: handshake, sequence numbers, a read loop."""
+class _Connection(asyncio.Protocol):
+    """A pipelined request/response connection: handshake, sequence numbers, and answers read in
+    the transport's own callback. No reading task: a task is woken one loop turn after the
+    bytes arrive, and an acknowledgement settles its append (the server's commit path) in the
+    turn that read it."""
 
     ADMIN = False
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        address: str,
-        timeout: float,
-        tls: bool = False,
-    ):
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, address: str, timeout: float, tls: bool = False):
         self.address = address
         self.timeout = timeout
         self.tls = tls
+        self._transport: asyncio.Transport | None = None
         self._decoder = ResponseReader(admin=self.ADMIN)
         self._pending: dict[int, asyncio.Future[tuple[str, Any]] | _AppendWait] = {}
         self._expected: dict[int, tuple[str, int]] = {}
@@ -147,8 +142,14 @@ class _Connection:
         repeats its request's message header; appends: see `_AppendWait`)."""
         self._seq = itertools.count(1)
         self._closed: BaseException | None = None
-        self._task: asyncio.Task[None] | None = None
         self._sweep_timer: asyncio.TimerHandle | None = None
+        loop = asyncio.get_running_loop()
+        self._hello_answer: asyncio.Future[Any] = loop.create_future()
+        """The node's answer to Hello; until it is done, what arrives is the handshake's."""
+        self._lost: asyncio.Future[None] = loop.create_future()
+        """Done once the transport is gone (`connection_lost`)."""
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
 
     @classmethod
     async def connect(
@@ -167,19 +168,18 @@ class _Connection:
         sends Open (cluster key, partition count). A failed TLS handshake raises `TlsError`; a
         node that refuses the credential, `RefusedError`."""
         address = f"{host}:{port}"
+        client = cls(address, timeout, tls=ssl is not None)
         try:
-            reader, writer = await tls.open_connection(
-                host, port, context=ssl, timeout=timeout, peer=f"storage node {address}"
+            await tls.create_connection(
+                lambda: client, host, port, context=ssl, timeout=timeout, peer=f"storage node {address}"
             )
         except errors.TlsError:
             raise
         except (TimeoutError, OSError) as e:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
-        client = cls(reader, writer, address, timeout, tls=ssl is not None)
         try:
-            writer.write(cls._hello(credential))
+            client._write_raw(cls._hello(credential))
             await client._read_hello()
-            client._task = asyncio.create_task(client._read_loop(), name=f"waltz-storage-client {address}")
             await client._call(lambda seq: cls._open_frame(seq, str(cluster_key), partition_count))
         except BaseException:
             await client.close()
@@ -195,75 +195,124 @@ class _Connection:
         raise NotImplementedError
 
     async def _read_hello(self) -> None:
-        while True:
-            resp = self._decoder.next_response()
-            if resp is not None:
-                if resp[0] == "failure":
-                    kind, message = cast("tuple[str, str]", resp[4])
-                    raise _failure(self.address, kind, f"refused our Hello: {message}")
-                if resp[0] != "hello_ok":
-                    raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
-                return
-            peer = f"storage node {self.address}"
-            try:
-                async with asyncio.timeout(self.timeout):
-                    data = await self._reader.read(65536)
-            except TimeoutError as e:
-                raise errors.StorageTimeoutError(f"{peer} did not answer Hello") from e
-            except OSError as e:
-                hint = (
-                    " (a node at its [node] max_connections closes new connections so; its log says)"
-                    if isinstance(e, ConnectionResetError)
-                    else ""
-                )
-                raise tls.first_read_error(peer, e, self.tls) or errors.StorageConnectionError(
-                    f"{peer}: {e}{hint}"
-                ) from e
-            if not data:
-                raise tls.first_read_error(peer, None, self.tls) or errors.StorageConnectionError(
-                    f"{peer} closed the connection during Hello: it requires mutual TLS (configure the CA, certificate "
-                    "and key), "
-                    "or it is at its [node] max_connections (its log says which)"
-                )
-            if not self.tls and tls.looks_like_tls(data):
-                raise tls.plaintext_refused(peer)
-            self._decoder.feed(data)
-
-    async def _read_loop(self) -> None:
         try:
-            while True:
-                data = await self._reader.read(1 << 20)
-                if not data:
-                    raise errors.StorageConnectionError(f"storage node {self.address} closed the connection")
+            async with asyncio.timeout(self.timeout):
+                resp = await self._hello_answer
+        except TimeoutError as e:
+            raise errors.StorageTimeoutError(f"storage node {self.address} did not answer Hello") from e
+        if resp[0] == "failure":
+            kind, message = cast("tuple[str, str]", resp[4])
+            raise _failure(self.address, kind, f"refused our Hello: {message}")
+        if resp[0] != "hello_ok":
+            raise errors.ProtocolError(f"storage node {self.address} answered Hello with {resp[0]}")
+
+    def _hello_failed(self, exc: BaseException | None) -> BaseException:
+        """Why the connection ended before the node answered Hello (`exc`: the read's error, None
+        for a close)."""
+        peer = f"storage node {self.address}"
+        if exc is None:
+            return tls.first_read_error(peer, None, self.tls) or errors.StorageConnectionError(
+                f"{peer} closed the connection during Hello: it requires mutual TLS (configure the CA, certificate "
+                "and key), "
+                "or it is at its [node] max_connections (its log says which)"
+            )
+        hint = (
+            " (a node at its [node] max_connections closes new connections so; its log says)"
+            if isinstance(exc, ConnectionResetError)
+            else ""
+        )
+        return tls.first_read_error(peer, exc, self.tls) or errors.StorageConnectionError(f"{peer}: {exc}{hint}")
+
+    # -- asyncio.Protocol: called by the transport ----------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        hello = self._hello_answer
+        if not hello.done():
+            if not self.tls and tls.looks_like_tls(data):
+                hello.set_exception(tls.plaintext_refused(f"storage node {self.address}"))
+                return
+            try:
                 self._decoder.feed(data)
-                while (resp := self._decoder.next_response()) is not None:
-                    kind, seq, _session, partition, value = resp
-                    waiting = self._pending.pop(seq, None)
-                    if isinstance(waiting, _AppendWait):
-                        wrong = waiting.answer(kind, partition, value)
-                        if wrong is not None:
-                            raise wrong
-                        continue
-                    expected = self._expected.pop(seq, None)
-                    if expected is not None and kind != "failure" and (kind, partition) != expected:
-                        wrong = errors.ProtocolError(
-                            f"storage node {self.address} answered request {seq} with {kind} for partition "
-                            f"{partition}, not {expected[0]} for partition {expected[1]}"
-                        )
-                        if waiting is not None and not waiting.done():
-                            waiting.set_exception(wrong)
-                        raise wrong
-                    if waiting is not None and not waiting.done():
-                        waiting.set_result((kind, value))
-        except (errors.WaltzError, OSError) as e:
-            self._fail_all(e if isinstance(e, errors.WaltzError) else errors.StorageConnectionError(str(e)))
-            self._writer.close()  # out of step or gone: nothing more may be sent on it
-        except asyncio.CancelledError:
-            self._fail_all(errors.StorageConnectionError(f"connection to {self.address} closed"))
-            raise
+                resp = self._decoder.next_response()
+            except errors.WaltzError as e:
+                hello.set_exception(e)
+                return
+            if resp is not None:
+                hello.set_result(resp)
+            return
+        if self._closed is not None:
+            return  # failed already (out of step): nothing more is read
+        try:
+            self._decoder.feed(data)
+            self._answers()
+        except Exception as e:  # out of step, or a bug: every request in flight hears of it
+            failure = (
+                e
+                if isinstance(e, errors.WaltzError)
+                else errors.StorageConnectionError(f"storage node {self.address}: reading its answers failed: {e!r}")
+            )
+            self._fail_all(failure)
+            self._close_transport()  # nothing more may be sent on it
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._hello_answer.done():
+            self._hello_answer.set_exception(self._hello_failed(exc))
+        if exc is None:
+            self._fail_all(errors.StorageConnectionError(f"storage node {self.address} closed the connection"))
+        else:
+            self._fail_all(errors.StorageConnectionError(f"storage node {self.address}: {exc}"))
+        self._resume_writers()
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._resume_writers()
+
+    def _resume_writers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def _drain(self) -> None:
+        """Waits while the transport's buffer is over its high-water mark (a node that stops
+        reading): requests then wait here, within their deadline."""
+        if self._paused and not self._lost.done():
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def _answers(self) -> None:
+        """Settles the requests whose answers were read."""
+        while (resp := self._decoder.next_response()) is not None:
+            kind, seq, _session, partition, value = resp
+            waiting = self._pending.pop(seq, None)
+            if isinstance(waiting, _AppendWait):
+                wrong = waiting.answer(kind, partition, value)
+                if wrong is not None:
+                    raise wrong
+                continue
+            expected = self._expected.pop(seq, None)
+            if expected is not None and kind != "failure" and (kind, partition) != expected:
+                wrong = errors.ProtocolError(
+                    f"storage node {self.address} answered request {seq} with {kind} for partition "
+                    f"{partition}, not {expected[0]} for partition {expected[1]}"
+                )
+                if waiting is not None and not waiting.done():
+                    waiting.set_exception(wrong)
+                raise wrong
+            if waiting is not None and not waiting.done():
+                waiting.set_result((kind, value))
 
     def _fail_all(self, exc: BaseException) -> None:
-        self._closed = exc
+        if self._closed is None:
+            self._closed = exc
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
@@ -274,6 +323,15 @@ class _Connection:
                 w.settle(exc)
             elif not w.done():
                 w.set_exception(exc)
+
+    def _close_transport(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _write_raw(self, frame: bytes) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise errors.StorageConnectionError(f"connection to {self.address} is closed")
+        self._transport.write(frame)
 
     def _send(self, encode: Any, expect: str) -> tuple[int, asyncio.Future[tuple[str, Any]]]:
         """Writes a request now (requests go out in call order) and returns its response future;
@@ -293,8 +351,8 @@ class _Connection:
         frame = encode(seq)
         self._pending[seq] = waiting
         try:
-            self._writer.write(frame)
-        except (ConnectionError, OSError) as e:
+            self._write_raw(frame)
+        except (ConnectionError, OSError, errors.StorageConnectionError) as e:
             self._pending.pop(seq, None)
             raise errors.StorageConnectionError(f"storage node {self.address}: {e}") from e
         return seq, frame
@@ -304,7 +362,7 @@ class _Connection:
             # One deadline over flushing and waiting: a node that stops reading must not stall
             # us past the timeout either (asyncio.timeout, unlike wait_for, adds no task).
             async with asyncio.timeout(self.timeout):
-                await self._writer.drain()
+                await self._drain()
                 kind, value = await fut
         except TimeoutError as e:
             raise errors.StorageTimeoutError(
@@ -343,17 +401,18 @@ class _Connection:
         return item
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, errors.WaltzError):
-                pass
-        self._writer.close()
+        """Fails what is in flight and closes; a node that stopped reading cannot hold the close
+        up: after `timeout` the connection is dropped with whatever it still had to send."""
+        self._fail_all(errors.StorageConnectionError(f"connection to {self.address} closed"))
+        transport = self._transport
+        if transport is None:
+            return
+        self._close_transport()
         try:
-            await self._writer.wait_closed()
-        except OSError:
-            pass
+            async with asyncio.timeout(self.timeout):
+                await asyncio.shield(self._lost)
+        except TimeoutError:
+            transport.abort()
 
     async def __aenter__(self) -> Any:
         return self

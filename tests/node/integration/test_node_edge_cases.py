@@ -62,7 +62,7 @@ def test_append_times_out_when_the_node_stops_reading():
         except TimeoutError:
             outcome = "hung past 8 s (outer guard)"
         took = time.monotonic() - t0
-        c._writer.transport.abort()
+        c._transport.abort()
         server.close()
         return outcome, took
 

@@ -14,7 +14,7 @@ import pytest
 from test_store_session import cluster  # noqa: F401  (fixture)
 from waltz import errors
 from waltz.server.lock_table import lock_hash
-from waltz.server.partition import AppendRequest, Committed, Ignored, LockFailed, ServerPartition
+from waltz.server.partition import COMING_WITHIN, AppendRequest, Committed, Ignored, LockFailed, ServerPartition
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
@@ -126,6 +126,35 @@ def test_a_batch_does_not_wait_when_no_other_client_can_come(cluster) -> None:  
 
         results = await asyncio.gather(after(1, 0), after(2, 0), after(3, 2))
         assert [r.transaction_id for r in results] == [2, 3, 4]
+        assert sum(p.commit_seconds[0]) - before == 2
+
+    run(meta, body, gather_turns=6)
+
+
+def test_a_client_quiet_for_a_while_is_not_waited_for(cluster) -> None:  # noqa: F811
+    """Clients answered a moment ago may be on their way, and a newcomer two turns behind joins
+    their batch; once they have been quiet for longer than `COMING_WITHIN`, nobody is waited
+    for: the batch is cut at once (on the old rule every client that appended in the last second
+    held each batch of a lone client for `gather_turns` turns)."""
+    meta, _ = cluster
+
+    async def body(p: ServerPartition) -> None:
+        seq = iter(range(1, 100))
+        for c in (1, 2, 3):
+            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
+
+        async def after(client: int, turns: int) -> Any:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await p.append(req(client, next(seq), -1))
+
+        before = sum(p.commit_seconds[0])
+        await asyncio.gather(after(1, 0), after(3, 2))  # client 2 answered a moment ago: it may come
+        assert sum(p.commit_seconds[0]) - before == 1
+
+        await asyncio.sleep(COMING_WITHIN * 3)
+        before = sum(p.commit_seconds[0])
+        await asyncio.gather(after(1, 0), after(3, 2))  # clients 2 and 3 quiet for a while
         assert sum(p.commit_seconds[0]) - before == 2
 
     run(meta, body, gather_turns=6)
