@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from waltz import client_protocol as cp
 from waltz import clock, errors
-from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.callbacks import WaltzClientCallbacks, is_async
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
 from waltz.client.network import Link
@@ -382,7 +382,7 @@ class AsyncWaltzClient:
     # -- executing contexts ----------------------------------------------------------------
     async def call(self, fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
         """Runs application code: `async def` on this loop, plain functions in a callback thread."""
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
             return await fn(*args)  # type: ignore[no-any-return]
         assert self._pool is not None
         result = await self.loop.run_in_executor(self._pool, fn, *args)
@@ -392,7 +392,7 @@ class AsyncWaltzClient:
 
     async def apply(self, txns: list[Transaction]) -> tuple[int, BaseException | None]:
         fn = self.callbacks.apply_transaction
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
             for i, t in enumerate(txns):
                 try:
                     await fn(t)

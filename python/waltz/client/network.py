@@ -21,7 +21,15 @@ log = logging.getLogger("waltz.client")
 _FAILURE_KINDS = {k: k.name.lower() for k in cp.FailureKind}
 
 
-class Link:
+CLOSE_WAIT = 1.0
+"""How long `aclose` waits for the transport to go (a TLS close waits for the server's
+close_notify) before it drops the connection."""
+
+
+class Link(asyncio.Protocol):
+    """The transport's protocol: messages are dispatched in the callback that read them (no
+    reading task, which a read wakes one loop turn later)."""
+
     def __init__(
         self,
         endpoint: str,
@@ -40,10 +48,14 @@ class Link:
         """(role, secret) given in the Hello (`waltz.role_secrets`), or None."""
         self._on_push, self._on_closed = on_push, on_closed
         self._messages = cp.MessageReader(max_frame)
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, asyncio.Future[cp.Message]] = {}
         self._next_seq = 0
-        self._reader_task: asyncio.Task[None] | None = None
+        self._hello: asyncio.Future[cp.Message] | None = None
+        """The server's answer to our Hello; until `open` has it, what arrives is the handshake's."""
+        self._opened = False
+        self._lost: asyncio.Future[None] | None = None
+        """Done once the transport is gone (`connection_lost`)."""
         self._unsent: list[bytes] = []
         """Frames `send` queued in this turn of the loop, written together at its end."""
         self.closed = False
@@ -55,68 +67,96 @@ class Link:
         """Connects (through mutual TLS when the link has an SSL context) and shakes hands; a
         failed TLS handshake, or a TLS peer of a plaintext link, raises `TlsError`."""
         host, _, port = self.endpoint.rpartition(":")
-        reader, writer = await tls.open_connection(
-            host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}"
+        loop = asyncio.get_running_loop()
+        self._hello, self._lost = loop.create_future(), loop.create_future()
+        transport = await tls.create_connection(
+            lambda: self, host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}"
         )
-        self._writer = writer
         role, secret = self._credential or ("", b"")
-        writer.write(cp.Hello(role=role, secret=secret).frame())
+        transport.write(cp.Hello(role=role, secret=secret).frame())
         try:
             async with asyncio.timeout(timeout):
-                hello = await self._next(reader)
+                hello = await self._hello
         except BaseException:
-            writer.close()
+            transport.close()
             raise
         if isinstance(hello, cp.Failure) and hello.kind == cp.FailureKind.CLIENT_REFUSED:
-            writer.close()
+            transport.close()
             raise errors.HelloRefusedError(f"server {self.endpoint} refused our Hello: {hello.message}")
         if not isinstance(hello, cp.HelloOk) or hello.version != cp.VERSION:
-            writer.close()
+            transport.close()
             raise errors.ProtocolError(f"server {self.endpoint} answered the handshake with {hello!r}")
-        self._reader_task = asyncio.create_task(self._read(reader), name=f"waltz-client-{self.kind}-{self.endpoint}")
+        if transport.is_closing():  # gone right after its answer: a link that never opened
+            raise ConnectionError(f"server {self.endpoint} closed the connection after the handshake")
+        self._opened = True
+        self._received()  # whatever followed the answer in its read
 
-    async def _next(self, reader: asyncio.StreamReader) -> cp.Message:
-        """The server's first message (the handshake's answer)."""
-        peer, with_tls = f"server {self.endpoint}", self._ssl is not None
-        while (m := self._messages.next_message()) is None:
-            try:
-                data = await reader.read(1 << 20)
-            except OSError as e:
-                raise tls.first_read_error(peer, e, with_tls) or e
-            if not data:
-                raise tls.first_read_error(peer, None, with_tls) or ConnectionError(
-                    f"{peer} closed the connection without answering Hello: it requires mutual TLS (configure tls_ca, "
-                    "tls_cert and tls_key) or it was at its [server] max_connections; its log says which"
-                )
-            if not with_tls and tls.looks_like_tls(data):
-                raise tls.plaintext_refused(peer)
+    # -- asyncio.Protocol: called by the transport ----------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self._opened:
+            self._handshake_data(data)
+        elif not self.closed:
             self._messages.feed(data)
-        return m
+            self._received()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        why: BaseException | None = None
+    def _handshake_data(self, data: bytes) -> None:
+        hello = self._hello
+        if hello is None:
+            return
+        if hello.done():
+            if not hello.cancelled() and hello.exception() is None:
+                self._messages.feed(data)  # after the answer, before `open` went on: `open` takes it
+            return  # else the handshake failed or timed out: the transport is being closed
+        if self._ssl is None and tls.looks_like_tls(data):
+            hello.set_exception(tls.plaintext_refused(f"server {self.endpoint}"))
+            return
         try:
-            while True:
-                msg = self._messages.next_message()
-                if msg is None:
-                    data = await reader.read(1 << 20)
-                    if not data:
-                        why = ConnectionError(f"server {self.endpoint} closed the connection")
-                        break
-                    self._messages.feed(data)
-                    continue
+            self._messages.feed(data)
+            m = self._messages.next_message()
+        except Exception as e:
+            hello.set_exception(e)
+            return
+        if m is not None:
+            hello.set_result(m)
+
+    def _received(self) -> None:
+        """Dispatches every whole message read so far."""
+        try:
+            while not self.closed and (msg := self._messages.next_message()) is not None:
                 self._dispatch(msg)
-        except asyncio.CancelledError:
-            why = errors.ClientClosedError("the client is closing")
         except errors.ProtocolError as e:
             log.warning("%s: protocol error, closing: %s", self, e)
-            why = e
+            self._close(e)
         except (ConnectionError, OSError) as e:
-            why = e
+            self._close(e)
         except Exception as e:  # a bug in a push handler must not leave the link half alive
             log.exception("%s: handling a message failed", self)
-            why = e
-        self._close(why)
+            self._close(e)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+        if not self._opened:
+            self.closed = True  # never opened: `open` raises, nobody is told of a close
+            hello = self._hello
+            if hello is not None and not hello.done():
+                hello.set_exception(self._hello_lost(exc))
+            return
+        self._close(exc if exc is not None else ConnectionError(f"server {self.endpoint} closed the connection"))
+
+    def _hello_lost(self, exc: BaseException | None) -> BaseException:
+        """Why the connection ended before the server answered Hello (`exc`: the read's error,
+        None for a close)."""
+        peer, with_tls = f"server {self.endpoint}", self._ssl is not None
+        if exc is None:
+            return tls.first_read_error(peer, None, with_tls) or ConnectionError(
+                f"{peer} closed the connection without answering Hello: it requires mutual TLS (configure tls_ca, "
+                "tls_cert and tls_key) or it was at its [server] max_connections; its log says which"
+            )
+        return tls.first_read_error(peer, exc, with_tls) or exc
 
     def _dispatch(self, msg: cp.Message) -> None:
         seq = getattr(msg, "seq", -1)
@@ -137,7 +177,7 @@ class Link:
     def send(self, msg: cp.Message) -> None:
         """Queues the message's frame; the frames queued in one turn of the loop go out in one
         write at its end (32 appends in flight were 32 send calls, and as many reads on the server)."""
-        if self.closed or self._writer is None or self._writer.is_closing():
+        if self.closed or self._transport is None or self._transport.is_closing():
             raise ConnectionError(f"{self} is closed")
         if not self._unsent:
             asyncio.get_running_loop().call_soon(self._write_unsent)
@@ -145,8 +185,8 @@ class Link:
 
     def _write_unsent(self) -> None:
         frames, self._unsent = self._unsent, []
-        if frames and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        if frames and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     async def request(self, make: Callable[[int], cp.Message], timeout: float) -> cp.Message:
         """Sends `make(seq)` and waits for the reply carrying that seq (a Failure raises
@@ -163,25 +203,27 @@ class Link:
             self._waiting.pop(seq, None)
 
     def close(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
         self._close(errors.ClientClosedError("the client is closing"))
 
     async def aclose(self) -> None:
-        """`close`, then waits for the reader task to end: a loop closed right after (a Spark
-        task's) would otherwise destroy it pending ("Task was destroyed but it is pending")."""
+        """`close`, then waits (at most `CLOSE_WAIT`) for the transport to go: a loop closed right
+        after (a Spark task's) would otherwise be left an open transport."""
         self.close()
-        task = self._reader_task
-        if task is not None and task is not asyncio.current_task():
-            await asyncio.wait([task])
+        lost = self._lost
+        if lost is not None and self._transport is not None:
+            try:
+                async with asyncio.timeout(CLOSE_WAIT):
+                    await asyncio.shield(lost)
+            except TimeoutError:
+                self._transport.abort()
 
     def _close(self, why: BaseException | None) -> None:
         if self.closed:
             return
         self.closed = True
         self._write_unsent()  # what was sent before the close goes out ahead of it, as it did unbatched
-        if self._writer is not None:
-            self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
         lost = ConnectionError(f"{self} closed: {why}")
         for fut in self._waiting.values():
             if not fut.done():

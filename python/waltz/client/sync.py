@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import threading
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from waltz import errors
 from waltz.client.aio import AsyncWaltzClient, in_callback_thread
-from waltz.client.callbacks import WaltzClientCallbacks
+from waltz.client.callbacks import WaltzClientCallbacks, is_async
 from waltz.client.config import ClientConfig
 from waltz.client.context import Append, PartitionLocalLock, TransactionContext
 from waltz.client.serializers import BYTES, Serializer
@@ -102,7 +101,7 @@ class WaltzClient:
 
     def _call_here(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Application code from the calling thread (an `async def` goes to the client's loop)."""
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
             return self._run(fn(*args))
         return fn(*args)
 

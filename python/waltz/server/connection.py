@@ -26,7 +26,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, cast
 
 from waltz import client_protocol as cp
 from waltz import clock, errors, role_secrets, tls
@@ -55,6 +55,11 @@ sharing the connection. (A client keeps at most one Flush out per partition.)"""
 WRITE_BUFFER_LIMIT = 256 << 10
 """Answers written without waiting (lock failures, rejected appends) may pile up to about this
 much for a client that does not read before the connection stops reading its requests."""
+READ_CHUNK = 1 << 20
+"""The most one read of a mounted connection takes from its stream at once."""
+READ_AHEAD = 128 << 10
+"""Bytes a mounted connection takes in while its loop is busy (an answer to write, room in a
+full queue, a mount) before it stops reading: what a StreamReader holds before it pauses."""
 CONNECTION_SEQ_AHEAD = 86_400 * 1_000_000
 """How far a Mount's connection seq may be ahead of this server's clock in microseconds (a
 client counts its connections from its clock in µs, one per new connection): a day of skew.
@@ -150,6 +155,40 @@ def _certificate_digest(writer: asyncio.StreamWriter) -> str | None:
     return hashlib.sha256(der).hexdigest() if der else None
 
 
+class _InlineReading(asyncio.Protocol):
+    """What a mounted connection's transport reads into (`ClientConnection._read_inline`):
+    bytes go straight to the connection's decoder, and while its loop waits for more, the
+    Appends among them are queued in this callback, where a StreamReader would wake the loop's
+    task a step later with a future per read. Write flow control, end of stream and errors stay
+    the stream protocol's, which the connection's writer and reader keep using."""
+
+    def __init__(self, conn: ClientConnection, streams: asyncio.BaseProtocol) -> None:
+        self._conn, self._streams = conn, streams
+
+    def data_received(self, data: bytes) -> None:
+        self._conn._take(data)
+
+    def eof_received(self) -> bool | None:
+        keep_open = cast(asyncio.Protocol, self._streams).eof_received()
+        self._conn._wake()
+        return keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._streams.connection_lost(exc)
+        self._conn._wake()
+
+    def pause_writing(self) -> None:
+        self._streams.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._streams.resume_writing()
+
+
+_Stashed = tuple[str, Any]
+"""What the inline reading left for the connection's loop: ("message", msg) that is not a
+plain Append, ("wait", awaitable) an Append's answer or room to wait for, ("error", exc)."""
+
+
 class ClientConnection:
     def __init__(
         self,
@@ -182,6 +221,14 @@ class ClientConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._appends: dict[int, list[asyncio.Future[AppendResult]]] = collections.defaultdict(list)
         self._write_lock = asyncio.Lock()
+        self._inline: _InlineReading | None = None
+        """Set once mounted: the transport reads into it (`_read_inline`)."""
+        self._parked: asyncio.Future[None] | None = None
+        """While the loop waits for bytes with `_inline` on: woken by what it must handle."""
+        self._stashed: _Stashed | None = None
+        self._unread = 0
+        """Bytes fed to the decoder while the loop was busy (it takes them when it comes back)."""
+        self._reading_paused = False
         self._request_slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         self._flush_slots = asyncio.Semaphore(FLUSHES_IN_FLIGHT)
 
@@ -204,8 +251,13 @@ class ClientConnection:
                 return
             last_request = time.monotonic()
             while True:
+                stashed = self._stashed
+                if stashed is not None and stashed[0] == "wait":
+                    self._stashed = None
+                    await stashed[1]
+                    continue
                 try:
-                    msg = self._messages.next_message()
+                    msg = self._next_message()
                 except cp.TooManyLocks as e:
                     self.refusals.refuse("too_many_locks", f"{self.peer}: {e}")
                     await self._send(
@@ -218,10 +270,16 @@ class ClientConnection:
                     if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
                         async with self._write_lock:  # the client reads its answers before it sends more
                             await self.writer.drain()
+                    if self._inline is not None:
+                        if not await self._more():
+                            break
+                        continue
                     data = await self._read(last_request)
                     if not data:
                         break
                     self._messages.feed(data)
+                    if self.mounted and len(data) < READ_CHUNK:
+                        self._read_inline()  # the stream holds nothing more: what follows comes straight here
                     continue
                 last_request = time.monotonic()
                 if type(msg) is cp.Append:  # the hot path: no coroutine unless it has to wait
@@ -245,6 +303,9 @@ class ClientConnection:
         except (ConnectionError, OSError) as e:
             why = str(e)
         finally:
+            stashed, self._stashed = self._stashed, None
+            if stashed is not None and stashed[0] == "wait" and asyncio.iscoroutine(stashed[1]):
+                stashed[1].close()  # an answer the ending connection will not write
             for t in list(self._feeds.values()) + list(self._tasks):
                 t.cancel()
             for key in self._mount_keys:
@@ -256,13 +317,94 @@ class ClientConnection:
         """The next bytes; before any Mount, within `mount_timeout` of the last request (an idle
         unmounted connection only holds a descriptor)."""
         if self.mounted:
-            return await self.reader.read(1 << 20)
+            return await self.reader.read(READ_CHUNK)
         left = last_request + self.limits.mount_timeout - time.monotonic()
         try:
             async with asyncio.timeout(max(left, 0.0)):
                 return await self.reader.read(self.limits.max_frame_before_mount)
         except TimeoutError:
             raise _MountTimeout(f"no Mount and no request for {self.limits.mount_timeout:g} s") from None
+
+    # -- reading a mounted connection in the transport's callback -------------------------------
+    def _read_inline(self) -> None:
+        """From now on the transport reads into `_InlineReading`. Called right after a read that
+        took less than `READ_CHUNK`, in the same step: the StreamReader is empty, so no byte is
+        left behind in it, and the order of what arrives is kept."""
+        transport = self.writer.transport
+        self._inline = _InlineReading(self, transport.get_protocol())
+        transport.set_protocol(self._inline)
+
+    def _take(self, data: bytes) -> None:
+        """Bytes read (`_InlineReading`): with the loop waiting for them, the Appends among them
+        are queued here, up to the first thing the loop must handle; else they wait in the
+        decoder, and reading stops past `READ_AHEAD` until the loop comes back."""
+        self._messages.feed(data)
+        parked = self._parked
+        if parked is None or parked.done() or self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
+            # The loop is busy, or answers pile up for a client that does not read them: the loop
+            # takes these bytes after it has waited for the client to read.
+            self._unread += len(data)
+            if self._unread > READ_AHEAD and not self._reading_paused:
+                self._reading_paused = True
+                cast(asyncio.Transport, self.writer.transport).pause_reading()
+            if parked is not None and not parked.done():
+                parked.set_result(None)
+            return
+        self._stashed = self._queue_appends()
+        if self._stashed is not None:
+            parked.set_result(None)
+
+    def _queue_appends(self) -> _Stashed | None:
+        """The loop's own handling of Appends (`_append`), message by message in order; returns
+        the first thing it must handle itself, or None when no whole message is left."""
+        try:
+            while (msg := self._messages.next_message()) is not None:
+                if type(msg) is not cp.Append:
+                    return ("message", msg)
+                waiting = self._append(msg)
+                if waiting is not None:
+                    return ("wait", waiting)
+        except Exception as e:  # raised in the loop, as if it had read the frame itself
+            return ("error", e)
+        return None
+
+    def _next_message(self) -> cp.Message | None:
+        stashed, self._stashed = self._stashed, None
+        if stashed is None:
+            return self._messages.next_message()
+        kind, value = stashed
+        if kind == "error":
+            raise value
+        return cast(cp.Message, value)
+
+    def _wake(self) -> None:
+        """The stream ended or failed: the waiting loop finds out from the reader."""
+        parked = self._parked
+        if parked is not None and not parked.done():
+            parked.set_result(None)
+
+    async def _more(self) -> bool:
+        """Waits until there is something to handle (the Appends that arrive meanwhile are queued
+        as they come); False at the end of the stream."""
+        while True:
+            if self._unread:
+                self._unread = 0
+                if self._reading_paused:
+                    self._reading_paused = False
+                    cast(asyncio.Transport, self.writer.transport).resume_reading()
+                return True
+            if self._stashed is not None:
+                return True
+            failed = self.reader.exception()
+            if failed is not None:
+                raise failed
+            if self.reader.at_eof():
+                return False
+            self._parked = asyncio.get_running_loop().create_future()
+            try:
+                await self._parked
+            finally:
+                self._parked = None
 
     async def _handshake(self) -> bool:
         while (msg := self._messages.next_message()) is None:

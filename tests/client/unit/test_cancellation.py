@@ -34,11 +34,11 @@ class _Writer:
 def test_a_request_cancelled_in_the_turn_its_reply_arrives_stays_cancelled() -> None:
     async def go() -> None:
         link = Link("127.0.0.1:1", "stream", lambda *_: None, lambda *_: None)
-        link._writer = _Writer()  # type: ignore[assignment]
+        link._transport = _Writer()  # type: ignore[assignment]
         task = asyncio.ensure_future(link.request(lambda seq: cp.HighWaterMarkRequest(seq, 0), 30.0))
         for _ in range(2):  # the request is queued, then written at the end of the turn
             await asyncio.sleep(0)
-        assert link._writer.frames  # type: ignore[union-attr]
+        assert link._transport.frames  # type: ignore[union-attr]
         link._dispatch(cp.HighWaterMarkResponse(1, 0, 41))  # the reply and the cancellation, one turn
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -714,3 +714,62 @@ def test_client_ids_come_from_the_cluster_counter_and_are_bounded_per_connection
         c.close()
 
     serve(meta, unoffered)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_mounted_stream_cut_anywhere_is_handled_in_order(cluster) -> None:  # noqa: F811
+    """Once mounted, a connection's bytes go straight to its decoder and its Appends are queued
+    as they arrive, the rest left to its loop (`_InlineReading`). Appends mixed with requests,
+    lock failures and appends it may not make, sent in pieces of a few bytes so that frames
+    arrive cut in two while the loop waits, are each handled once and in order: the good appends
+    commit in the order sent, the answers of each kind come in the order of their requests."""
+    meta, _ = cluster
+
+    async def body(port: int, p: ServerPartition) -> None:
+        assert isinstance(
+            await p.append(AppendRequest(ReqId(9, GEN, 0, 1), -1, 0, b"w", write_locks=(LOCK,))), Committed
+        )
+        c = await RawClient.connect(port)
+        c.send(cp.Mount(1, 0, 5, 0, 1))
+        await c.until(lambda m: isinstance(m, cp.MountResponse))
+        stream, seq, expected = b"", 0, []
+        for i in range(60):
+            seq += 1
+            kind = i % 5
+            if kind == 1:
+                stream += cp.HighWaterMarkRequest(1000 + i, 0).frame()
+                expected.append(("hwm", 1000 + i))
+            elif kind == 2:
+                stream += append(5, seq, -1, b"old", write_locks=(LOCK,)).frame()  # saw nothing: fails
+                expected.append(("lock", seq))
+            elif kind == 3:
+                stream += cp.Append((5, GEN, 1, seq), -1, 0, b"no").frame()  # partition 1: not mounted
+                expected.append(("refused", seq))
+            else:
+                stream += append(5, seq, 0, f"good {seq}".encode()).frame()
+                expected.append(("commit", seq))
+        for at in range(0, len(stream), 7):
+            c.writer.write(stream[at : at + 7])
+            await asyncio.sleep(0)  # the server reads the pieces as they come
+        goods = [s for k, s in expected if k == "commit"]
+        answers: list[tuple[str, int]] = []
+        committed: list[int] = []
+        while len(committed) < len(goods) or len(answers) < len(expected) - len(goods):
+            m = await c.next(20)
+            assert m is not None, "the connection closed"
+            if isinstance(m, cp.FeedData):
+                committed += [e.req_id[3] for e in m.entries if e.req_id[0] == 5]
+            elif isinstance(m, cp.HighWaterMarkResponse):
+                answers.append(("hwm", m.seq))
+            elif isinstance(m, cp.LockFailure):
+                answers.append(("lock", m.req_id[3]))
+            else:
+                assert isinstance(m, cp.Failure) and m.kind == cp.FailureKind.APPEND_REJECTED, m
+                answers.append(("refused", m.seq))
+        assert committed == goods
+        for kind in ("hwm", "lock", "refused"):  # a lock failure is written with its batch, a turn later
+            assert [s for k, s in answers if k == kind] == [s for k, s in expected if k == kind], kind
+        assert p.high_water_mark == len(goods)
+        c.close()
+
+    serve(meta, body)
