@@ -48,7 +48,8 @@ LAYERS = (
     ),
     (
         "store session and replica links",
-        r"StoreSession\.|_AppendWait|_Connection\._read_loop|send_append|_sweep|_Connection\._write|_Pending"
+        r"StoreSession\.|_AppendWait|_Connection\.data_received|_Connection\._answers|send_append|_sweep"
+        r"|_Connection\._write|_Pending"
         r"|StorageClient",
     ),
     (
@@ -59,7 +60,8 @@ LAYERS = (
     ),
     (
         "client port reading and decoding",
-        r"ClientConnection\.run|ClientConnection\._read|next_message|MessageReader|StreamReader|client_protocol",
+        r"ClientConnection\.run|ClientConnection\._read|next_message|MessageReader|StreamReader|client_protocol"
+        r"|_InlineReading|ClientConnection\._take|ClientConnection\._queue_appends|ClientConnection\._more",
     ),
 )
 OTHER = "event loop and the rest"
