@@ -73,7 +73,8 @@ class Link(asyncio.Protocol):
             lambda: self, host, int(port), context=self._ssl, timeout=timeout, peer=f"server {self.endpoint}"
         )
         role, secret = self._credential or ("", b"")
-        transport.write(cp.Hello(role=role, secret=secret).frame())
+        if not transport.is_closing():  # else the handshake's answer says why it closed
+            transport.write(cp.Hello(role=role, secret=secret).frame())
         try:
             async with asyncio.timeout(timeout):
                 hello = await self._hello
@@ -151,11 +152,14 @@ class Link(asyncio.Protocol):
         """Why the connection ended before the server answered Hello (`exc`: the read's error,
         None for a close)."""
         peer, with_tls = f"server {self.endpoint}", self._ssl is not None
-        if exc is None:
-            return tls.first_read_error(peer, None, with_tls) or ConnectionError(
+        if exc is None or isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            # A reset is how a close looks when our Hello reached a server that had closed.
+            closed = tls.first_read_error(peer, exc, with_tls) or ConnectionError(
                 f"{peer} closed the connection without answering Hello: it requires mutual TLS (configure tls_ca, "
                 "tls_cert and tls_key) or it was at its [server] max_connections; its log says which"
             )
+            closed.__cause__ = closed.__cause__ or exc
+            return closed
         return tls.first_read_error(peer, exc, with_tls) or exc
 
     def _dispatch(self, msg: cp.Message) -> None:

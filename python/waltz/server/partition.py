@@ -85,16 +85,15 @@ MAX_TRANSACTION_BYTES = (16 << 20) - 1024
 included): a larger append would fail the whole batch at the replicas."""
 COMMIT_SECONDS_BOUNDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 MAX_TRANSACTION_LOCKS = 4096
-COMING_WITHIN = 0.01
-"""A client answered less than this long ago, with nothing queued or in flight, may be on its
-way with its next append (`_gather`): a closed-loop client's comes a loopback round trip and
-its own work after its answer, well within it even on a busy machine. One quiet for longer is
-not waited for: a lone client whose peer stopped appending paid every turn of `gather_turns`
-on each append for a second (about 25 µs a commit, measured by the loop turns in
-`strace` of the server; docs/performance.md)."""
 """Locks (write, read and append together) one append may carry: its lock check runs on the
 server's event loop, about 6 µs a lock, and every other client waits meanwhile."""
 
+COMING_WITHIN = 0.01
+"""A client answered less than this long ago, or than twice the time it took to come back
+after its previous answer, with nothing queued or in flight, may be on its way with its next
+append (`_gather`): a closed-loop client's comes a round trip and its own work after its
+answer. One quiet for longer is not waited for: a lone client whose peer stopped appending
+paid every turn of `gather_turns` on each append for a second (docs/performance.md)."""
 
 AppendListener = Callable[[asyncio.Future[AppendResult]], None]
 """Told of an append's outcome the moment the partition settles it (`ServerPartition.enqueue`)."""
@@ -195,6 +194,8 @@ class ServerPartition:
         self._appenders: dict[int, float] = {}
         """Client id → when it last appended or was last answered (pruned every second), for
         `_gather`."""
+        self._comes_back: dict[int, float] = {}
+        """Client id → how long it took to append again after its last answer (`_coming`)."""
         self._appenders_pruned = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -280,10 +281,14 @@ class ServerPartition:
         `settled` also waits for appends a full queue still holds back."""
         self._check(request)
         q = _Queued(request, asyncio.get_running_loop().create_future(), listener)
-        self._appenders[q.client] = time.monotonic()
+        now = time.monotonic()
         unresolved = self._unresolved.get(q.client)
         if unresolved is None:
+            answered = self._appenders.get(q.client)  # nothing in flight: when it was last answered
+            if answered is not None:
+                self._comes_back[q.client] = now - answered
             unresolved = self._unresolved[q.client] = set()
+        self._appenders[q.client] = now
         unresolved.add(q.future)
         return q
 
@@ -436,8 +441,8 @@ class ServerPartition:
 
     async def _gather(self) -> None:
         """Lets the appends of the partition's other clients join the batch of the first one: the
-        loop turns (up to `gather_turns`, a few microseconds each) while a client answered within
-        `COMING_WITHIN` has nothing queued or in flight, i.e. its next append is on its way.
+        loop turns (up to `gather_turns`, a few microseconds each) while a client answered
+        recently (`COMING_WITHIN`) has nothing queued or in flight, i.e. its next append is on its way.
         Closed-loop clients answer a commit together, but their appends reach this process over
         several turns; cut at once, most went into store batches of their own, and a batch costs
         every replica a write, an fsync and an answer (32 clients on 4 partitions: 6,000 → 9,000
@@ -452,11 +457,16 @@ class ServerPartition:
             await asyncio.sleep(0)
 
     def _coming(self) -> bool:
-        """True while a client answered within `COMING_WITHIN` has no append queued or in
-        flight: in a closed loop its next one follows its last answer."""
+        """True while a client answered within `COMING_WITHIN`, or within twice the time it
+        took to come back last time, has no append queued or in flight: in a closed loop its
+        next one follows its last answer."""
         unresolved = self._unresolved
-        since = time.monotonic() - COMING_WITHIN
-        return any(t > since and c not in unresolved for c, t in self._appenders.items())
+        now = time.monotonic()
+        comes_back = self._comes_back
+        return any(
+            c not in unresolved and now - t < max(COMING_WITHIN, 2 * comes_back.get(c, 0.0))
+            for c, t in self._appenders.items()
+        )
 
     def _sole_appender(self) -> bool:
         """True when at most one client appended in the last second (one client pipelining
@@ -464,6 +474,7 @@ class ServerPartition:
         now = time.monotonic()
         if now - self._appenders_pruned >= 1.0:
             self._appenders = {c: t for c, t in self._appenders.items() if now - t < 1.0}
+            self._comes_back = {c: t for c, t in self._comes_back.items() if c in self._appenders}
             self._appenders_pruned = now
         return len(self._appenders) <= 1
 

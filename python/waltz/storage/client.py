@@ -178,7 +178,11 @@ class _Connection(asyncio.Protocol):
         except (TimeoutError, OSError) as e:
             raise errors.StorageConnectionError(f"cannot connect to storage node {address}: {e}") from e
         try:
-            client._write_raw(cls._hello(credential))
+            transport = client._transport
+            if transport is not None and not transport.is_closing():
+                transport.write(cls._hello(credential))
+            # Closed at once (a node at its max_connections, or refusing our certificate): the
+            # handshake's answer says why, from `connection_lost`.
             await client._read_hello()
             await client._call(lambda seq: cls._open_frame(seq, str(cluster_key), partition_count))
         except BaseException:

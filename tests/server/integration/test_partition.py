@@ -152,9 +152,41 @@ def test_a_client_quiet_for_a_while_is_not_waited_for(cluster) -> None:  # noqa:
         await asyncio.gather(after(1, 0), after(3, 2))  # client 2 answered a moment ago: it may come
         assert sum(p.commit_seconds[0]) - before == 1
 
-        await asyncio.sleep(COMING_WITHIN * 3)
+        await asyncio.sleep(max(0.2, COMING_WITHIN * 3))
         before = sum(p.commit_seconds[0])
         await asyncio.gather(after(1, 0), after(3, 2))  # clients 2 and 3 quiet for a while
+        assert sum(p.commit_seconds[0]) - before == 2
+
+    run(meta, body, gather_turns=6)
+
+
+def test_a_client_that_takes_long_to_come_back_is_still_waited_for(cluster) -> None:  # noqa: F811
+    """A far client comes back a long round trip after its answer: once it has shown that, it is
+    waited for within twice that time, though longer than `COMING_WITHIN`, and a newcomer two
+    turns behind joins the batch as before; past twice its time it is not waited for."""
+    meta, _ = cluster
+    far = COMING_WITHIN * 4
+
+    async def body(p: ServerPartition) -> None:
+        seq = iter(range(1, 100))
+        for c in (1, 2, 3):
+            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
+        await asyncio.sleep(far)
+        assert isinstance(await p.append(req(2, next(seq), -1)), Committed)  # client 2 came back after `far`
+        await asyncio.sleep(COMING_WITHIN * 1.5)  # answered longer ago than COMING_WITHIN, within 2 x far
+
+        async def after(client: int, turns: int) -> Any:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await p.append(req(client, next(seq), -1))
+
+        before = sum(p.commit_seconds[0])
+        await asyncio.gather(after(1, 0), after(3, 2))
+        assert sum(p.commit_seconds[0]) - before == 1
+
+        await asyncio.sleep(far * 2 + 0.2)
+        before = sum(p.commit_seconds[0])
+        await asyncio.gather(after(1, 0), after(3, 2))
         assert sum(p.commit_seconds[0]) - before == 2
 
     run(meta, body, gather_turns=6)
