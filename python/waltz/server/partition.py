@@ -90,10 +90,15 @@ server's event loop, about 6 µs a lock, and every other client waits meanwhile.
 
 COMING_WITHIN = 0.01
 """A client answered less than this long ago, or than twice the time it took to come back
-after its previous answer, with nothing queued or in flight, may be on its way with its next
-append (`_gather`): a closed-loop client's comes a round trip and its own work after its
-answer. One quiet for longer is not waited for: a lone client whose peer stopped appending
-paid every turn of `gather_turns` on each append for a second (docs/performance.md)."""
+after its previous answer (at most `COMING_AT_MOST`), with nothing queued or in flight, may be
+on its way with its next append (`_gather`): a closed-loop client's comes a round trip and its
+own work after its answer. One quiet for longer is not waited for: a lone client whose peer
+stopped appending paid every turn of `gather_turns` on each append for a second
+(docs/performance.md)."""
+COMING_AT_MOST = 0.1
+"""A client that appends every few hundred milliseconds (a heartbeat, a slow producer) would
+otherwise count as on its way for all of its quiet time, and every batch of the others would
+wait `gather_turns` turns for it."""
 
 AppendListener = Callable[[asyncio.Future[AppendResult]], None]
 """Told of an append's outcome the moment the partition settles it (`ServerPartition.enqueue`)."""
@@ -458,13 +463,13 @@ class ServerPartition:
 
     def _coming(self) -> bool:
         """True while a client answered within `COMING_WITHIN`, or within twice the time it
-        took to come back last time, has no append queued or in flight: in a closed loop its
-        next one follows its last answer."""
+        took to come back last time (at most `COMING_AT_MOST`), has no append queued or in
+        flight: in a closed loop its next one follows its last answer."""
         unresolved = self._unresolved
         now = time.monotonic()
         comes_back = self._comes_back
         return any(
-            c not in unresolved and now - t < max(COMING_WITHIN, 2 * comes_back.get(c, 0.0))
+            c not in unresolved and now - t < min(COMING_AT_MOST, max(COMING_WITHIN, 2 * comes_back.get(c, 0.0)))
             for c, t in self._appenders.items()
         )
 

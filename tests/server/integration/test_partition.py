@@ -14,7 +14,15 @@ import pytest
 from test_store_session import cluster  # noqa: F401  (fixture)
 from waltz import errors
 from waltz.server.lock_table import lock_hash
-from waltz.server.partition import COMING_WITHIN, AppendRequest, Committed, Ignored, LockFailed, ServerPartition
+from waltz.server.partition import (
+    COMING_AT_MOST,
+    COMING_WITHIN,
+    AppendRequest,
+    Committed,
+    Ignored,
+    LockFailed,
+    ServerPartition,
+)
 from waltz.server.store_session import StoreSession
 from waltz.storage import ReqId
 
@@ -163,7 +171,7 @@ def test_a_client_quiet_for_a_while_is_not_waited_for(cluster) -> None:  # noqa:
 def test_a_client_that_takes_long_to_come_back_is_still_waited_for(cluster) -> None:  # noqa: F811
     """A far client comes back a long round trip after its answer: once it has shown that, it is
     waited for within twice that time, though longer than `COMING_WITHIN`, and a newcomer two
-    turns behind joins the batch as before; past twice its time it is not waited for."""
+    turns behind joins the batch as before; past `COMING_AT_MOST` nobody is waited for."""
     meta, _ = cluster
     far = COMING_WITHIN * 4
 
@@ -184,7 +192,34 @@ def test_a_client_that_takes_long_to_come_back_is_still_waited_for(cluster) -> N
         await asyncio.gather(after(1, 0), after(3, 2))
         assert sum(p.commit_seconds[0]) - before == 1
 
-        await asyncio.sleep(far * 2 + 0.2)
+        await asyncio.sleep(COMING_AT_MOST + 0.2)  # past any client's window
+        before = sum(p.commit_seconds[0])
+        await asyncio.gather(after(1, 0), after(3, 2))
+        assert sum(p.commit_seconds[0]) - before == 2
+
+    run(meta, body, gather_turns=6)
+
+
+def test_a_client_with_a_slow_rhythm_is_not_waited_for_all_its_quiet_time(cluster) -> None:  # noqa: F811
+    """A client that appends every few hundred milliseconds (a heartbeat) counts as on its way
+    for `COMING_AT_MOST` after its answer, not for twice its rhythm: the other clients' batches
+    do not wait for it through its quiet time."""
+    meta, _ = cluster
+    rhythm = COMING_AT_MOST * 3
+
+    async def body(p: ServerPartition) -> None:
+        seq = iter(range(1, 100))
+        for c in (1, 2, 3):
+            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
+        await asyncio.sleep(rhythm)
+        assert isinstance(await p.append(req(2, next(seq), -1)), Committed)  # client 2's rhythm
+        await asyncio.sleep(COMING_AT_MOST * 1.5)  # within twice its rhythm, past COMING_AT_MOST
+
+        async def after(client: int, turns: int) -> Any:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await p.append(req(client, next(seq), -1))
+
         before = sum(p.commit_seconds[0])
         await asyncio.gather(after(1, 0), after(3, 2))
         assert sum(p.commit_seconds[0]) - before == 2
