@@ -139,6 +139,30 @@ def test_a_batch_does_not_wait_when_no_other_client_can_come(cluster) -> None:  
     run(meta, body, gather_turns=6)
 
 
+class _Appenders:
+    """Clients 1, 2 and 3 of one partition, each append taking the next sequence number."""
+
+    def __init__(self, p: ServerPartition) -> None:
+        self.p = p
+        self._seq = iter(range(1, 1000))
+
+    async def append(self, client: int, turns: int = 0) -> Any:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        return await self.p.append(req(client, next(self._seq), -1))
+
+    async def start(self) -> None:
+        for c in (1, 2, 3):
+            assert isinstance(await self.append(c), Committed)
+
+    async def store_batches(self) -> int:
+        """Client 1 appends now and client 3 two turns later: the store batches they took (one
+        commit-latency sample per batch)."""
+        before = sum(self.p.commit_seconds[0])
+        await asyncio.gather(self.append(1), self.append(3, 2))
+        return sum(self.p.commit_seconds[0]) - before
+
+
 def test_a_client_quiet_for_a_while_is_not_waited_for(cluster) -> None:  # noqa: F811
     """Clients answered a moment ago may be on their way, and a newcomer two turns behind joins
     their batch; once they have been quiet for longer than `COMING_WITHIN`, nobody is waited
@@ -147,23 +171,11 @@ def test_a_client_quiet_for_a_while_is_not_waited_for(cluster) -> None:  # noqa:
     meta, _ = cluster
 
     async def body(p: ServerPartition) -> None:
-        seq = iter(range(1, 100))
-        for c in (1, 2, 3):
-            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
-
-        async def after(client: int, turns: int) -> Any:
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            return await p.append(req(client, next(seq), -1))
-
-        before = sum(p.commit_seconds[0])
-        await asyncio.gather(after(1, 0), after(3, 2))  # client 2 answered a moment ago: it may come
-        assert sum(p.commit_seconds[0]) - before == 1
-
+        clients = _Appenders(p)
+        await clients.start()
+        assert await clients.store_batches() == 1  # client 2 answered a moment ago: it may come
         await asyncio.sleep(max(0.2, COMING_WITHIN * 3))
-        before = sum(p.commit_seconds[0])
-        await asyncio.gather(after(1, 0), after(3, 2))  # clients 2 and 3 quiet for a while
-        assert sum(p.commit_seconds[0]) - before == 2
+        assert await clients.store_batches() == 2  # clients 2 and 3 quiet for a while
 
     run(meta, body, gather_turns=6)
 
@@ -176,26 +188,14 @@ def test_a_client_that_takes_long_to_come_back_is_still_waited_for(cluster) -> N
     far = COMING_WITHIN * 4
 
     async def body(p: ServerPartition) -> None:
-        seq = iter(range(1, 100))
-        for c in (1, 2, 3):
-            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
+        clients = _Appenders(p)
+        await clients.start()
         await asyncio.sleep(far)
-        assert isinstance(await p.append(req(2, next(seq), -1)), Committed)  # client 2 came back after `far`
+        assert isinstance(await clients.append(2), Committed)  # client 2 came back after `far`
         await asyncio.sleep(COMING_WITHIN * 1.5)  # answered longer ago than COMING_WITHIN, within 2 x far
-
-        async def after(client: int, turns: int) -> Any:
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            return await p.append(req(client, next(seq), -1))
-
-        before = sum(p.commit_seconds[0])
-        await asyncio.gather(after(1, 0), after(3, 2))
-        assert sum(p.commit_seconds[0]) - before == 1
-
+        assert await clients.store_batches() == 1
         await asyncio.sleep(COMING_AT_MOST + 0.2)  # past any client's window
-        before = sum(p.commit_seconds[0])
-        await asyncio.gather(after(1, 0), after(3, 2))
-        assert sum(p.commit_seconds[0]) - before == 2
+        assert await clients.store_batches() == 2
 
     run(meta, body, gather_turns=6)
 
@@ -208,21 +208,12 @@ def test_a_client_with_a_slow_rhythm_is_not_waited_for_all_its_quiet_time(cluste
     rhythm = COMING_AT_MOST * 3
 
     async def body(p: ServerPartition) -> None:
-        seq = iter(range(1, 100))
-        for c in (1, 2, 3):
-            assert isinstance(await p.append(req(c, next(seq), -1)), Committed)
+        clients = _Appenders(p)
+        await clients.start()
         await asyncio.sleep(rhythm)
-        assert isinstance(await p.append(req(2, next(seq), -1)), Committed)  # client 2's rhythm
+        assert isinstance(await clients.append(2), Committed)  # client 2's rhythm
         await asyncio.sleep(COMING_AT_MOST * 1.5)  # within twice its rhythm, past COMING_AT_MOST
-
-        async def after(client: int, turns: int) -> Any:
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            return await p.append(req(client, next(seq), -1))
-
-        before = sum(p.commit_seconds[0])
-        await asyncio.gather(after(1, 0), after(3, 2))
-        assert sum(p.commit_seconds[0]) - before == 2
+        assert await clients.store_batches() == 2
 
     run(meta, body, gather_turns=6)
 
