@@ -1,6 +1,7 @@
 """A TCP proxy for client tests, on its own thread: forwards 127.0.0.1:port to a server, can cut
-every connection at once (`cut`), and can drop chosen client-protocol messages on their way to
-the server (`drop`): frames are decoded and re-encoded, so a drop is exact."""
+every connection at once (`cut`), can drop chosen client-protocol messages on their way to
+the server (`drop`): frames are decoded and re-encoded, so a drop is exact, and can slow what
+the server sends to a steady rate (`throttle`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Proxy:
         self.cuts = 0
         self.dropped: list[cp.Message] = []
         self._drop: Callable[[cp.Message], bool] | None = None
+        self._rate: float | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -36,6 +38,10 @@ class Proxy:
     def drop(self, predicate: Callable[[cp.Message], bool] | None) -> None:
         """Messages from clients for which `predicate` is true are not forwarded."""
         self._drop = predicate
+
+    def throttle(self, bytes_per_second: float | None) -> None:
+        """What the server sends goes on at most this rate, in small steps (None: at once)."""
+        self._rate = bytes_per_second
 
     def cut(self) -> None:
         """Closes every connection through the proxy (new ones are accepted)."""
@@ -80,8 +86,14 @@ class Proxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(1 << 16):
-                writer.write(data)
-                await writer.drain()
+                rest = memoryview(data)
+                while rest:
+                    rate = self._rate
+                    chunk, rest = (rest[:1024], rest[1024:]) if rate else (rest, rest[len(rest) :])
+                    writer.write(chunk)
+                    await writer.drain()
+                    if rate:
+                        await asyncio.sleep(len(chunk) / rate)
         finally:
             writer.transport.abort()
 

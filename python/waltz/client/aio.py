@@ -178,8 +178,11 @@ class AsyncWaltzClient:
         least one mounted: a stuck partition goes on mounting in the background and fails only
         the transactions submitted to it (`MountTimeoutError`, as any partition unavailable for
         `mount_timeout`). Raises a partition refused for good (`ClientAheadError`), and
-        `MountTimeoutError` when no partition could be mounted."""
-        deadline = time.monotonic() + self.config.mount_timeout
+        `MountTimeoutError` when no partition is mounted and none has made progress (its feed
+        replaying) for `mount_timeout`: a client far behind may replay for longer than that."""
+        timeout = self.config.mount_timeout
+        began = time.monotonic()
+        progress = {p.pid: (p.received, began) for p in self._parts.values()}
         while True:
             if self._closed:  # by another task: the mount loops have ended, nothing will mount
                 raise errors.ClientClosedError("the client was closed while it was starting")
@@ -190,26 +193,34 @@ class AsyncWaltzClient:
             waiting = [p for p in parts if not p.mounted.is_set()]
             if not waiting:
                 return
-            if time.monotonic() >= deadline or all(p.unavailable is not None for p in waiting):
-                errors_seen = "; ".join(sorted({p.last_error for p in waiting}))
-                if len(waiting) < len(self._parts):
+            now = time.monotonic()
+            for p in waiting:
+                if p.received != progress[p.pid][0]:
+                    progress[p.pid] = (p.received, now)
+            if len(waiting) < len(self._parts):
+                if now - began >= timeout or all(p.unavailable is not None for p in waiting):
                     log.warning(
                         "client %d: started without partition(s) %s, not mounted within %g s (still trying: %s)",
                         self.client_id,
                         [p.pid for p in waiting],
-                        self.config.mount_timeout,
-                        errors_seen,
+                        timeout,
+                        self._mount_states(waiting),
                     )
                     return
-                # At the deadline even if no mount loop has judged its partition unavailable yet
-                # (an attempt can outlast mount_timeout: a connect waits up to request_timeout).
+            elif all(p.unavailable is not None or now - progress[p.pid][1] >= timeout for p in waiting):
+                # Even if no mount loop has judged its partition unavailable yet (an attempt can
+                # outlast mount_timeout: a connect waits up to request_timeout).
                 raise next(
                     (p.unavailable for p in waiting if p.unavailable is not None),
                     errors.MountTimeoutError(
-                        f"no partition could be mounted within {self.config.mount_timeout:g} s: {errors_seen}"
+                        f"no partition could be mounted within {timeout:g} s: {self._mount_states(waiting)}"
                     ),
                 )
             await asyncio.sleep(0.02)
+
+    @staticmethod
+    def _mount_states(parts: list[ClientPartition]) -> str:
+        return "; ".join(f"partition {p.pid}: {p.mount_state()}" for p in parts)
 
     async def close(self) -> None:
         """Stops the client. Contexts not completed fail with `ClientClosedError` (an append

@@ -192,17 +192,28 @@ class Link(asyncio.Protocol):
         if frames and self._transport is not None and not self._transport.is_closing():
             self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
-    async def request(self, make: Callable[[int], cp.Message], timeout: float) -> cp.Message:
+    async def request(
+        self, make: Callable[[int], cp.Message], timeout: float, *, progressing: Callable[[], bool] | None = None
+    ) -> cp.Message:
         """Sends `make(seq)` and waits for the reply carrying that seq (a Failure raises
-        `RequestFailedError`)."""
+        `RequestFailedError`); `TimeoutError` after `timeout`, or, with `progressing`, once a
+        whole `timeout` passed in which it said no (a Mount's answer follows the feed's replay,
+        which may take long but keeps moving)."""
         self._next_seq += 1
         seq = self._next_seq
         fut: asyncio.Future[cp.Message] = asyncio.get_running_loop().create_future()
         self._waiting[seq] = fut
         try:
             self.send(make(seq))
-            async with asyncio.timeout(timeout):  # not wait_for: see waltz.client.partition's `closed`
-                return await fut
+            while True:
+                # asyncio.wait, not wait_for: wait_for can drop a cancellation that arrives in the
+                # same turn as the reply (see waltz.client.partition's `closed`); and it leaves
+                # the future waiting on when the time is up.
+                await asyncio.wait((fut,), timeout=timeout)
+                if fut.done():
+                    return fut.result()
+                if progressing is None or not progressing():
+                    raise TimeoutError(f"{self}: no answer within {timeout:g} s")
         finally:
             self._waiting.pop(seq, None)
 

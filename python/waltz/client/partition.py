@@ -89,7 +89,10 @@ class ClientPartition:
         the server reported): pending appends up to that sequence failed once the feed passes it."""
         self._flushing = False
         self.tasks: list[asyncio.Task[None]] = []
-        self.last_error = "not mounted yet"
+        self.last_error = ""
+        """Why the last mount attempt failed ("" once mounted)."""
+        self.stage = "not mounted yet"
+        """The step the current (or last) mount attempt is in, for the errors that report it."""
         self.closed = False
         """Set by `close`. The mount loop ends on it as well as on its cancellation: Python 3.11's
         `asyncio.wait_for` drops a cancellation that arrives in the same turn as the reply it
@@ -149,37 +152,47 @@ class ClientPartition:
                     log.debug("partition %d: mount failed (retrying): %s", self.pid, self.last_error)
                 await backoff.sleep()
             self.unavailable = None
-            self.last_error = ""
+            self.last_error, self.stage = "", "mounted"
             self.mounted.set()
             self._send_outbox()
 
     async def _mount_once(self) -> bool:
         cfg = self.client.config
         if self.received == -2:
+            self.stage = "asking the application for its high-water mark"
             mark = await self.client.call(self.client.callbacks.get_client_high_water_mark, self.pid)
             if not isinstance(mark, int) or mark < -1:
                 raise errors.ApplicationStateError(
                     f"get_client_high_water_mark({self.pid}) returned {mark!r}, not an id >= -1"
                 )
             self.received = self.applied = mark
+        self.stage = "looking up the server that serves it"
         endpoint, server_id, _ = await self.client.locate(self.pid)
+        self.stage = f"connecting to server {endpoint}"
         link = await self.client.link(endpoint, "stream")
         self.link = link  # the feed of this mount is accepted from here on
         client_id, token = self.client_id, self.client.client_token
-        while True:
-            before = self.received
-            try:
-                resp = await link.request(
-                    lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq, token),
-                    cfg.mount_timeout,
-                )
-                break
-            except TimeoutError:
-                if self.received == before or self.link is not link:
-                    raise Unavailable(
-                        f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s"
-                    ) from None
-                # The feed is replaying a long way: the mount is making progress, ask again.
+        self.stage = f"waiting for server {endpoint} to answer its mount"
+        seen = self.received
+
+        def replaying() -> bool:
+            """The feed moved since the last look: the answer comes after the replay (asking
+            again would make the server replay from there, the bytes on their way included)."""
+            nonlocal seen
+            moved, seen = self.received != seen, self.received
+            return moved and self.link is link
+
+        try:
+            resp = await link.request(
+                lambda seq: cp.Mount(seq, self.pid, client_id, self.received, link.connection_seq, token),
+                cfg.mount_timeout,
+                progressing=replaying,
+            )
+        except TimeoutError:
+            raise Unavailable(
+                f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s"
+                + (f" (its feed stopped at transaction {self.received})" if self.received >= 0 else "")
+            ) from None
         assert isinstance(resp, cp.MountResponse)
         if self.link is not link or self._remount.is_set():
             return False  # the link died or the partition moved while we waited
@@ -210,9 +223,19 @@ class ClientPartition:
         )
         return True
 
+    def mount_state(self) -> str:
+        """Where an unfinished mount stands: its step, how far the feed replayed, the last error."""
+        said = [self.stage]
+        if self.received >= 0:
+            said.append(f"the feed replayed up to transaction {self.received}")
+        if self.last_error:
+            said.append(f"last error: {self.last_error}")
+        return "; ".join(said)
+
     def _timed_out(self) -> None:
         self.unavailable = errors.MountTimeoutError(
-            f"partition {self.pid} could not be mounted within {self.client.config.mount_timeout} s: {self.last_error}"
+            f"partition {self.pid} could not be mounted within {self.client.config.mount_timeout} s: "
+            f"{self.mount_state()}"
         )
         for attempt in self.monitor.fail_all():
             self.finish(

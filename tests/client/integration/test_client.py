@@ -760,6 +760,37 @@ def test_a_client_starts_and_commits_with_one_partition_stuck(servers) -> None:
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
+def test_a_start_that_replays_for_longer_than_mount_timeout_is_not_a_timeout(servers) -> None:
+    """A client far behind replays the feed before its mount is READY. `start` judged that by the
+    wall clock and failed with "no partition could be mounted within 30 s: not mounted yet" while
+    the feed was still coming (a torture run's drain, 73,000 transactions a partition on a busy
+    machine). A mount that makes progress is not timed out; one that makes none still is."""
+    s, _, _, url = servers
+    s.start("s1", proxied=True)
+    s.wait_all_served()
+    proxy = s.proxies[0]
+    n = 6000  # 28 bytes a feed entry: 168 KB of feed
+    with WaltzClient(MemoryApp(fetch_data=False), config(url, partitions=[0])) as writer:
+        assert all(f.result(120) for f in submit_from_threads(writer, [Write(f"w{i}") for i in range(n)]))
+    # 56 KB/s: a frame of 1,000 entries every half second, the whole replay in about 3 s.
+    proxy.throttle(56_000)
+    app = MemoryApp(fetch_data=False)
+    slow = config(url, partitions=[0], mount_timeout=1.5, data_prefetch_bytes=0)
+    with WaltzClient(app, slow) as reader:
+        assert reader.high_water_mark(0) == n - 1
+        deadline = time.monotonic() + 60
+        while app.marks[0] < n - 1:
+            assert time.monotonic() < deadline, f"applied {app.marks[0]} of {n - 1}"
+            time.sleep(0.05)
+    assert not app.errors, app.errors
+    # No progress at all is still a timeout, and says where the mount stood.
+    proxy.throttle(None)
+    proxy.drop(lambda m: isinstance(m, cp.Mount))
+    with pytest.raises(errors.MountTimeoutError, match="partition 0: .*did not answer the mount within 1.5 s"):
+        WaltzClient(MemoryApp(fetch_data=False), slow)
+
+
+@pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
 def test_client_ahead_is_an_error_not_a_hang(servers) -> None:
     s, _, _, url = servers
     s.start("s1")
