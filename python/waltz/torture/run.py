@@ -189,13 +189,32 @@ class _MarkObserver:
         self.latest: dict[int, int] = {}
         """The newest mark observed per partition: ids at or below it are committed."""
         self._stop = threading.Event()
+        self.started = threading.Event()
+        """Set once the observer reads the metadata (it may be down when the run begins)."""
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="mark-observer", daemon=True)
         self._thread.start()
 
+    async def _start(self) -> LogReader | None:
+        """A started reader, or None once the run ends first. The metadata may be down when the
+        observer starts (a schedule can open with kill-zookeeper): it is asked again each second,
+        as the marks are; giving up left the run without its observer (seeds 78 and 82)."""
+        while not self._stop.is_set():
+            reader = LogReader(self._cluster.metadata_url, self._cluster.cluster, timeout=2.0)
+            try:
+                await reader.start()
+                return reader
+            except (errors.WaltzError, OSError, TimeoutError):
+                with contextlib.suppress(Exception):
+                    await reader.close()
+                await asyncio.sleep(1.0)
+        return None
+
     async def _run(self) -> None:
-        reader = LogReader(self._cluster.metadata_url, self._cluster.cluster, timeout=2.0)
+        reader = await self._start()
+        if reader is None:
+            return
+        self.started.set()
         try:
-            await reader.start()
             while not self._stop.is_set():
                 for p in range(self._cluster.partitions):
                     asked = time.monotonic_ns()
