@@ -195,8 +195,11 @@ class AsyncWaltzClient:
                 return
             now = time.monotonic()
             for p in waiting:
-                if p.received != progress[p.pid][0]:
+                # From the application's mark on (-2: not asked yet): asking it is no progress.
+                if p.received != progress[p.pid][0] and progress[p.pid][0] >= -1:
                     progress[p.pid] = (p.received, now)
+                elif progress[p.pid][0] == -2:
+                    progress[p.pid] = (p.received, progress[p.pid][1])
             if len(waiting) < len(self._parts):
                 if now - began >= timeout or all(p.unavailable is not None for p in waiting):
                     log.warning(
@@ -207,9 +210,11 @@ class AsyncWaltzClient:
                         self._mount_states(waiting),
                     )
                     return
-            elif all(p.unavailable is not None or now - progress[p.pid][1] >= timeout for p in waiting):
-                # Even if no mount loop has judged its partition unavailable yet (an attempt can
-                # outlast mount_timeout: a connect waits up to request_timeout).
+            elif all(now - progress[p.pid][1] >= timeout for p in waiting):
+                # By progress, not by the partitions' `unavailable`: one judged so early on (not
+                # located yet) may be replaying now; and even if no mount loop has judged its
+                # partition unavailable yet (an attempt can outlast mount_timeout: a connect waits
+                # up to request_timeout).
                 raise next(
                     (p.unavailable for p in waiting if p.unavailable is not None),
                     errors.MountTimeoutError(

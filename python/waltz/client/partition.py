@@ -93,11 +93,14 @@ class ClientPartition:
         """Why the last mount attempt failed ("" once mounted)."""
         self.stage = "not mounted yet"
         """The step the current (or last) mount attempt is in, for the errors that report it."""
+        self._replay_from = -2
+        """Where the feed stood when the current mount was asked (`mount_state`)."""
         self.closed = False
         """Set by `close`. The mount loop ends on it as well as on its cancellation: Python 3.11's
         `asyncio.wait_for` drops a cancellation that arrives in the same turn as the reply it
         waits for (a refused mount then retried for ever while `close` waited for it: a CI hang).
-        The project uses `asyncio.timeout`, which keeps it, and this flag guards the loop anyway."""
+        The project uses `asyncio.timeout` and `asyncio.wait`, which keep it, and this flag guards
+        the loop anyway."""
 
     def start(self) -> None:
         self.request_remount("first mount")
@@ -173,14 +176,15 @@ class ClientPartition:
         self.link = link  # the feed of this mount is accepted from here on
         client_id, token = self.client_id, self.client.client_token
         self.stage = f"waiting for server {endpoint} to answer its mount"
-        seen = self.received
+        seen = self._replay_from = self.received
 
         def replaying() -> bool:
-            """The feed moved since the last look: the answer comes after the replay (asking
-            again would make the server replay from there, the bytes on their way included)."""
+            """The feed moved since the last look and no remount is wanted: the answer comes
+            after the replay (asking again would make the server replay from there, the bytes
+            already on their way included)."""
             nonlocal seen
             moved, seen = self.received != seen, self.received
-            return moved and self.link is link
+            return moved and not self._remount.is_set()
 
         try:
             resp = await link.request(
@@ -189,10 +193,7 @@ class ClientPartition:
                 progressing=replaying,
             )
         except TimeoutError:
-            raise Unavailable(
-                f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s"
-                + (f" (its feed stopped at transaction {self.received})" if self.received >= 0 else "")
-            ) from None
+            raise Unavailable(f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s") from None
         assert isinstance(resp, cp.MountResponse)
         if self.link is not link or self._remount.is_set():
             return False  # the link died or the partition moved while we waited
@@ -226,8 +227,8 @@ class ClientPartition:
     def mount_state(self) -> str:
         """Where an unfinished mount stands: its step, how far the feed replayed, the last error."""
         said = [self.stage]
-        if self.received >= 0:
-            said.append(f"the feed replayed up to transaction {self.received}")
+        if self._replay_from >= -1 and self.received > self._replay_from:
+            said.append(f"its feed replayed {self.received - self._replay_from} transactions, up to {self.received}")
         if self.last_error:
             said.append(f"last error: {self.last_error}")
         return "; ".join(said)
@@ -574,5 +575,5 @@ class ClientPartition:
             "in_flight": len(self.works),
             "pending": len(self.monitor),
             "queued": len(self.outbox),
-            "error": self.last_error,
+            "error": self.last_error or ("" if self.mounted.is_set() else self.mount_state()),
         }

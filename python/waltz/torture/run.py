@@ -184,8 +184,10 @@ class _MarkObserver:
     """Asks the partitions' servers for their high-water marks once a second and records each
     answer with the time it was asked (the checker's hwm-decrease and hwm-beyond-log)."""
 
-    def __init__(self, cluster: LocalCluster, history: HistoryWriter) -> None:
-        self._cluster, self._history = cluster, history
+    def __init__(
+        self, cluster: LocalCluster, history: HistoryWriter, say: Callable[[str], None] = lambda _: None
+    ) -> None:
+        self._cluster, self._history, self._say = cluster, history, say
         self.latest: dict[int, int] = {}
         """The newest mark observed per partition: ids at or below it are committed."""
         self._stop = threading.Event()
@@ -198,12 +200,18 @@ class _MarkObserver:
         """A started reader, or None once the run ends first. The metadata may be down when the
         observer starts (a schedule can open with kill-zookeeper): it is asked again each second,
         as the marks are; giving up left the run without its observer (seeds 78 and 82)."""
+        said = ""
         while not self._stop.is_set():
             reader = LogReader(self._cluster.metadata_url, self._cluster.cluster, timeout=2.0)
             try:
                 await reader.start()
+                if said:
+                    self._say("  mark observer: started")
                 return reader
-            except (errors.WaltzError, OSError, TimeoutError):
+            except (errors.WaltzError, OSError, TimeoutError) as e:
+                if str(e) != said:  # a lasting cause (a wrong cluster name) is said, once
+                    said = str(e)
+                    self._say(f"  mark observer: cannot start yet ({e}); trying again each second")
                 with contextlib.suppress(Exception):
                     await reader.close()
                 await asyncio.sleep(1.0)
@@ -311,7 +319,7 @@ def run_torture(o: TortureOptions, say: Callable[[str], None] = print) -> Tortur
             o.op_timeout + 60,
             "the clients did not mount their partitions",
         )
-        observer = _MarkObserver(cluster, nemesis_log)
+        observer = _MarkObserver(cluster, nemesis_log, say)
         nemesis = Nemesis(
             cluster,
             proxies,

@@ -9,10 +9,11 @@ import dataclasses
 import pathlib
 import time
 
+import pytest
+from support.processes import ZooKeeperServer, zookeeper_available
 from waltz.cluster import open_store
 from waltz.cluster.layout import cluster_root
 from waltz.cluster.metadata import ClusterMetadata
-from waltz.local.zookeeper import ZooKeeperServer
 from waltz.torture.history import HistoryWriter
 from waltz.torture.run import _MarkObserver
 
@@ -25,6 +26,8 @@ class _Cluster:
 
 
 def test_the_observer_starts_once_zookeeper_comes_back(tmp_path: pathlib.Path) -> None:
+    if not zookeeper_available():
+        pytest.fail("ZooKeeper is not installed: run scripts/setup.sh (apt package `zookeeper`, Java)")
     zk = ZooKeeperServer(tmp_path / "zookeeper")
     zk.start()
     try:
@@ -36,13 +39,17 @@ def test_the_observer_starts_once_zookeeper_comes_back(tmp_path: pathlib.Path) -
         finally:
             store.close()
         zk.stop()
-        observer = _MarkObserver(_Cluster(url, "obs", 1), HistoryWriter(tmp_path / "nemesis.jsonl", "nemesis"))  # type: ignore[arg-type]
+        said: list[str] = []
+        history = HistoryWriter(tmp_path / "nemesis.jsonl", "nemesis")
+        observer = _MarkObserver(_Cluster(url, "obs", 1), history, said.append)  # type: ignore[arg-type]
         try:
-            time.sleep(5)  # two failed starts of 2 s each
+            time.sleep(5)  # two attempts or so (2 s each, a second apart)
             assert observer._thread.is_alive()
             assert not observer.started.is_set()
+            assert len(said) == 1 and "cannot start yet" in said[0], said  # said once, not per attempt
             zk.start()
             assert observer.started.wait(60), "the observer never started after ZooKeeper came back"
+            assert said[-1] == "  mark observer: started"
         finally:
             observer.close()
         assert not observer._thread.is_alive()
