@@ -193,6 +193,8 @@ class ClientPartition:
                 progressing=replaying,
             )
         except TimeoutError:
+            if self._remount.is_set():
+                return False  # a gap in the feed or a failure of this mount: mount again
             raise Unavailable(f"server {endpoint} did not answer the mount within {cfg.mount_timeout} s") from None
         assert isinstance(resp, cp.MountResponse)
         if self.link is not link or self._remount.is_set():
