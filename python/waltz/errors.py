@@ -156,9 +156,9 @@ class ClientClosedError(ClientError):
 
 
 class MountTimeoutError(ClientError, TimeoutError):
-    """A partition could not be mounted (no server serving it, or its feed not replayed) within
-    `mount_timeout`. Whether a transaction already sent committed is then unknown: if it did, it
-    arrives in the feed like any other."""
+    """A partition could not be mounted (no server serving it, or its feed's replay making no
+    progress) for `mount_timeout`. Whether a transaction already sent committed is then unknown:
+    if it did, it arrives in the feed like any other."""
 
 
 class ClientAheadError(ClientError):

@@ -183,6 +183,7 @@ class AsyncWaltzClient:
         timeout = self.config.mount_timeout
         began = time.monotonic()
         progress = {p.pid: (p.received, began) for p in self._parts.values()}
+        told = began  # a start that replays for long says so every mount_timeout
         while True:
             if self._closed:  # by another task: the mount loops have ended, nothing will mount
                 raise errors.ClientClosedError("the client was closed while it was starting")
@@ -221,6 +222,9 @@ class AsyncWaltzClient:
                         f"no partition could be mounted within {timeout:g} s: {self._mount_states(waiting)}"
                     ),
                 )
+            elif now - told >= timeout:
+                told = now
+                log.info("client %d: still mounting: %s", self.client_id, self._mount_states(waiting))
             await asyncio.sleep(0.02)
 
     @staticmethod

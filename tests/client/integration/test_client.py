@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import pathlib
 import subprocess
 import sys
@@ -760,7 +761,7 @@ def test_a_client_starts_and_commits_with_one_partition_stuck(servers) -> None:
 
 
 @pytest.mark.parametrize("metadata_url", ["embedded"], indirect=True)
-def test_a_start_that_replays_for_longer_than_mount_timeout_is_not_a_timeout(servers) -> None:
+def test_a_start_that_replays_for_longer_than_mount_timeout_is_not_a_timeout(servers, caplog) -> None:
     """A client far behind replays the feed before its mount is READY. `start` judged that by the
     wall clock and failed with "no partition could be mounted within 30 s: not mounted yet" while
     the feed was still coming (a torture run's drain, 73,000 transactions a partition on a busy
@@ -776,7 +777,10 @@ def test_a_start_that_replays_for_longer_than_mount_timeout_is_not_a_timeout(ser
     proxy.throttle(56_000)
     app = MemoryApp(fetch_data=False)
     slow = config(url, partitions=[0], mount_timeout=1.5, data_prefetch_bytes=0)
+    caplog.set_level(logging.INFO, logger="waltz.client")
     with WaltzClient(app, slow) as reader:
+        # A long start says what it waits for, and that the feed moves.
+        assert any("still mounting" in r.message and "its feed replayed" in r.message for r in caplog.records)
         assert reader.high_water_mark(0) == n - 1
         deadline = time.monotonic() + 60
         while app.marks[0] < n - 1:
