@@ -196,11 +196,10 @@ class AsyncWaltzClient:
                 return
             now = time.monotonic()
             for p in waiting:
-                # From the application's mark on (-2: not asked yet): asking it is no progress.
-                if p.received != progress[p.pid][0] and progress[p.pid][0] >= -1:
-                    progress[p.pid] = (p.received, now)
-                elif progress[p.pid][0] == -2:
-                    progress[p.pid] = (p.received, progress[p.pid][1])
+                seen, at = progress[p.pid]
+                if p.received != seen:
+                    # Asking the application for its mark (from -2) is no progress; the feed is.
+                    progress[p.pid] = (p.received, now if seen >= -1 else at)
             if len(waiting) < len(self._parts):
                 if now - began >= timeout or all(p.unavailable is not None for p in waiting):
                     log.warning(

@@ -155,6 +155,12 @@ class _Appenders:
         for c in (1, 2, 3):
             assert isinstance(await self.append(c), Committed)
 
+    async def client_2_comes_back(self, after: float, then_quiet: float) -> None:
+        """Client 2 appends again `after` seconds from now, then stays quiet for `then_quiet`."""
+        await asyncio.sleep(after)
+        assert isinstance(await self.append(2), Committed)
+        await asyncio.sleep(then_quiet)
+
     async def store_batches(self) -> int:
         """Client 1 appends now and client 3 two turns later: the store batches they took (one
         commit-latency sample per batch)."""
@@ -190,9 +196,8 @@ def test_a_client_that_takes_long_to_come_back_is_still_waited_for(cluster) -> N
     async def body(p: ServerPartition) -> None:
         clients = _Appenders(p)
         await clients.start()
-        await asyncio.sleep(far)
-        assert isinstance(await clients.append(2), Committed)  # client 2 came back after `far`
-        await asyncio.sleep(COMING_WITHIN * 1.5)  # answered longer ago than COMING_WITHIN, within 2 x far
+        # Answered longer ago than COMING_WITHIN at the batch, within 2 x far.
+        await clients.client_2_comes_back(after=far, then_quiet=COMING_WITHIN * 1.5)
         assert await clients.store_batches() == 1
         await asyncio.sleep(COMING_AT_MOST + 0.2)  # past any client's window
         assert await clients.store_batches() == 2
@@ -210,9 +215,8 @@ def test_a_client_with_a_slow_rhythm_is_not_waited_for_all_its_quiet_time(cluste
     async def body(p: ServerPartition) -> None:
         clients = _Appenders(p)
         await clients.start()
-        await asyncio.sleep(rhythm)
-        assert isinstance(await clients.append(2), Committed)  # client 2's rhythm
-        await asyncio.sleep(COMING_AT_MOST * 1.5)  # within twice its rhythm, past COMING_AT_MOST
+        # Its rhythm, then quiet within twice that but past COMING_AT_MOST at the batch.
+        await clients.client_2_comes_back(after=rhythm, then_quiet=COMING_AT_MOST * 1.5)
         assert await clients.store_batches() == 2
 
     run(meta, body, gather_turns=6)
