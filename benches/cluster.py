@@ -49,6 +49,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -63,7 +64,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from peers import etcd, jetstream, loadgen, rabbitmq, zookeeper  # noqa: E402
 from peers.etcd import EtcdCluster, EtcdSession  # noqa: E402
 from peers.jetstream import JetStreamCluster, JetStreamSession  # noqa: E402
-from peers.loadgen import PeerUnavailable, closed_loop, cpu_seconds, log  # noqa: E402
+from peers.loadgen import PeerUnavailable, closed_loop, cpu_seconds, log, threaded_closed_loop  # noqa: E402
 from peers.rabbitmq import RabbitMQCluster, RabbitMQSession  # noqa: E402
 from peers.zookeeper import ZooKeeperEnsemble, ZooKeeperSession  # noqa: E402
 from support.processes import free_port, wait_http, write_config  # noqa: E402
@@ -289,6 +290,55 @@ class WaltzSession:
             await self.writer.wait_closed()
 
 
+class BlockingWaltzSession(WaltzSession):
+    """`WaltzSession` over a blocking socket, for one thread of its own (`threaded_closed_loop`):
+    the reference for `WaltzClient`, whose callers are threads, as the asyncio clients are for
+    `AsyncWaltzClient`. No locks."""
+
+    sock: socket.socket
+
+    @classmethod
+    def open_blocking(cls, port: int, partition: int) -> BlockingWaltzSession:
+        self = cls(next(_client_ids), partition, False)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(cp.Hello().frame())
+        assert isinstance(self.next_blocking(), cp.HelloOk)
+        self.sock.sendall(cp.HighWaterMarkRequest(1, partition).frame())
+        while not isinstance(m := self.next_blocking(), cp.HighWaterMarkResponse):
+            pass
+        self.hwm = m.high_water_mark
+        self.sock.sendall(cp.Mount(2, partition, self.cid, self.hwm, 1).frame())
+        while not isinstance(m := self.next_blocking(), cp.MountResponse):
+            pass
+        assert m.status == cp.MountStatus.READY, m
+        self.gen = m.generation
+        return self
+
+    def next_blocking(self) -> cp.Message:
+        while (m := self.messages.next_message()) is None:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            self.messages.feed(data)
+        return m
+
+    def op(self, payload: bytes) -> int:  # type: ignore[override]
+        self.seq += 1
+        req = (self.cid, self.gen, self.partition, self.seq)
+        self.sock.sendall(cp.Append(req, self.hwm, 0, payload).frame())
+        while True:
+            m = self.next_blocking()
+            if isinstance(m, cp.FeedData):
+                if self._feed(m, req):
+                    return 0
+            elif isinstance(m, cp.Failure):
+                raise RuntimeError(f"client {self.cid}: {m}")
+
+    def close(self) -> None:  # type: ignore[override]
+        self.sock.close()
+
+
 class _Noted(WaltzClientCallbacks):
     """Applies nothing; notes when each transaction (by header) reached apply_transaction."""
 
@@ -305,12 +355,18 @@ class _Noted(WaltzClientCallbacks):
 
 
 class _Put(TransactionContext):
-    def __init__(self, n: int, payload: bytes) -> None:
+    """Transaction `n` of the submitter that works on `partition`: the library's submitters are
+    pinned as the raw rows' clients are (submitter i on partition i % 4), so that both carry the
+    same load and the ratio measures the library. Until 2026-11-28 the transactions went round
+    the partitions by `n`, a load the raw clients never make: at 8 and 32 in flight it cost the
+    server and the nodes a third of the throughput (smaller batches), not the library."""
+
+    def __init__(self, n: int, payload: bytes, partition: int) -> None:
         super().__init__()
-        self.n, self.payload = n, payload
+        self.n, self.payload, self.partition = n, payload, partition
 
     def partition_id(self, num_partitions: int) -> int:
-        return self.n % num_partitions
+        return self.partition % num_partitions
 
     def execute(self, builder: TransactionBuilder) -> bool:
         builder.set_header(self.n)
@@ -389,13 +445,13 @@ def measure_async_client(
             c0, t0 = cell.cpu(), time.perf_counter()
             deadline = t0 + seconds
 
-            async def one() -> None:
+            async def one(i: int) -> None:
                 while time.perf_counter() < deadline:
                     n = next(cell.counter)
                     cell.submitted[n] = time.perf_counter()
-                    await (await client.submit(_AsyncPut(n, cell.payload)))
+                    await (await client.submit(_AsyncPut(n, cell.payload, i)))
 
-            await asyncio.gather(*(one() for _ in range(concurrency)))
+            await asyncio.gather(*(one(i) for i in range(concurrency)))
             await client.flush()
             return time.perf_counter() - t0, c0, cell.cpu()
 
@@ -414,13 +470,13 @@ def measure_client(
         c0, t0 = cell.cpu(), time.perf_counter()
         deadline = t0 + seconds
 
-        def loop() -> None:
+        def loop(i: int) -> None:
             while time.perf_counter() < deadline:
                 n = next(cell.counter)
                 cell.submitted[n] = time.perf_counter()
-                client.submit(_Put(n, cell.payload)).result()
+                client.submit(_Put(n, cell.payload, i)).result()
 
-        threads = [threading.Thread(target=loop, daemon=True) for _ in range(concurrency)]
+        threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(concurrency)]
         for t in threads:
             t.start()
         for t in threads:
@@ -545,6 +601,18 @@ def measure_all(
                 )
             if "client-library" in systems:
                 pids = c.pids
+                # What threads alone cost: the raw protocol from blocking threads, no library.
+                out["raw_threads"] = []
+                for n in clients:
+                    r = threaded_closed_loop(
+                        lambda i: BlockingWaltzSession.open_blocking(port, i % PARTITIONS),
+                        n,
+                        t.seconds,
+                        c.pids,
+                        warmup=t.warmup,
+                    )
+                    log(f"raw protocol from {n:>2} blocking threads: {r['tx_per_s']:,.0f}/s p50 {r['p50_ms']:.2f} ms")
+                    out["raw_threads"].append(r)
                 out["client_library"] = []
                 for n in clients:
                     r = measure_client(c.url, c.partition_port, n, t.seconds, pids)
@@ -782,6 +850,17 @@ def analyse(res: dict[str, Any], clients: tuple[int, ...]) -> None:
             raw = cell(sysres.get("waltz"), r["concurrency"])
             if raw:
                 res["ratios"][f"{key}_vs_raw_protocol_{r['concurrency']}"] = round(r["tx_per_s"] / raw["tx_per_s"], 3)
+    # Informative: the raw protocol from blocking threads against the asyncio clients (what
+    # threads alone cost), and WaltzClient, whose callers are threads, against it.
+    for r in res.get("raw_threads", []):
+        raw = cell(sysres.get("waltz"), r["clients"])
+        if raw:
+            res["ratios"][f"raw_threads_vs_raw_protocol_{r['clients']}"] = round(r["tx_per_s"] / raw["tx_per_s"], 3)
+        lib = [x for x in res.get("client_library", []) if x["concurrency"] == r["clients"]]
+        if lib:
+            res["ratios"][f"client_library_vs_raw_threads_{r['clients']}"] = round(
+                lib[0]["tx_per_s"] / r["tx_per_s"], 3
+            )
 
 
 def report(res: dict[str, Any]) -> None:
@@ -798,9 +877,34 @@ def report(res: dict[str, Any]) -> None:
             )
         for r in rows:
             print(r["cpu_us_per_tx_by_process"], file=sys.stderr)
+    if res.get("raw_threads"):
+        print(
+            "\nThe raw protocol from blocking threads (a socket and a thread per client, no event loop, no "
+            "library: what threads that each wait for their own write cost)\n"
+        )
+        print(
+            "| threads | tx/s | p50 ms | p99 ms | CPU us/tx (all processes) | tx/s vs asyncio raw clients | "
+            "WaltzClient tx/s vs it |\n|---|---|---|---|---|---|---|"
+        )
+        for r in res["raw_threads"]:
+            n = r["clients"]
+            vs_raw, lib = (
+                res["ratios"].get(f"{k}_{n}") for k in ("raw_threads_vs_raw_protocol", "client_library_vs_raw_threads")
+            )
+            print(
+                f"| {n} | {r['tx_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['cpu_us_per_tx']:.0f} | "
+                + (f"{vs_raw:.2f}x | " if vs_raw is not None else "- | ")
+                + (f"{lib:.2f}x |" if lib is not None else "- |")
+            )
     for key, title in (
-        ("client_library", "one WaltzClient, N threads each with one transaction in flight"),
-        ("client_library_async", "one AsyncWaltzClient, N tasks each with one transaction in flight, async callbacks"),
+        (
+            "client_library",
+            "one WaltzClient, N threads each with one transaction in flight, thread i on partition i % 4",
+        ),
+        (
+            "client_library_async",
+            "one AsyncWaltzClient, N tasks each with one transaction in flight, task i on partition i % 4, async",
+        ),
     ):
         if not res.get(key):
             continue

@@ -4,7 +4,8 @@ measured in the same run (raw fdatasync, a loopback round trip), and process hel
 A system plugs in a `Session` factory: `open_session(i)` connects client i, `op(payload)`
 performs one write and returns once it is committed (durable on a majority, as the system
 defines it), with the number of retries it needed. `closed_loop` runs N sessions on one asyncio
-loop, each with exactly one operation in flight, for a warm-up and then a measured window:
+loop, each with exactly one operation in flight, for a warm-up and then a measured window
+(`threaded_closed_loop` the same with blocking sessions, a thread each):
 
 - latency: submit → commit of every operation that started inside the window (clients finish
   the one they have in flight at the end, so slow tail operations are not dropped);
@@ -27,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
@@ -220,6 +222,14 @@ class Session(Protocol):
     async def close(self) -> None: ...
 
 
+class BlockingSession(Protocol):
+    """A `Session` for `threaded_closed_loop`: blocking calls, one thread each."""
+
+    def op(self, payload: bytes) -> int: ...
+
+    def close(self) -> None: ...
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -238,48 +248,100 @@ async def closed_loop(
     """`clients` sessions, each with one operation in flight, for `warmup` + `seconds`.
 
     `processes` names the system's processes (name → pid); this process is added as "clients"."""
-    procs = {"clients": os.getpid(), **processes}
     sessions = await asyncio.gather(*(open_session(i) for i in range(clients)))
-    payload = os.urandom(payload_size)
-    spans: list[tuple[float, float, int]] = []
-    start = time.perf_counter()
-    t_start, t_end = start + warmup, start + warmup + seconds
-    marks: dict[str, tuple[float, dict[str, float]]] = {}
+    w = _Window(processes, warmup, seconds, payload_size)
 
     async def mark(name: str, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        marks[name] = (time.perf_counter(), {k: cpu_seconds(p) for k, p in procs.items()})
+        w.mark(name)
 
     async def client(s: Session) -> None:
-        while (t0 := time.perf_counter()) < t_end:
-            retries = await s.op(payload)
-            spans.append((t0, time.perf_counter(), retries))
+        while (t0 := time.perf_counter()) < w.end:
+            retries = await s.op(w.payload)
+            w.spans.append((t0, time.perf_counter(), retries))
 
     try:
-        await asyncio.gather(mark("start", t_start), mark("end", t_end), *(client(s) for s in sessions))
+        await asyncio.gather(mark("start", w.start), mark("end", w.end), *(client(s) for s in sessions))
     finally:
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
-    (w0, cpu0), (w1, cpu1) = marks["start"], marks["end"]
-    window = w1 - w0
-    committed = sum(1 for _, t1, _ in spans if w0 <= t1 < w1)
-    measured = [(t1 - t0, r) for t0, t1, r in spans if w0 <= t0 < w1]
-    lat = sorted(x for x, _ in measured)
-    cpu = {k: cpu1[k] - cpu0[k] for k in procs}
-    per = max(committed, 1)
-    return {
-        "clients": clients,
-        "seconds": round(window, 3),
-        "committed": committed,
-        "tx_per_s": committed / window,
-        "mb_per_s": committed * payload_size / window / 1e6,
-        "p50_ms": percentile(lat, 0.50) * 1e3,
-        "p99_ms": percentile(lat, 0.99) * 1e3,
-        "p999_ms": percentile(lat, 0.999) * 1e3,
-        "mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan"),
-        "retries": sum(r for _, r in measured),
-        "cpu_us_per_tx": sum(cpu.values()) / per * 1e6,
-        "cpu_us_per_tx_by_process": {k: round(v / per * 1e6) for k, v in cpu.items()},
-    }
+    return w.summary(clients)
+
+
+def threaded_closed_loop(
+    open_session: Callable[[int], BlockingSession],
+    clients: int,
+    seconds: float,
+    processes: dict[str, int],
+    *,
+    warmup: float = 0.5,
+    payload_size: int = 1024,
+) -> dict[str, Any]:
+    """`closed_loop` with blocking sessions, one thread each and no event loop: what Python
+    threads that each wait for their own write cost, measured as `closed_loop` measures."""
+    sessions = [open_session(i) for i in range(clients)]
+    w = _Window(processes, warmup, seconds, payload_size)
+
+    def mark(name: str, at: float) -> None:
+        time.sleep(max(0.0, at - time.perf_counter()))
+        w.mark(name)
+
+    def client(s: BlockingSession) -> None:
+        while (t0 := time.perf_counter()) < w.end:
+            retries = s.op(w.payload)
+            w.spans.append((t0, time.perf_counter(), retries))
+
+    threads = [threading.Thread(target=mark, args=(name, at)) for name, at in (("start", w.start), ("end", w.end))]
+    threads += [threading.Thread(target=client, args=(s,), daemon=True) for s in sessions]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for s in sessions:
+            with contextlib.suppress(OSError):
+                s.close()
+    return w.summary(clients)
+
+
+class _Window:
+    """A closed loop's measured window: when it starts and ends, the operations' (start, end,
+    retries), and the CPU of every process at its two ends."""
+
+    def __init__(self, processes: dict[str, int], warmup: float, seconds: float, payload_size: int) -> None:
+        self.procs = {"clients": os.getpid(), **processes}
+        self.payload = os.urandom(payload_size)
+        self.spans: list[tuple[float, float, int]] = []
+        now = time.perf_counter()
+        self.start, self.end = now + warmup, now + warmup + seconds
+        self.marks: dict[str, tuple[float, dict[str, float]]] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = (time.perf_counter(), {k: cpu_seconds(p) for k, p in self.procs.items()})
+
+    def summary(self, clients: int) -> dict[str, Any]:
+        (w0, cpu0), (w1, cpu1) = self.marks["start"], self.marks["end"]
+        payload_size, spans, procs = len(self.payload), self.spans, self.procs
+        window = w1 - w0
+        committed = sum(1 for _, t1, _ in spans if w0 <= t1 < w1)
+        measured = [(t1 - t0, r) for t0, t1, r in spans if w0 <= t0 < w1]
+        lat = sorted(x for x, _ in measured)
+        cpu = {k: cpu1[k] - cpu0[k] for k in procs}
+        per = max(committed, 1)
+        return {
+            "clients": clients,
+            "seconds": round(window, 3),
+            "committed": committed,
+            "tx_per_s": committed / window,
+            "mb_per_s": committed * payload_size / window / 1e6,
+            "p50_ms": percentile(lat, 0.50) * 1e3,
+            "p99_ms": percentile(lat, 0.99) * 1e3,
+            "p999_ms": percentile(lat, 0.999) * 1e3,
+            "mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan"),
+            "retries": sum(r for _, r in measured),
+            "cpu_us_per_tx": sum(cpu.values()) / per * 1e6,
+            "cpu_us_per_tx_by_process": {k: round(v / per * 1e6) for k, v in cpu.items()},
+        }
 
 
 # ---- references measured in the same run ----------------------------------------------------
