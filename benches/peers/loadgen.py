@@ -285,10 +285,15 @@ def threaded_closed_loop(
         time.sleep(max(0.0, at - time.perf_counter()))
         w.mark(name)
 
+    failed: list[BaseException] = []
+
     def client(s: BlockingSession) -> None:
-        while (t0 := time.perf_counter()) < w.end:
-            retries = s.op(w.payload)
-            w.spans.append((t0, time.perf_counter(), retries))
+        try:
+            while (t0 := time.perf_counter()) < w.end:
+                retries = s.op(w.payload)
+                w.spans.append((t0, time.perf_counter(), retries))
+        except BaseException as e:  # raised below, as `closed_loop`'s gather raises a client's error
+            failed.append(e)
 
     threads = [threading.Thread(target=mark, args=(name, at)) for name, at in (("start", w.start), ("end", w.end))]
     threads += [threading.Thread(target=client, args=(s,), daemon=True) for s in sessions]
@@ -301,6 +306,8 @@ def threaded_closed_loop(
         for s in sessions:
             with contextlib.suppress(OSError):
                 s.close()
+    if failed:
+        raise failed[0]
     return w.summary(clients)
 
 
