@@ -328,19 +328,18 @@ class _Window:
 
     def summary(self, clients: int) -> dict[str, Any]:
         (w0, cpu0), (w1, cpu1) = self.marks["start"], self.marks["end"]
-        payload_size, spans, procs = len(self.payload), self.spans, self.procs
         window = w1 - w0
-        committed = sum(1 for _, t1, _ in spans if w0 <= t1 < w1)
-        measured = [(t1 - t0, r) for t0, t1, r in spans if w0 <= t0 < w1]
+        committed = sum(1 for _, t1, _ in self.spans if w0 <= t1 < w1)
+        measured = [(t1 - t0, r) for t0, t1, r in self.spans if w0 <= t0 < w1]
         lat = sorted(x for x, _ in measured)
-        cpu = {k: cpu1[k] - cpu0[k] for k in procs}
+        cpu = {k: cpu1[k] - cpu0[k] for k in self.procs}
         per = max(committed, 1)
         return {
             "clients": clients,
             "seconds": round(window, 3),
             "committed": committed,
             "tx_per_s": committed / window,
-            "mb_per_s": committed * payload_size / window / 1e6,
+            "mb_per_s": committed * len(self.payload) / window / 1e6,
             "p50_ms": percentile(lat, 0.50) * 1e3,
             "p99_ms": percentile(lat, 0.99) * 1e3,
             "p999_ms": percentile(lat, 0.999) * 1e3,
