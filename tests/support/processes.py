@@ -75,8 +75,10 @@ json = true
 
 
 def start(config: pathlib.Path) -> subprocess.Popen[str]:
+    # -X faulthandler: a node that does not stop gets SIGABRT from `stop`, and every Python
+    # thread's stack comes out on its stderr (a rare shutdown hang left no clue three times).
     return subprocess.Popen(
-        [sys.executable, "-m", "waltz.cli.node", "storage", "--config", str(config)],
+        [sys.executable, "-X", "faulthandler", "-m", "waltz.cli.node", "storage", "--config", str(config)],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -100,7 +102,15 @@ def wait_http(port: int, proc: subprocess.Popen[str]) -> None:
 
 def stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # started by `start`: its threads' stacks on stderr
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(
+            f"process {proc.pid} did not exit within 30 s of SIGTERM; its stderr (a node's ends with "
+            f"its threads' stacks):\n{err[-30000:]}"
+        ) from None
     assert proc.returncode == 0, err
     return err
 
