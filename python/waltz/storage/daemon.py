@@ -92,6 +92,16 @@ def check_connections_for_partitions(max_connections: int, partitions: int) -> N
         )
 
 
+def wait_for_stop(stop: threading.Event) -> None:
+    """Waits in short slices until `stop` is set by the SIGTERM/SIGINT handler. Python runs
+    signal handlers in the main thread, but the kernel may deliver the signal to any thread (the
+    node's native threads included): an untimed wait of the main thread is then never
+    interrupted and the node never stops (CI saw it three times at teardown). A slice that ends
+    brings the main thread back to Python, which runs the pending handler."""
+    while not stop.wait(0.5):
+        pass
+
+
 def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None:
     """Serves until SIGTERM or SIGINT, then stops cleanly (queued appends finish their fsync)."""
     stop = threading.Event()
@@ -143,7 +153,7 @@ def run(config: StorageNodeConfig, ready: threading.Event | None = None) -> None
         if ready is not None:
             ready.set()
         notify(f"READY=1\nSTATUS=serving {storage.path} on {host}:{port}")
-        stop.wait()
+        wait_for_stop(stop)
         notify("STOPPING=1")
         log.info("stopping storage node")
     finally:
