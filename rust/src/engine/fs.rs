@@ -30,6 +30,13 @@ pub trait FileHandle: Send + Sync {
         Ok(())
     }
 
+    /// A second handle on this file that writes past the page cache (O_DIRECT: offsets, lengths
+    /// and memory 4 KiB aligned), for the sync leader's large flushes (`partition::direct`).
+    /// None where the file system refuses it (tmpfs) or the file does not offer it.
+    fn open_direct(&self) -> Option<Arc<dyn FileHandle>> {
+        None
+    }
+
     /// Reads exactly `buf.len()` bytes unless the file ends first; returns the count read.
     fn read_full_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let mut done = 0;
@@ -68,6 +75,11 @@ pub trait ForwardingFile: Send + Sync {
     fn try_lock_exclusive(&self) -> io::Result<bool> {
         self.inner().try_lock_exclusive()
     }
+    /// None: a wrapper that sees every write (a gate, an order check) would not see the direct
+    /// ones. One that can pass faults on (`FaultFile`) wraps the inner file's.
+    fn open_direct(&self) -> Option<Arc<dyn FileHandle>> {
+        None
+    }
 }
 
 impl<T: ForwardingFile> FileHandle for T {
@@ -88,6 +100,9 @@ impl<T: ForwardingFile> FileHandle for T {
     }
     fn try_lock_exclusive(&self) -> io::Result<bool> {
         ForwardingFile::try_lock_exclusive(self)
+    }
+    fn open_direct(&self) -> Option<Arc<dyn FileHandle>> {
+        ForwardingFile::open_direct(self)
     }
 }
 
@@ -164,6 +179,16 @@ impl FileHandle for StdFile {
     }
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
+    }
+    fn open_direct(&self) -> Option<Arc<dyn FileHandle>> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        // Through /proc/self/fd: the file may have been renamed since it was opened (a spare
+        // segment), and its old path may name another file now.
+        let path = format!("/proc/self/fd/{}", self.0.as_raw_fd());
+        let d = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok()?;
+        let (a, b) = (self.0.metadata().ok()?, d.metadata().ok()?);
+        (a.dev() == b.dev() && a.ino() == b.ino()).then(|| Arc::new(StdFile(d)) as Arc<dyn FileHandle>)
     }
 }
 
@@ -261,6 +286,13 @@ impl ForwardingFile for FaultFile {
             self.write_budget.store(budget - buf.len() as u64, Ordering::SeqCst);
         }
         self.inner.write_all_at(buf, offset)
+    }
+    fn open_direct(&self) -> Option<Arc<dyn FileHandle>> {
+        Some(Arc::new(FaultFile {
+            inner: self.inner.open_direct()?,
+            syncs_before_eio: self.syncs_before_eio.clone(),
+            write_budget: self.write_budget.clone(),
+        }))
     }
     fn sync_data(&self) -> io::Result<()> {
         let left = self.syncs_before_eio.load(Ordering::SeqCst);

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod direct;
 mod phases;
 mod queue;
 mod spare;
@@ -229,6 +230,8 @@ struct State {
     leader_wants: u64,
     /// Whether the next segment's spare was asked for since the last roll.
     spare_requested: bool,
+    /// Large flushes past the page cache: the tail's O_DIRECT handle and last block.
+    direct: direct::DirectTail,
 }
 
 struct SyncState {
@@ -668,6 +671,7 @@ impl Partition {
                 queued_appends: 0,
                 leader_wants: 0,
                 spare_requested: false,
+                direct: direct::DirectTail::default(),
             }),
             sync: Mutex::new(SyncState { synced_seq: 0, leader: false, cut: Default::default() }),
             synced: Condvar::new(),
@@ -1177,7 +1181,12 @@ impl Partition {
         let result = self.write_queue(st, &files, at);
         self.phases.end(Phase::Write, t);
         let flushed = st.queue.len();
-        let result = result.and_then(|_| self.preallocate(st, &files, written_end, flushed));
+        let result = result.and_then(|padded| {
+            self.preallocate(st, &files, written_end, flushed)?;
+            // A direct write leaves zeros after the records up to its 4 KiB boundary.
+            st.tail_allocated = st.tail_allocated.max(padded.unwrap_or(0));
+            Ok(())
+        });
         let mut reuse = Vec::new();
         st.queue.clear_into(&mut reuse);
         self.keep_buffers(reuse);
@@ -1203,13 +1212,21 @@ impl Partition {
     /// power loss from latent corruption by that bound (`segment::torn_write_with_survivors`). A
     /// queue that would pass it (a backlog of many MiB) is written in pieces of whole records with
     /// an fdatasync between them, under the state lock as a roll's sync is; the caller syncs the
-    /// last piece. The check before each write stays on in production.
-    fn write_queue(&self, st: &mut State, files: &SegmentFiles, at: u64) -> Result<()> {
+    /// last piece. The check before each write stays on in production. A large queue in one piece
+    /// goes past the page cache (`direct`); returns how far zeros may then follow the records.
+    fn write_queue(&self, st: &mut State, files: &Arc<SegmentFiles>, at: u64) -> Result<Option<u64>> {
         let bound = unsynced_bound(self.opts.recover.max_record_size);
         let len = st.queue.len();
         if at >= st.synced_end && at + len <= st.synced_end + bound {
-            return st.queue.write_to(files.data.as_ref(), at).at(&files.data_path);
+            let zeros_to = match st.direct.write(files, &st.queue, at).at(&files.data_path)? {
+                direct::Flushed::Direct(padded) => return Ok(Some(padded)),
+                direct::Flushed::Refused(padded) => Some(padded),
+                direct::Flushed::NotDirect => None,
+            };
+            st.direct.forget();
+            return st.queue.write_to(files.data.as_ref(), at).at(&files.data_path).map(|_| zeros_to);
         }
+        st.direct.forget();
         let mut done = 0;
         while done < len {
             let room = (st.synced_end + bound).saturating_sub(at + done);
@@ -1235,7 +1252,7 @@ impl Partition {
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Seals the tail (its data and index synced whole) and starts the next segment.
@@ -1421,6 +1438,8 @@ impl Partition {
         let mut st = lock(&self.state);
         // Again under the lock: a close or a failure may have happened while we waited.
         self.check_writable()?;
+        // The tail's last block may be cut or go with its segment.
+        st.direct.forget();
         let first = st.segments[0].first_txid();
         if txid < first - 1 {
             return Err(Error::BelowLogStart { partition: self.id, txid, first });
@@ -1845,6 +1864,9 @@ pub fn default_options() -> PartitionOptions {
         },
     }
 }
+
+#[cfg(test)]
+mod direct_tests;
 
 #[cfg(test)]
 mod faults;

@@ -144,21 +144,24 @@ impl WriteQueue {
     }
 
     /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
+    /// The queued bytes as slices, end to end.
+    pub fn slices(&self) -> Vec<IoSlice<'_>> {
+        self.pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Copied { start, len } => IoSlice::new(&self.bytes[*start..*start + *len]),
+                Piece::Shared { data, start, len } => IoSlice::new(&data[*start..*start + *len]),
+            })
+            .collect()
+    }
+
     pub fn write_to(&self, file: &dyn FileHandle, at: u64) -> io::Result<()> {
         match self.pieces.as_slice() {
             [Piece::Copied { start, len }] => return file.write_all_at(&self.bytes[*start..*start + *len], at),
             [Piece::Shared { data, start, len }] => return file.write_all_at(&data[*start..*start + *len], at),
             _ => {}
         }
-        let slices: Vec<IoSlice<'_>> = self
-            .pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Copied { start, len } => IoSlice::new(&self.bytes[*start..*start + *len]),
-                Piece::Shared { data, start, len } => IoSlice::new(&data[*start..*start + *len]),
-            })
-            .collect();
-        file.write_all_vectored_at(&slices, at)
+        file.write_all_vectored_at(&self.slices(), at)
     }
 
     /// Empties the queue, dropping its references to shared buffers; the buffers of absorbed

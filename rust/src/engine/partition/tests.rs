@@ -1,7 +1,7 @@
 //! Unit tests of the partition: append, group commit, reads, truncation, retention, recovery.
 use super::*;
 use crate::engine::format::HEADER_LEN;
-use crate::engine::fs::{FaultFs, StdFs};
+use crate::engine::fs::{FaultFs, FileHandle, ForwardingFile, StdFs, WrapFs};
 use crate::engine::record::ReqId;
 use std::os::unix::fs::FileExt;
 
@@ -17,6 +17,21 @@ pub(super) fn opts(segment_size: u64, cp: u64) -> PartitionOptions {
 pub(super) fn open_with(fs: Arc<dyn FileSystem>, dir: &Path, o: PartitionOptions) -> Result<Partition> {
     Partition::create(fs.as_ref(), dir, 0, KEY)?;
     Partition::open(fs, dir, 0, KEY, o)
+}
+
+/// A file that writes everything through the page cache: a `ForwardingFile` offers no direct
+/// handle (`direct.rs`).
+struct Plain(Arc<dyn FileHandle>);
+
+impl ForwardingFile for Plain {
+    fn inner(&self) -> &dyn FileHandle {
+        self.0.as_ref()
+    }
+}
+
+/// `StdFs` without O_DIRECT: every flush through the page cache.
+pub(super) fn plain_fs() -> Arc<dyn FileSystem> {
+    Arc::new(WrapFs(|_: &Path, f: Arc<dyn FileHandle>| Ok(Arc::new(Plain(f)) as Arc<dyn FileHandle>)))
 }
 
 fn open(dir: &Path, o: PartitionOptions) -> Partition {
@@ -36,11 +51,11 @@ pub(super) fn crash_copy(from: &Path, to: &Path) {
     }
 }
 
-fn payload(txid: i64) -> Vec<u8> {
+pub(super) fn payload(txid: i64) -> Vec<u8> {
     format!("payload-{txid}-").repeat((txid % 7 + 1) as usize).into_bytes()
 }
 
-fn append_n(p: &Partition, from: i64, n: i64) {
+pub(super) fn append_n(p: &Partition, from: i64, n: i64) {
     let datas: Vec<Vec<u8>> = (from..from + n).map(payload).collect();
     let recs: Vec<NewRecord<'_>> = datas
         .iter()
@@ -55,7 +70,7 @@ fn append_n(p: &Partition, from: i64, n: i64) {
     p.append(from, &recs).unwrap();
 }
 
-fn check_all(p: &Partition, upto: i64) {
+pub(super) fn check_all(p: &Partition, upto: i64) {
     assert_eq!(p.max_txid(), upto);
     let first = p.first_txid();
     let mut t = first;
