@@ -77,10 +77,24 @@ fn copy_queue(queue: &WriteQueue, out: &mut [u8]) {
 impl DirectTail {
     /// Forgets the tail's last block: the file was written or cut some other way (a write
     /// through the page cache, a truncation); the next direct write reads the block from it.
-    pub fn forget(&mut self) {
-        if let Some(t) = &mut self.tail {
-            t.last_block = None;
+    /// `files` is the tail's (an older tail's descriptors are closed here, so that a segment
+    /// retention deletes does not stay open).
+    pub fn forget(&mut self, files: &Arc<SegmentFiles>) {
+        match &mut self.tail {
+            Some(t) if Arc::ptr_eq(&t.files, files) => t.last_block = None,
+            _ => self.tail = None,
         }
+    }
+
+    /// The data file whose descriptors this holds, if any.
+    #[cfg(test)]
+    pub fn held(&self) -> Option<&Arc<SegmentFiles>> {
+        self.tail.as_ref().map(|t| &t.files)
+    }
+
+    /// Closes the O_DIRECT descriptor and forgets everything (a roll, a truncation, a close).
+    pub fn release(&mut self) {
+        self.tail = None;
     }
 
     fn tail_for(&mut self, files: &Arc<SegmentFiles>) -> &mut TailFile {

@@ -839,6 +839,7 @@ impl Partition {
     fn sync_for_close(&self) -> Result<()> {
         let mut st = lock(&self.state);
         self.flush_queue(&mut st)?;
+        st.direct.release();
         let files = st.segments.last().unwrap().files.clone();
         // A closed log's files end at its last record; recovery would also accept the zeros.
         let end = st.segments.last().unwrap().end;
@@ -1223,10 +1224,10 @@ impl Partition {
                 direct::Flushed::Refused(padded) => Some(padded),
                 direct::Flushed::NotDirect => None,
             };
-            st.direct.forget();
+            st.direct.forget(files);
             return st.queue.write_to(files.data.as_ref(), at).at(&files.data_path).map(|_| zeros_to);
         }
-        st.direct.forget();
+        st.direct.forget(files);
         let mut done = 0;
         while done < len {
             let room = (st.synced_end + bound).saturating_sub(at + done);
@@ -1284,6 +1285,7 @@ impl Partition {
         st.prealloc_retry_at = 0;
         st.index_retry_at = 0;
         st.spare_requested = false;
+        st.direct.release();
         st.segments.push(seg);
         Ok(())
     }
@@ -1439,7 +1441,7 @@ impl Partition {
         // Again under the lock: a close or a failure may have happened while we waited.
         self.check_writable()?;
         // The tail's last block may be cut or go with its segment.
-        st.direct.forget();
+        st.direct.release();
         let first = st.segments[0].first_txid();
         if txid < first - 1 {
             return Err(Error::BelowLogStart { partition: self.id, txid, first });
