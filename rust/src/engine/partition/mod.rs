@@ -1440,8 +1440,6 @@ impl Partition {
         let mut st = lock(&self.state);
         // Again under the lock: a close or a failure may have happened while we waited.
         self.check_writable()?;
-        // The tail's last block may be cut or go with its segment.
-        st.direct.release();
         let first = st.segments[0].first_txid();
         if txid < first - 1 {
             return Err(Error::BelowLogStart { partition: self.id, txid, first });
@@ -1492,6 +1490,8 @@ impl Partition {
     /// point is located from the data, never from an unverified index entry.
     fn cut_files_after(&self, st: &mut State, txid: i64) -> Result<()> {
         debug_assert!(st.queue.is_empty());
+        // The tail's last block may be cut, or go with its segment.
+        st.direct.release();
         while st.segments.len() > 1 && st.segments.last().unwrap().first_txid() > txid + 1 {
             let seg = st.segments.pop().unwrap();
             Self::delete_segment_files(self.fs.as_ref(), &self.dir, seg.first_txid())?;

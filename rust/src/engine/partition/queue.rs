@@ -143,7 +143,6 @@ impl WriteQueue {
         }
     }
 
-    /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
     /// The queued bytes as slices, end to end.
     pub fn slices(&self) -> Vec<IoSlice<'_>> {
         self.pieces
@@ -155,6 +154,7 @@ impl WriteQueue {
             .collect()
     }
 
+    /// Writes the queue at `at`: one pwrite when it is one piece, else one pwritev.
     pub fn write_to(&self, file: &dyn FileHandle, at: u64) -> io::Result<()> {
         match self.pieces.as_slice() {
             [Piece::Copied { start, len }] => return file.write_all_at(&self.bytes[*start..*start + *len], at),
