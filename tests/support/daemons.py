@@ -157,12 +157,14 @@ def start_server(
     event_loop: str = "uvloop",
     server: dict[str, Any] | None = None,
     file_limit: int | None = None,
+    session_timeout: float = 2.0,
 ) -> subprocess.Popen[str]:
     """A server daemon logging to `tmp_path/<name>.log`; `sections` adds TOML sections ([tls]),
     `server` more [server] keys; `file_limit` is its RLIMIT_NOFILE (soft and hard)."""
     config = tmp_path / f"{name}.toml"
     config.write_text(
-        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\nsession_timeout = 2.0\n'
+        f'[server]\nmetadata = "{url}"\ncluster = "e2e"\nport = 0\nhttp_port = {http_port}\n'
+        f"session_timeout = {session_timeout}\n"
         f'event_loop = "{event_loop}"\n'
         + "".join(f"{k} = {v}\n" for k, v in (server or {}).items())
         + '\n[logging]\nlevel = "info"\n'
