@@ -584,6 +584,7 @@ def measure_all(
         "fdatasync": loadgen.fdatasync_p50_us(root / "raw0", calls),
         "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw0m", calls),
         "loopback_rtt": loadgen.loopback_rtt_p50_us(calls),
+        "loopback_rtt_placed": loadgen.loopback_rtt_placed_us(calls),
     }
 
     if {"waltz", "waltz-locks", "client-library"} & set(systems):
@@ -716,6 +717,7 @@ def measure_all(
         "fdatasync": loadgen.fdatasync_p50_us(root / "raw1", calls),
         "fdatasync_3_writers": loadgen.fdatasync_majority_p50_us(root / "raw1m", calls),
         "loopback_rtt": loadgen.loopback_rtt_p50_us(calls),
+        "loopback_rtt_placed": loadgen.loopback_rtt_placed_us(calls),
     }
     return out
 
@@ -960,6 +962,15 @@ def report(res: dict[str, Any]) -> None:
             f"the same bound with it: 1.5 x ({lf['fdatasync_3_writers_p50_us']:.0f} + 2 x "
             f"{lf['loopback_rtt_p50_us']:.0f}) "
             f"= {lf['bound_3_writers_us']:.0f} us (informative; the target keeps the issue's formula)"
+        )
+    if rb.get("loopback_rtt_placed") and ra.get("loopback_rtt_placed"):
+        placed = "; ".join(
+            f"{r['loopback_rtt_placed']['one_core_p50_us']:.0f} / {r['loopback_rtt_placed']['two_cores_p50_us']:.0f}"
+            for r in (rb, ra)
+        )
+        print(
+            f"Loopback round trip with both ends pinned to one core / to two (before; after): {placed} us "
+            "(informative: the unpinned reference is one or the other, as the scheduler places its echo)"
         )
     if strongest := res.get("strongest_durable_peer"):
         print(

@@ -398,10 +398,17 @@ while True:
 """
 
 
-def loopback_rtt_p50_us(round_trips: int, size: int = 1024) -> dict[str, float]:
-    """A TCP round trip of `size` bytes between this process and another (blocking sockets)."""
-    proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+def loopback_rtt_p50_us(round_trips: int, size: int = 1024, cpus: tuple[int, int] | None = None) -> dict[str, float]:
+    """A TCP round trip of `size` bytes between this process and another (blocking sockets).
+    `cpus`: this process and the echo pinned to these CPUs for the measurement (the same one
+    twice, or two); unpinned, the scheduler places them, and on a small VM the two placements
+    differ by 4x (a wake-up across cores goes through an idle vCPU: 12 against 54 us)."""
+    mine = os.sched_getaffinity(0)
+    pin_echo = None if cpus is None else (lambda: os.sched_setaffinity(0, {cpus[1]}))
+    proc = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True, preexec_fn=pin_echo)
     try:
+        if cpus is not None:
+            os.sched_setaffinity(0, {cpus[0]})
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
         with socket.create_connection(("127.0.0.1", port)) as c:
@@ -419,8 +426,21 @@ def loopback_rtt_p50_us(round_trips: int, size: int = 1024) -> dict[str, float]:
         out.sort()
         return {"p50_us": percentile(out, 0.5) * 1e6, "p99_us": percentile(out, 0.99) * 1e6, "round_trips": round_trips}
     finally:
+        os.sched_setaffinity(0, mine)
         proc.kill()
         proc.wait()
+
+
+def loopback_rtt_placed_us(round_trips: int) -> dict[str, float] | None:
+    """The round trip with both ends on one core and on two (p50 each), beside the unpinned
+    reference, which lands on one or the other as the scheduler places the echo; None on a
+    machine with one usable CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    one = loopback_rtt_p50_us(round_trips, cpus=(cpus[0], cpus[0]))["p50_us"]
+    two = loopback_rtt_p50_us(round_trips, cpus=(cpus[0], cpus[1]))["p50_us"]
+    return {"one_core_p50_us": one, "two_cores_p50_us": two}
 
 
 @contextlib.contextmanager
