@@ -93,9 +93,17 @@ class Transaction:
                 raise RuntimeError(
                     "Transaction.data() would block the client's event loop: use `await transaction.data_async()`"
                 )
-            self._data = self._wait(
-                asyncio.run_coroutine_threadsafe(self._fetch(self.partition, self.transaction_id), self._loop)
-            )
+            fetch = self._fetch(self.partition, self.transaction_id)
+            try:
+                future = asyncio.run_coroutine_threadsafe(fetch, self._loop)
+            except RuntimeError:
+                fetch.close()  # never scheduled: not left to be reported as never awaited
+                if not self._loop.is_closed():
+                    raise
+                raise errors.ClientClosedError(
+                    "the client is closed: the transaction's data cannot be fetched"
+                ) from None
+            self._data = self._wait(future)
         return serializer.deserialize(self._data)
 
     def _wait(self, future: concurrent.futures.Future[bytes]) -> bytes:
