@@ -3,8 +3,8 @@ use super::errors::{InvalidArgumentError, ProtocolError};
 use super::types::{parse_key, PyRecord, PyRecordBatch, PyRecordHeader};
 use crate::engine::record::{crc32, Record};
 use crate::node::protocol::{
-    split_frame, AdminRequest, Credential, FailureKind, FrameBuf, MsgHeader, Request, Response, RetentionOrder,
-    WireRecord, MAGIC_STORAGE,
+    encode_append as encode_append_frame, split_frame, AdminRequest, Credential, FailureKind, FrameBuf, MsgHeader,
+    Request, Response, RetentionOrder, WireRecord, MAGIC_STORAGE,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
@@ -233,21 +233,15 @@ fn encode_append<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let h = MsgHeader { session_id, seq, partition_id };
     let batch: &PyRecordBatch = &batch;
-    let held = py.detach(|| batch.checkout());
-    let records: Vec<WireRecord> = held
-        .views()
-        .iter()
-        .enumerate()
-        .map(|(i, r)| WireRecord {
-            txid: first_txid + i as i64,
-            req_id: r.req_id,
-            header: r.header,
-            data: r.data.to_vec(),
-            data_crc: r.data_crc.unwrap_or_else(|| crc32(r.data)),
-        })
-        .collect();
+    // A batch is held only while a local append of it queues it: take a free one without
+    // releasing the GIL (a GIL hand-over per replica per store batch otherwise).
+    let held = match batch.try_checkout() {
+        Some(held) => held,
+        None => py.detach(|| batch.checkout()),
+    };
     let mut out = Vec::new();
-    Request::Append { h, records }.encode(&mut out);
+    encode_append_frame(&mut out, &h, first_txid, &held.views());
+    drop(held);
     Ok(PyBytes::new(py, &out))
 }
 

@@ -7,6 +7,7 @@ use crate::engine::record::{crc32, NewRecord, Record, RecordHeader, ReqId};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 pub(crate) fn parse_key(obj: &Bound<'_, PyAny>) -> PyResult<[u8; 16]> {
@@ -170,6 +171,10 @@ pub struct PyRecordBatch {
     /// None while an append has it (`checkout`): it lays it out or patches its ids in place.
     records: Mutex<Option<Records>>,
     returned: Condvar,
+    /// Appends waiting in `checkout`, changed only under `records`' lock: the holder wakes one
+    /// only when there is one (`notify_one` is a `futex` system call even with no waiter, and a
+    /// store batch is checked out once per replica).
+    waiting: AtomicUsize,
     count: usize,
     nbytes: usize,
 }
@@ -247,15 +252,26 @@ impl DerefMut for Checkout<'_> {
 
 impl Drop for Checkout<'_> {
     fn drop(&mut self) {
-        *self.batch.records.lock().unwrap_or_else(|e| e.into_inner()) = self.records.take();
-        self.batch.returned.notify_one();
+        let mut slot = self.batch.records.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = self.records.take();
+        let waiting = self.batch.waiting.load(Ordering::Relaxed);
+        drop(slot);
+        if waiting > 0 {
+            self.batch.returned.notify_one();
+        }
     }
 }
 
 impl Default for PyRecordBatch {
     fn default() -> Self {
         let packed = Records::Packed { data: Vec::new(), spans: Vec::new() };
-        PyRecordBatch { records: Mutex::new(Some(packed)), returned: Condvar::new(), count: 0, nbytes: 0 }
+        PyRecordBatch {
+            records: Mutex::new(Some(packed)),
+            returned: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+            count: 0,
+            nbytes: 0,
+        }
     }
 }
 
@@ -268,8 +284,16 @@ impl PyRecordBatch {
             if let Some(records) = slot.take() {
                 return Checkout { batch: self, records: Some(records) };
             }
+            self.waiting.fetch_add(1, Ordering::Relaxed);
             slot = self.returned.wait(slot).unwrap_or_else(|e| e.into_inner());
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    /// The records if no append holds them now, without waiting (so without releasing the GIL).
+    pub(crate) fn try_checkout(&self) -> Option<Checkout<'_>> {
+        let records = self.records.try_lock().ok()?.take()?;
+        Some(Checkout { batch: self, records: Some(records) })
     }
 
     fn push(&mut self, req_id: ReqId, header: i32, data: &[u8]) {

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support.engine_helpers import append_range, assert_log, flip_byte, payload, record_offsets, records, segment_files
 from waltz import errors
+from waltz._native import encode_append
 from waltz.storage import RecordBatch, Storage
 
 # One writer per directory: reopening closes the handles a test opened before, as an operator
@@ -228,6 +229,43 @@ def test_one_record_batch_appended_by_many_threads_lands_whole_at_each_id(storag
     assert p.segment_count > 2
     check(p)
     check(reopen(data_dir, segment_size=1 << 20).partition(0))
+
+
+def test_a_record_batch_encoded_for_replicas_while_appended_locally_encodes_the_same_frame(storage, data_dir):
+    """The server encodes a store batch once per replica with `encode_append`, which takes the
+    batch without releasing the GIL when it is free and waits for it when a local append holds
+    it. Encoders and local appenders of one batch at once: every frame is the frame the batch
+    encodes alone, laid out or not, and nobody is left waiting for a batch handed back."""
+    p = reopen(data_dir, segment_size=1 << 20).partition(0)
+    sizes = [100] * 20 + [3000, 1]
+    batch = RecordBatch([((2, 1, 0, k), k, bytes([k + 1]) * n) for k, n in enumerate(sizes)])
+    want = encode_append(5, 17, 0, 1000, batch)  # packed, never laid out yet
+    barrier = threading.Barrier(8)
+    frames: list[bytes] = []
+    firsts: list[int] = []
+
+    def encoder() -> None:
+        barrier.wait()
+        frames.extend(encode_append(5, 17, 0, 1000, batch) for _ in range(200))
+
+    def appender() -> None:
+        barrier.wait()
+        firsts.extend(p.append_next(batch)[0] for _ in range(25))
+
+    threads = [threading.Thread(target=encoder) for _ in range(4)] + [
+        threading.Thread(target=appender) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread is still waiting for the batch"
+    assert len(frames) == 800 and all(f == want for f in frames)
+    assert encode_append(5, 17, 0, 1000, batch) == want  # laid out by now: the same frame
+    assert len(firsts) == 100
+    for first in firsts:
+        got = p.read_records(first, max_count=len(sizes), max_bytes=1 << 20)
+        assert [(r.txid, r.data) for r in got] == [(first + k, bytes([k + 1]) * n) for k, n in enumerate(sizes)]
 
 
 def test_phase_timing_is_off_unless_asked_for(tmp_path, cluster_key):
